@@ -1,0 +1,282 @@
+"""DIME scorers: PyTerrier stages that add the per-query dimension importance ``query_dime``."""
+import numbers
+import warnings
+from typing import Optional, Union
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+from . import maths
+from ._config import ConfigTransformer
+from ._frames import (QueryGroups, check_same_dims, gather_vectors, group_queries, query_columns, select_feedback,
+                      stack_vectors)
+
+
+class DimeScorer(ConfigTransformer):
+    """Base of the DIME scorers: adds ``query_dime``, the importance vector of each query (float32, like
+    ``query_vec``).
+
+    With ``keep_ranking=True`` (default; the re-ranking setting) every input row is kept, so that a following
+    threshold and scorer re-score the same candidates. With ``keep_ranking=False`` (the full-retrieval setting, like
+    pyterrier-dr's ``VectorPrf``) the output is one row per query holding its query columns, ready for a retriever.
+    """
+    keep_ranking: bool
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        self._validate(inp)
+        if self.keep_ranking:
+            columns = list(inp.columns)
+        else:
+            columns = query_columns(inp.columns)
+        columns = [c for c in columns if c != 'query_dime'] + ['query_dime']
+        if not len(inp):
+            return pd.DataFrame({c: inp[c] if c in inp.columns else pd.Series(dtype=object) for c in columns})
+        inp = inp.reset_index(drop=True)
+        groups = group_queries(inp)
+        query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
+        importance = self._importance(inp, groups, query_vecs).astype(np.float32)
+        if self.keep_ranking:
+            return inp.assign(query_dime=list(importance[groups.codes]))[columns]
+        out = inp.iloc[groups.first_rows].reset_index(drop=True)
+        return out.assign(query_dime=list(importance))[columns]
+
+    def _validate(self, inp: pd.DataFrame) -> None:
+        pt.validate.result_frame(inp, extra_columns=['query_vec', 'doc_vec', 'score'], context=self)
+
+    def _importance(self, inp: pd.DataFrame, groups: QueryGroups, query_vecs: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _magnitude_fallback(self, importance: np.ndarray, query_vecs: np.ndarray, missing: np.ndarray,
+                            inp: pd.DataFrame, groups: QueryGroups, reason: str) -> np.ndarray:
+        """Use u = q * q (as the reference code does) for the queries flagged in ``missing``, and say so."""
+        if missing.any():
+            qids = inp['qid'].to_numpy()[groups.first_rows[missing]]
+            shown = ', '.join(map(repr, qids[:5])) + (' ...' if len(qids) > 5 else '')
+            warnings.warn(f'{self}: {len(qids)} quer{"y" if len(qids) == 1 else "ies"} ({shown}) {reason}; '
+                          'using magnitude importance u = q * q for them', stacklevel=3)
+            importance = np.where(missing[:, None], maths.magnitude_dime(query_vecs), importance)
+        return importance
+
+
+def _check_int(stage: str, name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f'{stage}: {name} must be an integer >= {minimum}, got {value!r}')
+
+
+def _check_positive(stage: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value <= 0:
+        raise ValueError(f'{stage}: {name} must be a positive number, got {value!r}')
+
+
+class KernelDime(DimeScorer):
+    """Kernel DIME: ``u = q * sum_i w_i d_i`` over the top-``num_docs`` documents of the incoming ranking, with
+    ``w_i`` a normalised kernel of the query and the document (see :func:`pyterrier_rdime.maths.kernel_weights`:
+    ``'uniform'``, ``'softmax'``, ``'rbf'``, ``'sigmoid'``, ``'rank'`` or a callable).
+
+    Feedback documents are the ``num_docs`` highest-``score`` rows of each query (ties keep input order); a query
+    with fewer rows uses the ones it has.
+
+    Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``
+    (one row per query with ``keep_ranking=False``).
+
+    Example::
+
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> KernelDime(kernel='rank', num_docs=5) \\
+            >> Rdime() >> VectorScorer()
+
+    Paper: Kernel DIME, Faggioli et al., *Statistical Foundations of DIME* (EACL 2026), Eq. 3.
+    """
+    schematic = {'label': 'KernelDIME'}
+
+    def __init__(self, *, kernel: Union[str, maths.KernelFn] = 'uniform', num_docs: int = 2, tau: float = 0.1,
+                 keep_ranking: bool = True):
+        if not callable(kernel) and kernel not in maths.KERNELS:
+            raise ValueError(f'{type(self).__name__}: unknown kernel {kernel!r}; expected one of {maths.KERNELS} '
+                             'or a callable (query_vecs, doc_vecs) -> similarities')
+        _check_int(type(self).__name__, 'num_docs', num_docs, 1)
+        _check_positive(type(self).__name__, 'tau', tau)
+        self.kernel = kernel
+        self.num_docs = num_docs
+        self.tau = tau
+        self.keep_ranking = keep_ranking
+
+    def compile(self) -> pt.Transformer:
+        """In the full-retrieval setting only the feedback documents are needed: cut the first ranking to them."""
+        return self if self.keep_ranking else pt.RankCutoff(self.num_docs) >> self
+
+    def _importance(self, inp, groups, query_vecs):
+        feedback = select_feedback(inp, groups, self.num_docs)
+        doc_vecs = gather_vectors(inp, 'doc_vec', feedback, query_vecs.shape[1], self)
+        weights = maths.kernel_weights(self.kernel, query_vecs, doc_vecs, feedback.mask, tau=self.tau)
+        return maths.kernel_dime(query_vecs, doc_vecs, weights)
+
+
+class PrfDime(KernelDime):
+    """PRF DIME: Kernel DIME with uniform weights over the top-``num_docs`` feedback documents (default 2, as in the
+    RDIME code). Unbiased for the squared latent signal (the paper's Theorem 2).
+
+    Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``.
+
+    Example::
+
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> Rdime() >> VectorScorer()
+    """
+    schematic = {'label': 'PRF-DIME'}
+
+    def __init__(self, *, num_docs: int = 2, keep_ranking: bool = True):
+        super().__init__(kernel='uniform', num_docs=num_docs, keep_ranking=keep_ranking)
+
+
+class SwcDime(KernelDime):
+    """SWC DIME: Kernel DIME with softmax weights ``softmax(q.d_i / tau)`` over the top-``num_docs`` documents
+    (defaults 10 and 0.1, as in the RDIME code); an approximation of the inverse-variance weights.
+
+    Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``.
+
+    Example::
+
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> SwcDime() >> Rdime() >> VectorScorer()
+    """
+    schematic = {'label': 'SWC-DIME'}
+
+    def __init__(self, *, num_docs: int = 10, tau: float = 0.1, keep_ranking: bool = True):
+        super().__init__(kernel='softmax', num_docs=num_docs, tau=tau, keep_ranking=keep_ranking)
+
+
+class MagnitudeDime(DimeScorer):
+    """Magnitude DIME ``u = q * q``: needs no feedback.
+
+    Input columns: ``qid, query_vec`` (a query or a result frame). Output columns: the input's plus ``query_dime``.
+    """
+    schematic = {'label': 'Magnitude'}
+
+    def __init__(self, *, keep_ranking: bool = True):
+        self.keep_ranking = keep_ranking
+
+    def _validate(self, inp):
+        pt.validate.columns(inp, includes=['qid', 'query_vec'], context=self)
+
+    def _importance(self, inp, groups, query_vecs):
+        return maths.magnitude_dime(query_vecs)
+
+
+class LlmDime(DimeScorer):
+    """LLM DIME: ``u = q * a`` where ``a`` is the embedding of an LLM-generated answer to the query.
+
+    The answer comes as ``query_answer_vec`` (a precomputed vector) or as ``query_answer`` (text), which is encoded
+    with ``encoder.encode_docs`` — pass the same pyterrier-dr bi-encoder that encodes the documents. A query with
+    no answer (missing, empty or NaN) falls back to ``u = q * q``, as in the reference code, with a warning.
+
+    Input columns: ``qid, query_vec`` and ``query_answer_vec`` or ``query_answer`` (query or result frame).
+    Output columns: the input's plus ``query_dime``.
+
+    Example::
+
+        pipe = bm25 % 100 >> model.query_encoder() >> LlmAnswers.from_tsv('llm_answers.tsv') \\
+            >> LlmDime(encoder=model) >> Rdime() >> index.vec_loader() >> VectorScorer()
+    """
+    schematic = {'label': 'LLM-DIME'}
+
+    def __init__(self, *, encoder: Optional[object] = None, keep_ranking: bool = True):
+        if encoder is not None and not callable(getattr(encoder, 'encode_docs', None)):
+            raise ValueError(f'LlmDime: encoder {encoder!r} has no encode_docs(texts) method; pass a pyterrier-dr '
+                             'BiEncoder such as pyterrier_dr.SBertBiEncoder(...)')
+        self.encoder = encoder
+        self.keep_ranking = keep_ranking
+
+    def _validate(self, inp):
+        with pt.validate.any(inp, context=self) as v:
+            v.columns(includes=['qid', 'query_vec', 'query_answer_vec'], mode='vector')
+            v.columns(includes=['qid', 'query_vec', 'query_answer'], mode='text')
+        if v.mode == 'text' and self.encoder is None:
+            raise ValueError('LlmDime: the input has query_answer text but no encoder was given; use '
+                             'LlmDime(encoder=model) with the bi-encoder of the documents, or supply query_answer_vec')
+
+    def _importance(self, inp, groups, query_vecs):
+        dims = query_vecs.shape[1]
+        if 'query_answer_vec' in inp.columns:
+            raw = inp['query_answer_vec'].to_numpy()[groups.first_rows]
+            present = np.array([v is not None and np.ndim(v) == 1 and np.size(v) > 0 for v in raw], dtype=bool)
+            answers = np.zeros_like(query_vecs)
+            if present.any():
+                stacked = stack_vectors(inp, 'query_answer_vec', groups.first_rows[present], self, 'qid')
+                check_same_dims(self, dims, stacked.shape[1], 'query_answer_vec')
+                answers[present] = stacked
+        else:
+            texts = inp['query_answer'].to_numpy()[groups.first_rows]
+            present = np.array([isinstance(t, str) and t.strip() != '' for t in texts], dtype=bool)
+            answers = np.zeros_like(query_vecs)
+            if present.any():
+                encoded = np.asarray(self.encoder.encode_docs(list(texts[present])), dtype=np.float64)
+                check_same_dims(self, dims, encoded.shape[1], 'the encoded query_answer')
+                answers[present] = encoded
+        importance = query_vecs * answers
+        return self._magnitude_fallback(importance, query_vecs, ~present, inp, groups, 'have no LLM answer')
+
+
+class EclipseDime(DimeScorer):
+    """Eclipse DIME: ``u = alpha * q * mean(top-num_pos docs) - beta * q * mean(bottom-num_neg docs)`` of the
+    incoming ranking (defaults 2, 5, 1.0, 0.5 as in the Eclipse code). Negatives never include a positive.
+    It needs the whole first ranking, so ``compile()`` does not cut it.
+
+    Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``.
+    """
+    schematic = {'label': 'Eclipse'}
+
+    def __init__(self, *, num_pos: int = 2, num_neg: int = 5, alpha: float = 1.0, beta: float = 0.5,
+                 keep_ranking: bool = True):
+        _check_int('EclipseDime', 'num_pos', num_pos, 1)
+        _check_int('EclipseDime', 'num_neg', num_neg, 1)
+        for name, value in (('alpha', alpha), ('beta', beta)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
+                raise ValueError(f'EclipseDime: {name} must be a non-negative number, got {value!r}')
+        self.num_pos = num_pos
+        self.num_neg = num_neg
+        self.alpha = alpha
+        self.beta = beta
+        self.keep_ranking = keep_ranking
+
+    def _importance(self, inp, groups, query_vecs):
+        dims = query_vecs.shape[1]
+        pos = select_feedback(inp, groups, self.num_pos)
+        neg = select_feedback(inp, groups, self.num_neg, from_bottom=True, skip_top=self.num_pos)
+        return maths.eclipse_dime(query_vecs, gather_vectors(inp, 'doc_vec', pos, dims, self), pos.mask,
+                                  gather_vectors(inp, 'doc_vec', neg, dims, self), neg.mask,
+                                  alpha=self.alpha, beta=self.beta)
+
+
+class OracleDime(DimeScorer):
+    """Oracle DIME, an upper bound that reads the relevance judgments: per dimension ``j``, the Pearson correlation
+    between the label and ``q_j * d_j`` over the judged documents of the incoming ranking. Queries where it is
+    undefined (fewer than two judged documents, or all with one label) fall back to ``u = q * q`` with a warning.
+
+    Args:
+        qrels: judgments with columns ``qid, docno, label`` (as ``dataset.get_qrels()``).
+
+    Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``.
+    """
+    schematic = {'label': 'Oracle'}
+
+    def __init__(self, *, qrels: pd.DataFrame, keep_ranking: bool = True):
+        missing = {'qid', 'docno', 'label'} - set(getattr(qrels, 'columns', []))
+        if missing:
+            raise ValueError(f'OracleDime: qrels must be a DataFrame with columns qid, docno, label; missing '
+                             f'{sorted(missing)}')
+        self.qrels = qrels
+        self.keep_ranking = keep_ranking
+
+    def _importance(self, inp, groups, query_vecs):
+        keys = pd.MultiIndex.from_frame(inp[['qid', 'docno']].astype(str))
+        judged = self.qrels.assign(qid=self.qrels['qid'].astype(str), docno=self.qrels['docno'].astype(str))
+        labels = judged.drop_duplicates(['qid', 'docno']).set_index(['qid', 'docno'])['label']
+        row_labels = labels.reindex(keys).to_numpy(dtype=np.float64)
+        feedback = select_feedback(inp, groups, int(np.bincount(groups.codes).max()))
+        mask = feedback.mask & np.isfinite(row_labels[np.where(feedback.mask, feedback.rows, 0)])
+        feedback = feedback._replace(mask=mask)
+        doc_vecs = gather_vectors(inp, 'doc_vec', feedback, query_vecs.shape[1], self)
+        slot_labels = np.where(mask, row_labels[np.where(mask, feedback.rows, 0)], 0.0)
+        importance = maths.oracle_dime(query_vecs, doc_vecs, slot_labels, mask)
+        undefined = np.isnan(importance).any(axis=1)
+        return self._magnitude_fallback(np.nan_to_num(importance), query_vecs, undefined, inp, groups,
+                                        'have fewer than two judged candidates or a single relevance label')

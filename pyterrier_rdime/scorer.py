@@ -1,0 +1,40 @@
+"""Re-scoring candidates with the (pruned) query vector."""
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+from ._config import ConfigTransformer
+from ._frames import check_same_dims, group_queries, stack_vectors
+
+
+class VectorScorer(ConfigTransformer):
+    """Re-scores each candidate by the inner product of ``query_vec`` and its ``doc_vec`` and re-ranks per query.
+
+    Unlike ``FlexIndex.scorer()``, it uses the vectors already in the frame (no second lookup), works on empty
+    input and shows no progress bar; the scores are the same.
+
+    Input columns: ``qid, query_vec, docno, doc_vec``. Output columns: the input's with new ``score`` and ``rank``,
+    sorted by query and descending score.
+
+    Example::
+
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> Rdime() >> VectorScorer()
+    """
+    schematic = {'label': 'VectorScorer'}
+
+    def __init__(self):
+        pass
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pt.validate.result_frame(inp, extra_columns=['query_vec', 'doc_vec'], context=self)
+        columns = list(inp.columns) + [c for c in ('score', 'rank') if c not in inp.columns]
+        if not len(inp):
+            return pd.DataFrame({c: inp[c] if c in inp.columns else pd.Series(dtype=object) for c in columns})
+        inp = inp.reset_index(drop=True)
+        groups = group_queries(inp)
+        query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid').astype(np.float32)
+        doc_vecs = stack_vectors(inp, 'doc_vec', np.arange(len(inp)), self, 'docno').astype(np.float32)
+        check_same_dims(self, query_vecs.shape[1], doc_vecs.shape[1], 'doc_vec')
+        scores = np.einsum('rp,rp->r', query_vecs[groups.codes], doc_vecs)
+        out = inp.assign(score=scores).sort_values(['qid', 'score'], ascending=[True, False], kind='stable')
+        return pt.model.add_ranks(out)[columns]

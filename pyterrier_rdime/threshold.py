@@ -1,0 +1,115 @@
+"""Threshold rewriters: keep the important dimensions of ``query_vec`` and zero the others."""
+import numbers
+from typing import Dict, Tuple, Union
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+from . import maths
+from ._config import ConfigTransformer
+from ._frames import check_same_dims, group_queries, stack_vectors
+
+FALLBACKS = ('full', 'top1')
+
+
+class DimensionThreshold(ConfigTransformer):
+    """Base of the threshold rewriters: replaces ``query_vec`` by the pruned query and adds ``query_kept`` (number of
+    dimensions kept) and ``query_kept_frac`` (their fraction). Rows and other columns pass through, so it works on
+    result frames (re-ranking) and query frames (full retrieval) alike."""
+    output_columns: Tuple[str, ...] = ('query_kept', 'query_kept_frac')
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pt.validate.columns(inp, includes=['qid', 'query_vec', 'query_dime'], context=self)
+        columns = list(inp.columns) + [c for c in self.output_columns if c not in inp.columns]
+        if not len(inp):
+            return pd.DataFrame({c: inp[c] if c in inp.columns else pd.Series(dtype=object) for c in columns})
+        inp = inp.reset_index(drop=True)
+        groups = group_queries(inp)
+        query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
+        importance = stack_vectors(inp, 'query_dime', groups.first_rows, self, 'qid')
+        check_same_dims(self, query_vecs.shape[1], importance.shape[1], 'query_dime')
+        keep, extra = self._keep(query_vecs, importance)
+        pruned = maths.prune(query_vecs, keep).astype(np.float32)
+        kept = keep.sum(axis=1)
+        per_query = {'query_vec': list(pruned), 'query_kept': kept, 'query_kept_frac': kept / keep.shape[1], **extra}
+        return inp.assign(**{c: _per_row(v, groups.codes) for c, v in per_query.items()})[columns]
+
+    def _keep(self, query_vecs: np.ndarray, importance: np.ndarray) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+
+def _per_row(values, codes: np.ndarray):
+    if isinstance(values, list):
+        return [values[c] for c in codes]
+    return np.asarray(values)[codes]
+
+
+class Rdime(DimensionThreshold):
+    """RDIME: keep dimension ``j`` when ``u_j > eps2``, with ``eps2 = mean_j(q_j^2 - u_j)`` estimated per query from
+    its own importance vector ``u`` (``query_dime``); no hyper-parameter.
+
+    The kept set can be empty (every ``u_j <= eps2``). Searching with an all-zero query would rank arbitrarily, so
+    such a query falls back to ``fallback``:
+
+    - ``'full'`` (default): keep every dimension, i.e. the unpruned query (the baseline's ranking);
+    - ``'top1'``: keep the single most important dimension.
+
+    Input columns: ``qid, query_vec, query_dime`` (query or result frame). Output columns: the input's, with
+    ``query_vec`` pruned, plus ``query_kept``, ``query_kept_frac``, ``query_eps2`` (the estimated noise variance)
+    and ``query_fallback`` (True where the kept set was empty and the fallback applied).
+
+    Example::
+
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> Rdime() >> VectorScorer()
+
+    Paper: Faggioli et al., *Statistical Foundations of DIME: Risk Estimation for Practical Index Selection*
+    (EACL 2026), Corollary 1.
+    """
+    schematic = {'label': 'RDIME'}
+    output_columns = ('query_kept', 'query_kept_frac', 'query_eps2', 'query_fallback')
+
+    def __init__(self, *, fallback: str = 'full'):
+        if fallback not in FALLBACKS:
+            raise ValueError(f'Rdime: unknown fallback {fallback!r}; expected one of {FALLBACKS}')
+        self.fallback = fallback
+
+    def _keep(self, query_vecs, importance):
+        keep, eps2 = maths.rdime_threshold(query_vecs, importance)
+        empty = ~keep.any(axis=1)
+        if empty.any():
+            if self.fallback == 'full':
+                replacement = np.ones_like(keep)
+            else:
+                replacement = maths.topk_threshold(importance, 1)
+            keep = np.where(empty[:, None], replacement, keep)
+        return keep, {'query_eps2': eps2, 'query_fallback': empty}
+
+
+class TopK(DimensionThreshold):
+    """Top-k: keep the ``k`` most important dimensions of each query — a fraction of the dimensionality when ``k`` is
+    a float in (0, 1] (``round(k * p)``, at least 1), a count when ``k`` is an int >= 1. Ties keep the lower index.
+
+    Input columns: ``qid, query_vec, query_dime``. Output columns: the input's, with ``query_vec`` pruned, plus
+    ``query_kept`` and ``query_kept_frac``.
+
+    Example::
+
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> TopK(k=0.6) \\
+            >> VectorScorer()
+    """
+    schematic = {'label': 'Top-k'}
+
+    def __init__(self, *, k: Union[float, int] = 0.6):
+        if isinstance(k, bool) or not isinstance(k, numbers.Real):
+            raise ValueError(f'TopK: k must be a fraction in (0, 1] or a count >= 1, got {k!r}')
+        if isinstance(k, numbers.Integral):
+            if k < 1:
+                raise ValueError(f'TopK: an integer k is a count of dimensions and must be >= 1, got {k!r}')
+        elif not 0 < k <= 1:
+            raise ValueError(f'TopK: a float k is a fraction of the dimensions and must be in (0, 1], got {k!r}; '
+                             'pass an int to keep a count of dimensions')
+        self.k = k
+
+    def _keep(self, query_vecs, importance):
+        return maths.topk_threshold(importance, maths.topk_count(self.k, importance.shape[1])), {}
