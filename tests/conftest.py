@@ -1,0 +1,26 @@
+"""Test environment: offline hub, temporary PyTerrier / ir_datasets homes (pyterrier-pisa writes there on import),
+and the shared collections beside the project."""
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / 'shared'
+DATA = SHARED / 'data'
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+_home = Path(tempfile.mkdtemp(prefix='rdime-tests-'))
+os.environ['PYTERRIER_HOME'] = str(_home / 'pyterrier')
+if (SHARED / 'irds').is_dir():
+    shutil.copytree(SHARED / 'irds', _home / 'irds')
+os.environ['IR_DATASETS_HOME'] = str(_home / 'irds')
+
+
+def shared_collection(name: str) -> Path:
+    path = DATA / name
+    if not path.is_dir():
+        pytest.fail(f'{path} is missing: the tests read the real collections from ../shared/data beside the project')
+    return path
