@@ -1,0 +1,5 @@
+import sys
+
+from pyterrier_rdime.cli import main
+
+sys.exit(main())
