@@ -1,6 +1,7 @@
 """Configuration-based repr, equality and hashing for the package's transformers."""
 import inspect
 import numbers
+from collections.abc import Mapping
 from typing import Any, Dict
 
 import pyterrier as pt
@@ -17,7 +18,7 @@ class ConfigTransformer(pt.Transformer):
 
     def __repr__(self) -> str:
         params = inspect.signature(type(self).__init__).parameters
-        shown = [f'{name}={value!r}' for name, value in self._config().items()
+        shown = [f'{name}={_short_repr(value)}' for name, value in self._config().items()
                  if params[name].default is inspect.Parameter.empty or not _same(value, params[name].default)]
         return f'{type(self).__name__}({", ".join(shown)})'
 
@@ -31,11 +32,32 @@ class ConfigTransformer(pt.Transformer):
         return hash((type(self),) + tuple(_hashable(v) for v in self._config().values()))
 
 
+_SCALARS = (str, numbers.Number, bool, type(None))
+
+
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (str, numbers.Number, bool, type(None))) and isinstance(b, (str, numbers.Number, bool, type(None))):
+    """Scalars and mappings compare by value (an int count and a float fraction differ); other objects (encoders,
+    qrels frames, callables) by identity."""
+    if isinstance(a, _SCALARS) and isinstance(b, _SCALARS):
         return type(a) is type(b) and a == b
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a is b or dict(a) == dict(b)
     return a is b
 
 
 def _hashable(value: Any) -> Any:
-    return value if isinstance(value, (str, numbers.Number, bool, type(None))) else id(value)
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, Mapping):
+        return ('mapping', len(value))
+    return id(value)
+
+
+def _short_repr(value: Any) -> str:
+    """Data arguments (qrels, answers) as a one-line summary, so reprs stay short in messages and system names."""
+    if hasattr(value, 'shape') and hasattr(value, 'columns'):
+        return f'<{type(value).__name__} of {value.shape[0]} rows>'
+    if isinstance(value, Mapping):
+        return f'<{type(value).__name__} of {len(value)} items>'
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + '...'

@@ -53,7 +53,7 @@ class DimeScorer(ConfigTransformer):
         if missing.any():
             qids = inp['qid'].to_numpy()[groups.first_rows[missing]]
             shown = ', '.join(map(repr, qids[:5])) + (' ...' if len(qids) > 5 else '')
-            warnings.warn(f'{self}: {len(qids)} quer{"y" if len(qids) == 1 else "ies"} ({shown}) {reason}; '
+            warnings.warn(f'{self}: {reason} for {len(qids)} quer{"y" if len(qids) == 1 else "ies"} ({shown}); '
                           'using magnitude importance u = q * q for them', stacklevel=3)
             importance = np.where(missing[:, None], maths.magnitude_dime(query_vecs), importance)
         return importance
@@ -189,9 +189,6 @@ class LlmDime(DimeScorer):
         with pt.validate.any(inp, context=self) as v:
             v.columns(includes=['qid', 'query_vec', 'query_answer_vec'], mode='vector')
             v.columns(includes=['qid', 'query_vec', 'query_answer'], mode='text')
-        if v.mode == 'text' and self.encoder is None:
-            raise ValueError('LlmDime: the input has query_answer text but no encoder was given; use '
-                             'LlmDime(encoder=model) with the bi-encoder of the documents, or supply query_answer_vec')
 
     def _importance(self, inp, groups, query_vecs):
         dims = query_vecs.shape[1]
@@ -204,6 +201,10 @@ class LlmDime(DimeScorer):
                 check_same_dims(self, dims, stacked.shape[1], 'query_answer_vec')
                 answers[present] = stacked
         else:
+            if self.encoder is None:
+                raise ValueError('LlmDime: the input has query_answer text but no encoder was given; use '
+                                 'LlmDime(encoder=model) with the bi-encoder of the documents, or supply '
+                                 'query_answer_vec')
             texts = inp['query_answer'].to_numpy()[groups.first_rows]
             present = np.array([isinstance(t, str) and t.strip() != '' for t in texts], dtype=bool)
             answers = np.zeros_like(query_vecs)
@@ -212,7 +213,7 @@ class LlmDime(DimeScorer):
                 check_same_dims(self, dims, encoded.shape[1], 'the encoded query_answer')
                 answers[present] = encoded
         importance = query_vecs * answers
-        return self._magnitude_fallback(importance, query_vecs, ~present, inp, groups, 'have no LLM answer')
+        return self._magnitude_fallback(importance, query_vecs, ~present, inp, groups, 'no LLM answer')
 
 
 class EclipseDime(DimeScorer):
@@ -279,4 +280,4 @@ class OracleDime(DimeScorer):
         importance = maths.oracle_dime(query_vecs, doc_vecs, slot_labels, mask)
         undefined = np.isnan(importance).any(axis=1)
         return self._magnitude_fallback(np.nan_to_num(importance), query_vecs, undefined, inp, groups,
-                                        'have fewer than two judged candidates or a single relevance label')
+                                        'no oracle correlation (fewer than two judged candidates, or one label only)')

@@ -1,9 +1,14 @@
 """The paper's comparison as one call: Baseline, and for each DIME each Top-k and RDIME, through pt.Experiment."""
+import contextlib
+import ctypes
+import hashlib
 import json
 import logging
 import math
+import os
 import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,8 +171,11 @@ def measures_for(collection: Collection, rel: Optional[int] = None, extra: Seque
 
 
 def encoder_slug(name: str) -> str:
+    """A cache key of the encoder: its name and a digest of what it resolves to (local folders are often all
+    called 'model')."""
     resolved = resolve_encoder(name)
-    return re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(resolved).name if Path(resolved).exists() else resolved)
+    digest = hashlib.sha1(resolved.encode()).hexdigest()[:8]
+    return re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[-60:] + f'-{digest}'
 
 
 def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Union[str, Path],
@@ -210,6 +218,27 @@ def _corpus_size(collection: Collection) -> int:
     return sum(1 for _ in collection.docs(None))
 
 
+@contextlib.contextmanager
+def _native_output_silenced():
+    """PISA's C++ engine writes [info] lines and progress straight to the process's stdout and stderr (its
+    log_level switch is broken in pyterrier-pisa 0.4.9); errors still surface as Python exceptions."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    libc = ctypes.CDLL(None)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        libc.fflush(None)  # C stdio buffers would otherwise reach the restored descriptors
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(devnull)
+
+
 def bm25(collection: Collection, cache_dir: Union[str, Path], depth: int) -> pt.Transformer:
     """PISA BM25 (k1 0.9, b 0.4, porter2) over the collection, the index built once under ``cache_dir``."""
     import pyterrier_pisa
@@ -218,7 +247,8 @@ def bm25(collection: Collection, cache_dir: Union[str, Path], depth: int) -> pt.
         tmp = path.with_name('pisa.tmp')
         shutil.rmtree(tmp, ignore_errors=True)
         logger.info('building the PISA BM25 index of %s', collection.name)
-        pyterrier_pisa.PisaIndex(str(tmp), stemmer='porter2', text_field='text').index(collection.docs(None))
+        with _native_output_silenced():
+            pyterrier_pisa.PisaIndex(str(tmp), stemmer='porter2', text_field='text').index(collection.docs(None))
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
     return pyterrier_pisa.PisaIndex(str(path), stemmer='porter2', text_field='text').bm25(num_results=depth)
@@ -232,7 +262,9 @@ def first_stage_results(collection: Collection, first_stage: str, depth: int, ca
     if first_stage == 'auto':
         first_stage = 'run' if collection.run is not None else 'bm25'
     if first_stage == 'bm25':
-        results = bm25(collection, cache_dir, depth)(collection.topics)
+        retriever = bm25(collection, cache_dir, depth)
+        with _native_output_silenced():
+            results = retriever(collection.topics)
         return results[['qid', 'query', 'docno', 'score', 'rank']], f'PISA BM25 (top {depth})'
     if first_stage == 'run':
         run, source = collection.run, "the collection's run"
