@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One entry point on a fresh machine: installs the project into .venv (the CPU torch wheel first) and runs
+# the experiment (default), the tests or the benchmark. Extra arguments go to that command.
+set -euo pipefail
+cd "$(dirname "$0")"
+if [ ! -f .venv/.installed ] || [ setup.cfg -nt .venv/.installed ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  # an open torch requirement would pull a multi-GB CUDA build: install the CPU wheel first
+  .venv/bin/pip install -q torch==2.13.0
+  .venv/bin/pip install -q -e '.[dev]'
+  touch .venv/.installed
+fi
+# offline machines: ir_datasets reads the pre-placed files of a writable copy of ../shared/irds
+if [ -z "${IR_DATASETS_HOME:-}" ] && [ -d ../shared/irds ]; then
+  export IR_DATASETS_HOME="$PWD/.cache/irds"
+  if [ ! -d "$IR_DATASETS_HOME" ]; then
+    mkdir -p .cache && cp -r ../shared/irds "$IR_DATASETS_HOME" && chmod -R u+w "$IR_DATASETS_HOME"
+  fi
+fi
+command=${1:-experiment}
+[ $# -gt 0 ] && shift
+case "$command" in
+  experiment) exec .venv/bin/rdime-experiment "$@" ;;
+  test) exec .venv/bin/pytest "$@" ;;
+  benchmark) exec .venv/bin/python benchmarks/bench_rdime.py "$@" ;;
+  *) echo "usage: ./run.sh [experiment|test|benchmark] [arguments...]" >&2; exit 2 ;;
+esac
