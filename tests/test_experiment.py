@@ -172,3 +172,13 @@ def test_cli_reports_errors(tmp_path, capsys):
 def test_holm_treats_nan_as_not_significant():
     adjusted = holm(pd.Series([0.01, np.nan, 0.04, 0.03]))
     assert adjusted.tolist() == pytest.approx([0.04, 1.0, 0.09, 0.09])
+
+
+def test_retrieve_mode_runs_full_dense_retrieval(tmp_path):
+    folder = _mini_collection(tmp_path)
+    result = run_experiment(str(folder), mode='retrieve', num_results=5, dimes=['prf', 'swc'], ks=[0.5],
+                            cache_dir=tmp_path / 'cache', verbose=False)
+    assert result.settings['first_stage'].startswith('dense retrieval')
+    assert set(result.table['system']) == {'Baseline', 'prf/k=0.5', 'prf/RDIME', 'swc/k=0.5', 'swc/RDIME'}
+    assert result.kept.loc[result.kept['threshold'] == 'k=0.5', 'kept_frac'].eq(0.5).all()
+    assert result.table['value'].between(0, 1).all()
