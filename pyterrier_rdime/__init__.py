@@ -1,8 +1,17 @@
 __version__ = '0.1.0'
 
 from pyterrier_rdime import maths
-from pyterrier_rdime.dime import (DimeScorer, EclipseDime, KernelDime, LlmDime, MagnitudeDime, OracleDime, PrfDime,
-                                  SwcDime)
+from pyterrier_rdime.dime import (
+    DimeScorer,
+    EclipseDime,
+    KernelDime,
+    LlmDime,
+    MagnitudeDime,
+    OracleDime,
+    PrfDime,
+    SwcDime,
+)
+from pyterrier_rdime.generate import LlmGenerator, smollm2_gguf_path
 from pyterrier_rdime.llm import LlmAnswers, read_answers_tsv
 from pyterrier_rdime.scorer import VectorScorer
 from pyterrier_rdime.threshold import DimensionThreshold, Rdime, TopK
@@ -12,5 +21,5 @@ __all__ = [
     'DimeScorer', 'KernelDime', 'PrfDime', 'SwcDime', 'LlmDime', 'MagnitudeDime', 'EclipseDime', 'OracleDime',
     'DimensionThreshold', 'Rdime', 'TopK',
     'VectorScorer',
-    'LlmAnswers', 'read_answers_tsv',
+    'LlmAnswers', 'read_answers_tsv', 'LlmGenerator', 'smollm2_gguf_path',
 ]

@@ -1,9 +1,13 @@
-"""Configuration-based repr, equality and hashing for the package's transformers."""
+"""Configuration of the package's transformers: repr, equality and hashing from their arguments, argument checks,
+and the default cache folder."""
 import inspect
 import numbers
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Dict
 
+import numpy as np
 import pyterrier as pt
 
 
@@ -61,3 +65,21 @@ def _short_repr(value: Any) -> str:
         return f'<{type(value).__name__} of {len(value)} items>'
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + '...'
+
+
+def check_int(stage: str, name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f'{stage}: {name} must be an integer >= {minimum}, got {value!r}')
+
+
+def check_positive(stage: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value <= 0:
+        raise ValueError(f'{stage}: {name} must be a positive number, got {value!r}')
+
+
+def default_cache_dir() -> Path:
+    """Where indexes and generated answers are cached by default: ``$PYTERRIER_RDIME_CACHE`` if set, else
+    ``$XDG_CACHE_HOME/pyterrier_rdime`` (``~/.cache/pyterrier_rdime``)."""
+    if os.environ.get('PYTERRIER_RDIME_CACHE'):
+        return Path(os.environ['PYTERRIER_RDIME_CACHE']).expanduser()
+    return Path(os.environ.get('XDG_CACHE_HOME') or '~/.cache').expanduser() / 'pyterrier_rdime'

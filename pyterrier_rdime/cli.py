@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from .experiment import DEFAULT_CACHE, DEFAULT_DIMES, DEFAULT_KS, DIME_NAMES
+from .experiment import DEFAULT_CACHE, DEFAULT_DIMES, DEFAULT_KS, DIME_NAMES, run_experiment
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +41,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format='%(message)s')
-    from .experiment import run_experiment  # heavy imports after argument parsing, so --help is instant
     start = time.time()
     try:
         result = run_experiment(

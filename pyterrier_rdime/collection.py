@@ -67,7 +67,8 @@ def load_collection(name: str) -> Collection:
 
 
 def _judged_only(collection: Collection) -> Collection:
-    qrels = collection.qrels.assign(qid=collection.qrels['qid'].astype(str), docno=collection.qrels['docno'].astype(str))
+    qrels = collection.qrels
+    qrels = qrels.assign(qid=qrels['qid'].astype(str), docno=qrels['docno'].astype(str))
     topics = collection.topics.assign(qid=collection.topics['qid'].astype(str))
     judged = topics['qid'].isin(set(qrels['qid']))
     if not judged.any():

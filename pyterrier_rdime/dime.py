@@ -8,9 +8,16 @@ import pandas as pd
 import pyterrier as pt
 
 from . import maths
-from ._config import ConfigTransformer
-from ._frames import (QueryGroups, check_same_dims, gather_vectors, group_queries, query_columns, select_feedback,
-                      stack_vectors)
+from ._config import ConfigTransformer, check_int, check_positive
+from ._frames import (
+    QueryGroups,
+    check_same_dims,
+    gather_vectors,
+    group_queries,
+    query_columns,
+    select_feedback,
+    stack_vectors,
+)
 
 
 class DimeScorer(ConfigTransformer):
@@ -59,16 +66,6 @@ class DimeScorer(ConfigTransformer):
         return importance
 
 
-def _check_int(stage: str, name: str, value: object, minimum: int) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f'{stage}: {name} must be an integer >= {minimum}, got {value!r}')
-
-
-def _check_positive(stage: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value <= 0:
-        raise ValueError(f'{stage}: {name} must be a positive number, got {value!r}')
-
-
 class KernelDime(DimeScorer):
     """Kernel DIME: ``u = q * sum_i w_i d_i`` over the top-``num_docs`` documents of the incoming ranking, with
     ``w_i`` a normalised kernel of the query and the document (see :func:`pyterrier_rdime.maths.kernel_weights`:
@@ -94,8 +91,8 @@ class KernelDime(DimeScorer):
         if not callable(kernel) and kernel not in maths.KERNELS:
             raise ValueError(f'{type(self).__name__}: unknown kernel {kernel!r}; expected one of {maths.KERNELS} '
                              'or a callable (query_vecs, doc_vecs) -> similarities')
-        _check_int(type(self).__name__, 'num_docs', num_docs, 1)
-        _check_positive(type(self).__name__, 'tau', tau)
+        check_int(type(self).__name__, 'num_docs', num_docs, 1)
+        check_positive(type(self).__name__, 'tau', tau)
         self.kernel = kernel
         self.num_docs = num_docs
         self.tau = tau
@@ -227,8 +224,8 @@ class EclipseDime(DimeScorer):
 
     def __init__(self, *, num_pos: int = 2, num_neg: int = 5, alpha: float = 1.0, beta: float = 0.5,
                  keep_ranking: bool = True):
-        _check_int('EclipseDime', 'num_pos', num_pos, 1)
-        _check_int('EclipseDime', 'num_neg', num_neg, 1)
+        check_int('EclipseDime', 'num_pos', num_pos, 1)
+        check_int('EclipseDime', 'num_neg', num_neg, 1)
         for name, value in (('alpha', alpha), ('beta', beta)):
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
                 raise ValueError(f'EclipseDime: {name} must be a non-negative number, got {value!r}')

@@ -20,6 +20,7 @@ import pandas as pd
 import pyterrier as pt
 from scipy import stats
 
+from ._config import default_cache_dir
 from .collection import Collection, iter_texts, load_collection, read_trec_run
 from .dime import DimeScorer, EclipseDime, KernelDime, LlmDime, MagnitudeDime, OracleDime, PrfDime, SwcDime
 from .encoder import DEFAULT_ENCODER, load_encoder, resolve_encoder
@@ -29,7 +30,7 @@ from .threshold import Rdime, TopK
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CACHE = Path('~/.cache/pyterrier-rdime').expanduser()
+DEFAULT_CACHE = default_cache_dir()
 DEFAULT_DIMES = ('prf', 'swc', 'llm')
 DEFAULT_KS = (0.4, 0.6, 0.8)
 ALPHA = 0.05
@@ -114,7 +115,8 @@ class ExperimentResult:
                  f'{self.settings["first_stage"]}, '
                  f'{self.settings["num_queries"]} queries.', '']
         for measure in self.measures:
-            lines += [f'## {measure}', '', self.paper_table(measure).to_markdown(index=False, disable_numparse=True), '']
+            table = self.paper_table(measure).to_markdown(index=False, disable_numparse=True)
+            lines += [f'## {measure}', '', table, '']
         lines += ['`*` best Top-k of the row; `†` RDIME significantly different from that best Top-k, `‡` from '
                   f'Baseline (paired t-test, Holm-corrected per measure, α = {ALPHA}); (kept) = mean fraction of '
                   'dimensions RDIME kept per query.', '']

