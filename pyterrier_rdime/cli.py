@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--out', default='rdime-results', help='output folder (default: %(default)s)')
     p.add_argument('--batch-size', type=int, default=32, help='encoder batch size')
     p.add_argument('--max-queries', type=int, default=None, help='only the first N queries (smoke runs)')
+    p.add_argument('--llm-generator', default=None, metavar='MODEL',
+                   help="generate the LLM row's answers instead of reading llm_answers.tsv: 'smollm2' (bundled "
+                        'SmolLM2-135M-Instruct, offline) or a Hugging Face model name or path; cached under --cache')
     p.add_argument('--quiet', action='store_true', help='no progress bars')
     return p
 
@@ -48,7 +51,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             num_results=args.num_results, dimes=[d.strip() for d in args.dimes.split(',') if d.strip()],
             ks=[float(k) for k in args.ks.split(',') if k.strip()], rel=args.rel,
             extra_measures=[m.strip() for m in args.measures.split(',') if m.strip()], cache_dir=args.cache,
-            batch_size=args.batch_size, max_queries=args.max_queries, verbose=not args.quiet)
+            batch_size=args.batch_size, max_queries=args.max_queries, llm_generator=args.llm_generator,
+            verbose=not args.quiet)
     except (ValueError, RuntimeError, ImportError) as e:
         print(f'rdime-experiment: error: {e}', file=sys.stderr)
         return 2
