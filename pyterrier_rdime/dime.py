@@ -12,6 +12,7 @@ from ._config import ConfigTransformer, check_int, check_positive
 from ._frames import (
     QueryGroups,
     check_same_dims,
+    empty_frame,
     gather_vectors,
     group_queries,
     query_columns,
@@ -38,7 +39,7 @@ class DimeScorer(ConfigTransformer):
             columns = query_columns(inp.columns)
         columns = [c for c in columns if c != 'query_dime'] + ['query_dime']
         if not len(inp):
-            return pd.DataFrame({c: inp[c] if c in inp.columns else pd.Series(dtype=object) for c in columns})
+            return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
         groups = group_queries(inp)
         query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')

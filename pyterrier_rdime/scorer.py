@@ -4,7 +4,7 @@ import pandas as pd
 import pyterrier as pt
 
 from ._config import ConfigTransformer
-from ._frames import check_same_dims, group_queries, stack_vectors
+from ._frames import check_same_dims, empty_frame, group_queries, stack_vectors
 
 
 class VectorScorer(ConfigTransformer):
@@ -29,7 +29,7 @@ class VectorScorer(ConfigTransformer):
         pt.validate.result_frame(inp, extra_columns=['query_vec', 'doc_vec'], context=self)
         columns = list(inp.columns) + [c for c in ('score', 'rank') if c not in inp.columns]
         if not len(inp):
-            return pd.DataFrame({c: inp[c] if c in inp.columns else pd.Series(dtype=object) for c in columns})
+            return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
         groups = group_queries(inp)
         query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid').astype(np.float32)

@@ -8,7 +8,7 @@ import pyterrier as pt
 
 from . import maths
 from ._config import ConfigTransformer
-from ._frames import check_same_dims, group_queries, stack_vectors
+from ._frames import check_same_dims, empty_frame, group_queries, stack_vectors
 
 FALLBACKS = ('full', 'top1')
 
@@ -23,7 +23,7 @@ class DimensionThreshold(ConfigTransformer):
         pt.validate.columns(inp, includes=['qid', 'query_vec', 'query_dime'], context=self)
         columns = list(inp.columns) + [c for c in self.output_columns if c not in inp.columns]
         if not len(inp):
-            return pd.DataFrame({c: inp[c] if c in inp.columns else pd.Series(dtype=object) for c in columns})
+            return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
         groups = group_queries(inp)
         query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
