@@ -2,6 +2,7 @@
 import contextlib
 import ctypes
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -12,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import ir_measures
 import numpy as np
@@ -35,6 +36,7 @@ DEFAULT_CACHE = default_cache_dir()
 DEFAULT_DIMES = ('prf', 'swc', 'llm')
 DEFAULT_KS = (0.4, 0.6, 0.8)
 ALPHA = 0.05
+ENCODE_CHUNK = 4096  # documents encoded per call when building an index
 
 
 def _dime_factories(collection: Collection, model) -> Dict[str, Tuple[str, Callable[[bool], DimeScorer]]]:
@@ -143,12 +145,12 @@ class ExperimentResult:
         return out
 
     def boxplot(self, path: Union[str, Path]) -> None:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
+        # a bare Figure: no pyplot state, so the notebook's inline backend is left alone
+        from matplotlib.figure import Figure
         rdime = self.kept[self.kept['threshold'] == 'RDIME']
         names = [d for d in self.labels if d in set(rdime['dime'])]
-        fig, ax = plt.subplots(figsize=(1.6 * max(len(names), 2) + 1, 3.5))
+        fig = Figure(figsize=(1.6 * max(len(names), 2) + 1, 3.5))
+        ax = fig.subplots()
         ax.boxplot([rdime.loc[rdime['dime'] == d, 'kept_frac'] for d in names], showmeans=True)
         ax.set_xticks(range(1, len(names) + 1), [self.labels[d] for d in names], fontsize=8)
         ax.set_ylabel('fraction of dimensions kept')
@@ -157,7 +159,6 @@ class ExperimentResult:
                      f'{Path(str(self.settings["encoder"])).name}', fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
-        plt.close(fig)
 
 
 def _json_default(value):
@@ -200,20 +201,29 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
             return index
     have = set(old_docnos)
     wanted = None if docnos is None else [d for d in dict.fromkeys(docnos) if d not in have]
-    texts = [doc for doc in iter_texts(collection, wanted) if doc['docno'] not in have]
-    logger.info('encoding %d documents of %s into %s', len(texts), collection.name, path)
+    logger.info('encoding %s documents of %s into %s', 'all' if wanted is None else len(wanted), collection.name, path)
+
+    def records() -> Iterator[dict]:
+        """Streams the cached vectors, then the new ones in chunks, so that memory stays bounded by a chunk."""
+        for docno, vec in zip(old_docnos, old_vecs if old_vecs is not None else []):
+            yield {'docno': docno, 'doc_vec': np.asarray(vec)}
+        new_docs = (doc for doc in iter_texts(collection, wanted) if doc['docno'] not in have)
+        progress = pt.tqdm(total=None if wanted is None else len(wanted), desc='encoding documents', unit='doc',
+                           disable=not verbose)
+        with progress:
+            for chunk in iter(lambda: list(itertools.islice(new_docs, ENCODE_CHUNK)), []):
+                vecs = model.encode_docs([doc['text'] for doc in chunk])
+                for doc, vec in zip(chunk, vecs):
+                    yield {'docno': doc['docno'], 'doc_vec': vec}
+                progress.update(len(chunk))
+
     start = time.time()
-    encoded = model.doc_encoder(verbose=verbose)(pd.DataFrame(texts, columns=['docno', 'text']))
-    logger.info('encoded %d documents in %.0f s', len(texts), time.time() - start)
-    records = [{'docno': d, 'doc_vec': np.asarray(v)} for d, v in zip(old_docnos, old_vecs if old_vecs is not None
-                                                                        else [])]
-    records += [{'docno': d, 'doc_vec': v} for d, v in zip(encoded['docno'], encoded['doc_vec'])]
     tmp = path.with_name(path.name + '.tmp')
     shutil.rmtree(tmp, ignore_errors=True)
-    FlexIndex(str(tmp), verbose=False).indexer(mode='overwrite').index(records)
-    del old_vecs
+    FlexIndex(str(tmp), verbose=False).indexer(mode='overwrite').index(records())
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
+    logger.info('encoded the documents in %.0f s', time.time() - start)
     return FlexIndex(str(path), verbose=False)
 
 
@@ -254,7 +264,8 @@ def bm25(collection: Collection, cache_dir: Union[str, Path], depth: int) -> pt.
             pyterrier_pisa.PisaIndex(str(tmp), stemmer='porter2', text_field='text').index(collection.docs(None))
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
-    return pyterrier_pisa.PisaIndex(str(path), stemmer='porter2', text_field='text').bm25(num_results=depth)
+    with _native_output_silenced():  # the first retriever compresses the index, loudly
+        return pyterrier_pisa.PisaIndex(str(path), stemmer='porter2', text_field='text').bm25(num_results=depth)
 
 
 def first_stage_results(collection: Collection, first_stage: str, depth: int, cache_dir) -> Tuple[pd.DataFrame, str]:
