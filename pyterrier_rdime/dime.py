@@ -15,6 +15,7 @@ from ._frames import (
     empty_frame,
     gather_vectors,
     group_queries,
+    per_row,
     query_columns,
     select_feedback,
     stack_vectors,
@@ -45,7 +46,7 @@ class DimeScorer(ConfigTransformer):
         query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
         importance = self._importance(inp, groups, query_vecs).astype(np.float32)
         if self.keep_ranking:
-            return inp.assign(query_dime=list(importance[groups.codes]))[columns]
+            return inp.assign(query_dime=per_row(importance, groups.codes))[columns]
         out = inp.iloc[groups.first_rows].reset_index(drop=True)
         return out.assign(query_dime=list(importance))[columns]
 

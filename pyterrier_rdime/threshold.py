@@ -8,7 +8,7 @@ import pyterrier as pt
 
 from . import maths
 from ._config import ConfigTransformer
-from ._frames import check_same_dims, empty_frame, group_queries, stack_vectors
+from ._frames import check_same_dims, empty_frame, group_queries, per_row, stack_vectors
 
 FALLBACKS = ('full', 'top1')
 
@@ -32,17 +32,12 @@ class DimensionThreshold(ConfigTransformer):
         keep, extra = self._keep(query_vecs, importance)
         pruned = maths.prune(query_vecs, keep).astype(np.float32)
         kept = keep.sum(axis=1)
-        per_query = {'query_vec': list(pruned), 'query_kept': kept, 'query_kept_frac': kept / keep.shape[1], **extra}
-        return inp.assign(**{c: _per_row(v, groups.codes) for c, v in per_query.items()})[columns]
+        per_query = {'query_kept': kept, 'query_kept_frac': kept / keep.shape[1], **extra}
+        return inp.assign(query_vec=per_row(pruned, groups.codes),
+                          **{c: np.asarray(v)[groups.codes] for c, v in per_query.items()})[columns]
 
     def _keep(self, query_vecs: np.ndarray, importance: np.ndarray) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
         raise NotImplementedError
-
-
-def _per_row(values, codes: np.ndarray):
-    if isinstance(values, list):
-        return [values[c] for c in codes]
-    return np.asarray(values)[codes]
 
 
 class Rdime(DimensionThreshold):
