@@ -13,6 +13,7 @@ from pyterrier_rdime.dime import (
 )
 from pyterrier_rdime.generate import LlmGenerator, smollm2_gguf_path
 from pyterrier_rdime.llm import LlmAnswers, read_answers_tsv
+from pyterrier_rdime.pruned import PrunedRetriever
 from pyterrier_rdime.scorer import VectorScorer
 from pyterrier_rdime.threshold import DimensionThreshold, Rdime, TopK
 
@@ -20,6 +21,6 @@ __all__ = [
     'maths',
     'DimeScorer', 'KernelDime', 'PrfDime', 'SwcDime', 'LlmDime', 'MagnitudeDime', 'EclipseDime', 'OracleDime',
     'DimensionThreshold', 'Rdime', 'TopK',
-    'VectorScorer',
+    'VectorScorer', 'PrunedRetriever',
     'LlmAnswers', 'read_answers_tsv', 'LlmGenerator', 'smollm2_gguf_path',
 ]
