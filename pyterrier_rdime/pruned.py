@@ -9,6 +9,7 @@ import pandas as pd
 import pyterrier as pt
 
 from ._config import ConfigTransformer
+from ._frames import empty_frame
 
 STRATEGIES = ('auto', 'pruned', 'dense')
 
@@ -208,7 +209,7 @@ class PrunedRetriever(ConfigTransformer):
         columns = [c for c in inp.columns if not (self.drop_query_vec and c == 'query_vec')]
         columns += [c for c in ('docno', 'docid', 'score', 'rank') if c not in columns]
         if not len(inp):
-            return pd.DataFrame({c: inp[c] if c in inp.columns else pd.Series(dtype=object) for c in columns})
+            return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
         query_vecs = self._stack_queries(inp)
         strategy = self.choose_strategy(query_vecs)
