@@ -40,12 +40,14 @@ _SCALARS = (str, numbers.Number, bool, type(None))
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Scalars and mappings compare by value (an int count and a float fraction differ); other objects (encoders,
-    qrels frames, callables) by identity."""
+    """Scalars and mappings compare by value (an int count and a float fraction differ), on-disk indexes by path;
+    other objects (encoders, arrays, qrels frames, callables) by identity."""
     if isinstance(a, _SCALARS) and isinstance(b, _SCALARS):
         return type(a) is type(b) and a == b
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return a is b or dict(a) == dict(b)
+    if hasattr(a, 'index_path') and hasattr(b, 'index_path'):
+        return type(a) is type(b) and str(a.index_path) == str(b.index_path)
     return a is b
 
 
@@ -54,6 +56,8 @@ def _hashable(value: Any) -> Any:
         return value
     if isinstance(value, Mapping):
         return ('mapping', len(value))
+    if hasattr(value, 'index_path'):
+        return ('index', str(value.index_path))
     return id(value)
 
 
@@ -61,6 +65,8 @@ def _short_repr(value: Any) -> str:
     """Data arguments (qrels, answers) as a one-line summary, so reprs stay short in messages and system names."""
     if hasattr(value, 'shape') and hasattr(value, 'columns'):
         return f'<{type(value).__name__} of {value.shape[0]} rows>'
+    if isinstance(value, np.ndarray) and value.ndim == 2:
+        return f'<ndarray {value.shape[0]}x{value.shape[1]} {value.dtype}>'
     if isinstance(value, Mapping):
         return f'<{type(value).__name__} of {len(value)} items>'
     text = repr(value)

@@ -1,6 +1,5 @@
 """Exact dense retrieval that scores only the dimensions a pruned query keeps."""
 import contextlib
-import inspect
 import numbers
 from typing import Optional, Sequence, Tuple
 
@@ -130,39 +129,6 @@ class PrunedRetriever(ConfigTransformer):
         self.verbose = verbose
         self._dim_major: Optional[np.ndarray] = None
         self._docno_lookup = None
-
-    # configuration: the index by path (FlexIndex) or identity (arrays); ConfigTransformer compares the rest
-    def _index_key(self) -> object:
-        path = getattr(self.index, 'index_path', None)
-        return ('flex', str(path)) if path is not None else ('array', id(self.index))
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        mine, theirs = self._config(), other._config()
-        return (self._index_key() == other._index_key() and mine['docnos'] is theirs['docnos']
-                and all(mine[k] == theirs[k] and type(mine[k]) is type(theirs[k])
-                        for k in mine if k not in ('index', 'docnos')))
-
-    def __hash__(self) -> int:
-        config = self._config()
-        return hash((type(self), self._index_key(), id(config['docnos']))
-                    + tuple(v for k, v in config.items() if k not in ('index', 'docnos')))
-
-    def __repr__(self) -> str:
-        params = inspect.signature(type(self).__init__).parameters
-        shown = []
-        for name, value in self._config().items():
-            default = params[name].default
-            if name == 'index':
-                shown.append('index=' + (f'<ndarray {value.shape[0]}x{value.shape[1]} {value.dtype}>'
-                                         if isinstance(value, np.ndarray) else repr(value)))
-            elif name == 'docnos':
-                if value is not None:
-                    shown.append(f'docnos=<{len(value)} docnos>')
-            elif not (type(value) is type(default) and value == default):
-                shown.append(f'{name}={value!r}')
-        return f'{type(self).__name__}({", ".join(shown)})'
 
     def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
         """``PrunedRetriever(num_results=n) % k`` with ``k < n`` is the retriever with ``num_results=k``."""
