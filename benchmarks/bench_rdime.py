@@ -113,9 +113,9 @@ def machine() -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 
 def bench_overhead(args) -> None:
-    from pyterrier_rdime.collection import load_collection
-    from pyterrier_rdime.encoder import load_encoder
-    from pyterrier_rdime.experiment import dense_index, first_stage_results
+    from pyterrier_rdime.experiment.collection import load_collection
+    from pyterrier_rdime.experiment.encoders import load_encoder
+    from pyterrier_rdime.experiment.runner import dense_index, first_stage_results
 
     log(f'\n## 1. Pipeline overhead (re-ranking {Path(args.collection).name}, BM25 top-100)\n')
     collection = load_collection(str(args.collection))
@@ -423,9 +423,9 @@ def bench_search(args) -> None:
 
 
 def bench_search_real(args) -> None:
-    from pyterrier_rdime.collection import load_collection
-    from pyterrier_rdime.encoder import load_encoder
-    from pyterrier_rdime.experiment import dense_index, first_stage_results
+    from pyterrier_rdime.experiment.collection import load_collection
+    from pyterrier_rdime.experiment.encoders import load_encoder
+    from pyterrier_rdime.experiment.runner import dense_index, first_stage_results
 
     collection = load_collection(str(args.collection))
     first, _ = first_stage_results(collection, 'run', 100, args.cache)

@@ -1,5 +1,5 @@
 import sys
 
-from pyterrier_rdime.cli import main
+from pyterrier_rdime.experiment.cli import main
 
 sys.exit(main())

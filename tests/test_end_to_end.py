@@ -7,9 +7,9 @@ from conftest import shared_collection
 from ir_measures import AP, nDCG
 
 import pyterrier_rdime as rdime
-from pyterrier_rdime.collection import load_collection
-from pyterrier_rdime.encoder import load_encoder
-from pyterrier_rdime.experiment import bm25, dense_index
+from pyterrier_rdime.experiment.collection import load_collection
+from pyterrier_rdime.experiment.encoders import load_encoder
+from pyterrier_rdime.experiment.runner import bm25, dense_index
 
 NUM_QUERIES = 15
 DEPTH = 20

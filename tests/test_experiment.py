@@ -10,10 +10,10 @@ from conftest import shared_collection
 from ir_measures import AP, nDCG
 
 import pyterrier_rdime as rdime
-from pyterrier_rdime.cli import main
-from pyterrier_rdime.collection import load_collection
-from pyterrier_rdime.encoder import load_encoder, resolve_encoder
-from pyterrier_rdime.experiment import dense_index, first_stage_results, holm, run_experiment
+from pyterrier_rdime.experiment.cli import main
+from pyterrier_rdime.experiment.collection import load_collection
+from pyterrier_rdime.experiment.encoders import load_encoder, resolve_encoder
+from pyterrier_rdime.experiment.runner import dense_index, first_stage_results, holm, run_experiment
 
 NUM_QUERIES = 4
 DEPTH = 12
@@ -194,7 +194,7 @@ def test_llm_row_from_a_generator(tmp_path, monkeypatch):
         def transform(self, inp):
             return inp.assign(query_answer='a passage about ' + inp['query'])
 
-    monkeypatch.setattr('pyterrier_rdime.experiment.LlmGenerator', FakeGenerator)
+    monkeypatch.setattr('pyterrier_rdime.experiment.runner.LlmGenerator', FakeGenerator)
     folder = _mini_collection(tmp_path)
     result = run_experiment(str(folder), dimes=['prf'], ks=[0.5], first_stage='bm25', depth=4,
                             cache_dir=tmp_path / 'cache', llm_generator='smollm2', verbose=False)

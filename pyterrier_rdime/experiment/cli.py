@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from .experiment import DEFAULT_CACHE, DEFAULT_DIMES, DEFAULT_KS, DIME_NAMES, run_experiment
+from .runner import DEFAULT_CACHE, DEFAULT_DIMES, DEFAULT_KS, DIME_NAMES, run_experiment
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -21,14 +21,14 @@ import pandas as pd
 import pyterrier as pt
 from scipy import stats
 
-from ._config import default_cache_dir
+from .._config import default_cache_dir
 from .collection import Collection, iter_texts, load_collection, read_trec_run
-from .dime import DimeScorer, EclipseDime, KernelDime, LlmDime, MagnitudeDime, OracleDime, PrfDime, SwcDime
-from .encoder import DEFAULT_ENCODER, load_encoder, resolve_encoder
-from .generate import LlmGenerator
-from .llm import LlmAnswers
-from .scorer import VectorScorer
-from .threshold import Rdime, TopK
+from ..dime import DimeScorer, EclipseDime, KernelDime, LlmDime, MagnitudeDime, OracleDime, PrfDime, SwcDime
+from .encoders import DEFAULT_ENCODER, load_encoder, resolve_encoder
+from ..generate import LlmGenerator
+from ..llm import LlmAnswers
+from ..scorer import VectorScorer
+from ..threshold import Rdime, TopK
 
 logger = logging.getLogger(__name__)
 

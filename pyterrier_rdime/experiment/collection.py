@@ -10,7 +10,7 @@ from typing import Callable, Dict, Iterable, Iterator, Optional, Sequence
 import pandas as pd
 import pyterrier as pt
 
-from .llm import read_answers_tsv
+from ..llm import read_answers_tsv
 
 REQUIRED_FILES = ('docs.jsonl', 'queries.tsv', 'qrels')
 
