@@ -1,11 +1,15 @@
-"""Test collections for experiments: an ir_datasets id (``irds:…``) or a local folder of the shared-data format."""
+"""Test collections for experiments: an ir_datasets id (``irds:…``) or a local folder of the shared-data format.
+
+A folder's files are checked line by line when it is loaded, so that a bad line is reported with its file and line
+number before anything (an index, a cache) is built from it."""
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 import pyterrier as pt
@@ -13,6 +17,11 @@ import pyterrier as pt
 from ..llm import read_answers_tsv
 
 REQUIRED_FILES = ('docs.jsonl', 'queries.tsv', 'qrels')
+DOCS_FORMAT = 'each line of docs.jsonl is one JSON object {"docno": "<id>", "text": "<text>"}'
+QUERIES_FORMAT = 'each line of queries.tsv is qid<TAB>query'
+QRELS_FORMAT = 'each line of qrels is "qid 0 docno label" with an integer label'
+RUN_FORMAT = 'each line of a TREC run is "qid Q0 docno rank score tag" with an integer rank and a finite score'
+_INTEGER = re.compile(r'[+-]?[0-9]+')
 
 
 @dataclass
@@ -24,9 +33,12 @@ class Collection:
         topics: ``qid, query`` of the judged queries.
         qrels: ``qid, docno, label``.
         docs: ``docs(docnos=None)`` iterates ``{'docno', 'text'}`` dicts, of all documents or of the given ones.
+            For a folder, every line is checked again while iterating: a bad line raises ``ValueError`` naming
+            ``docs.jsonl:<line>`` at that point, and so does a file whose document count changed since loading.
         run: a supplied first-stage run (``qid, docno, score, rank``), if the collection ships one.
         answers: LLM answers (qid -> text) for LLM DIME, if the collection ships them.
         dropped_queries: qids of queries that were dropped because they have no judgments.
+        num_docs: the number of documents of the corpus (``None`` where ir_datasets does not know it).
     """
     name: str
     topics: pd.DataFrame
@@ -35,6 +47,7 @@ class Collection:
     run: Optional[pd.DataFrame] = None
     answers: Optional[Dict[str, str]] = None
     dropped_queries: tuple = ()
+    num_docs: Optional[int] = None
 
     @property
     def slug(self) -> str:
@@ -52,10 +65,26 @@ def _identity(name: str) -> str:
     return name if name.startswith('irds:') else str(Path(name).resolve())
 
 
-def load_collection(name: str) -> Collection:
+def load_collection(name: Union[str, os.PathLike]) -> Collection:
     """Load ``irds:<ir_datasets id>`` or a folder holding ``docs.jsonl``, ``queries.tsv`` and ``qrels`` (optionally
-    one ``*.run`` first-stage run and ``llm_answers.tsv``). Queries without judgments are dropped (listed in
-    ``dropped_queries``); a collection where no query is judged is an error."""
+    one ``*.run`` first-stage run and ``llm_answers.tsv``).
+
+    A folder's files must be UTF-8 (a leading byte-order mark is ignored); blank lines are skipped. Each line is
+    checked, and the first bad one raises ``ValueError`` naming the file and line: in ``docs.jsonl`` a JSON object
+    with string ``docno`` and ``text`` (other keys are ignored), docnos unique and free of whitespace, at least one
+    document; in ``queries.tsv`` ``qid<TAB>query`` (further tabs belong to the query), qids unique, queries not
+    empty; in ``qrels`` four fields with an integer label (negative labels are kept as given), one judgment per
+    query and document; a run as :func:`read_trec_run` checks it. Queries without judgments are dropped (listed in
+    ``dropped_queries``); a collection where no query is judged is an error.
+
+    Args:
+        name: ``irds:<id>``, or the path of a collection folder (``str`` or ``os.PathLike``).
+    """
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
+    if not isinstance(name, str):
+        raise TypeError(f'load_collection: name must be irds:<id> or the path of a collection folder (str or '
+                        f'os.PathLike), got {type(name).__name__} {name!r}')
     if name.startswith('irds:'):
         collection = _load_irds(name)
     elif Path(name).is_dir():
@@ -98,13 +127,18 @@ def _load_irds(name: str) -> Collection:
                          '(for example irds:msmarco-passage/trec-dl-2019/judged)')
     topics = dataset.get_topics()[['qid', 'query']]
     qrels = dataset.get_qrels()
+    try:
+        num_docs = irds.docs_count()
+    except (NotImplementedError, AttributeError):
+        # Not every ir_datasets handler can count its documents without building a docstore.
+        num_docs = None
 
     def docs(docnos: Optional[Sequence[str]] = None) -> Iterator[Dict[str, str]]:
         source = irds.docs_iter() if docnos is None else irds.docs_store().get_many_iter(docnos)
         for doc in source:
             yield {'docno': doc.doc_id, 'text': _doc_text(doc)}
 
-    return Collection(name=name, topics=topics, qrels=qrels, docs=docs)
+    return Collection(name=name, topics=topics, qrels=qrels, docs=docs, num_docs=num_docs)
 
 
 def _doc_text(doc) -> str:
@@ -118,36 +152,164 @@ def _load_folder(path: Path) -> Collection:
     if missing:
         raise ValueError(f'collection folder {path} lacks {", ".join(missing)}; a collection folder holds '
                          'docs.jsonl ({"docno", "text"} per line), queries.tsv (qid<TAB>query) and qrels (TREC format)')
-    topics = pd.read_csv(path / 'queries.tsv', sep='\t', names=['qid', 'query'], dtype=str, quoting=3,
-                         keep_default_na=False)
-    qrels = pd.read_csv(path / 'qrels', sep=r'\s+', names=['qid', 'iteration', 'docno', 'label'],
-                        dtype={'qid': str, 'docno': str, 'label': int})
+    topics = _read_queries(path / 'queries.tsv')
+    qrels = _read_qrels(path / 'qrels')
     runs = sorted(path.glob('*.run'))
     if len(runs) > 1:
         raise ValueError(f'collection folder {path} holds several runs ({", ".join(r.name for r in runs)}); '
                          'keep one, or pass the one to use as the first stage explicitly')
     run = read_trec_run(runs[0]) if runs else None
     answers = read_answers_tsv(path / 'llm_answers.tsv') if (path / 'llm_answers.tsv').is_file() else None
+    docs_path = path / 'docs.jsonl'
+    num_docs = sum(1 for _ in _read_docs(docs_path))
+    if num_docs == 0:
+        raise ValueError(f'{docs_path} holds no documents; {DOCS_FORMAT}')
 
     def docs(docnos: Optional[Sequence[str]] = None) -> Iterator[Dict[str, str]]:
         wanted = None if docnos is None else set(docnos)
-        with open(path / 'docs.jsonl', encoding='utf-8') as f:
-            for line in f:
-                doc = json.loads(line)
-                if wanted is None or doc['docno'] in wanted:
-                    yield {'docno': doc['docno'], 'text': doc['text']}
+        count = 0
+        for docno, text in _read_docs(docs_path):
+            count += 1
+            if wanted is None or docno in wanted:
+                yield {'docno': docno, 'text': text}
+        if count != num_docs:
+            # Indexes are cached by document count: a file edited after loading must not pass for the loaded one.
+            raise ValueError(f'{docs_path} changed since the collection was loaded ({num_docs} documents then, '
+                             f'{count} now); load the collection again')
 
-    return Collection(name=str(path), topics=topics, qrels=qrels, docs=docs, run=run, answers=answers)
+    return Collection(name=str(path), topics=topics, qrels=qrels, docs=docs, run=run, answers=answers,
+                      num_docs=num_docs)
 
 
-def read_trec_run(path: os.PathLike) -> pd.DataFrame:
-    """A TREC run file as ``qid, docno, score, rank`` (rank re-derived from the score, 0-based)."""
-    run = pd.read_csv(path, sep=r'\s+', names=['qid', 'Q0', 'docno', 'rank', 'score', 'tag'],
-                      dtype={'qid': str, 'docno': str, 'score': float})
-    if run.empty or run['score'].isna().any():
-        raise ValueError(f'{path} is not a TREC run file (qid Q0 docno rank score tag per line)')
+def _lines(path: Path) -> Iterator[Tuple[int, str]]:
+    """The non-blank lines of a UTF-8 file, without line ends, with their 1-based line numbers."""
+    with open(path, 'rb') as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode('utf-8')
+            except UnicodeDecodeError as e:
+                raise ValueError(f'{path}:{line_no}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of '
+                                 f'the line); convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} '
+                                 f'> {path.name}.utf8 if it is latin-1') from None
+            if line_no == 1:
+                line = line.removeprefix('\ufeff')
+            line = line.rstrip('\r\n')
+            if line.strip():
+                yield line_no, line
+
+
+def _is_token(value: str) -> bool:
+    """Whether ``value`` can be a field of a whitespace-separated TREC line (qrels, runs)."""
+    return len(value.split()) == 1 and value.split()[0] == value
+
+
+def _read_docs(path: Path) -> Iterator[Tuple[str, str]]:
+    first_line: Dict[str, int] = {}
+    for line_no, line in _lines(path):
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f'{path}:{line_no}: not valid JSON at column {e.colno} ({e.msg}); {DOCS_FORMAT}') from None
+        if not isinstance(doc, dict):
+            raise ValueError(f'{path}:{line_no}: a JSON {type(doc).__name__}, not an object; {DOCS_FORMAT}')
+        docno = doc.get('docno')
+        if not isinstance(docno, str):
+            problem = 'has no "docno"' if docno is None else f'has a non-string "docno" {docno!r}'
+            raise ValueError(f'{path}:{line_no}: the document {problem}; {DOCS_FORMAT}')
+        text = doc.get('text')
+        if not isinstance(text, str):
+            problem = 'has no "text"' if text is None else f'has a non-string "text" ({type(text).__name__})'
+            raise ValueError(f'{path}:{line_no}: document {docno!r} {problem}; give every document a "text" string '
+                             '("" for an empty document)')
+        if not _is_token(docno):
+            raise ValueError(f'{path}:{line_no}: docno {docno!r} is empty or holds whitespace, so qrels and runs '
+                             '(whitespace-separated) could never name it; use docnos without spaces')
+        if docno in first_line:
+            raise ValueError(f'{path}:{line_no}: docno {docno!r} is also on line {first_line[docno]}; give each '
+                             'document its own docno, or remove the repeated one')
+        first_line[docno] = line_no
+        yield docno, text
+
+
+def _read_queries(path: Path) -> pd.DataFrame:
+    rows = []
+    first_line: Dict[str, int] = {}
+    for line_no, line in _lines(path):
+        qid, tab, query = line.partition('\t')
+        if not tab:
+            raise ValueError(f'{path}:{line_no}: no tab in {line[:80]!r}; {QUERIES_FORMAT}')
+        if not _is_token(qid):
+            raise ValueError(f'{path}:{line_no}: qid {qid!r} is empty or holds whitespace, so the qrels '
+                             '(whitespace-separated) could never judge it; write the qid without spaces, then a tab')
+        if not query.strip():
+            raise ValueError(f'{path}:{line_no}: qid {qid!r} has an empty query; write its text after the tab or '
+                             'remove the line')
+        if qid in first_line:
+            raise ValueError(f'{path}:{line_no}: qid {qid!r} is also on line {first_line[qid]}; give each query its '
+                             'own qid, or remove the repeated one')
+        first_line[qid] = line_no
+        rows.append((qid, query))
+    if not rows:
+        raise ValueError(f'{path} holds no queries; {QUERIES_FORMAT}')
+    return pd.DataFrame(rows, columns=['qid', 'query'])
+
+
+def _read_qrels(path: Path) -> pd.DataFrame:
+    rows = []
+    first_line: Dict[Tuple[str, str], int] = {}
+    for line_no, line in _lines(path):
+        fields = line.split()
+        if len(fields) != 4:
+            raise ValueError(f'{path}:{line_no}: {len(fields)} fields in {line[:80]!r}, not 4; {QRELS_FORMAT}')
+        qid, _, docno, label = fields
+        if not _INTEGER.fullmatch(label):
+            raise ValueError(f'{path}:{line_no}: label {label!r} of qid {qid!r}, docno {docno!r} is not an integer; '
+                             f'{QRELS_FORMAT} (0 or a negative label: not relevant)')
+        if (qid, docno) in first_line:
+            raise ValueError(f'{path}:{line_no}: qid {qid!r}, docno {docno!r} is judged again (also on line '
+                             f'{first_line[qid, docno]}); keep one judgment per query and document')
+        first_line[qid, docno] = line_no
+        rows.append((qid, docno, int(label)))
+    if not rows:
+        raise ValueError(f'{path} holds no judgments; {QRELS_FORMAT}')
+    return pd.DataFrame(rows, columns=['qid', 'docno', 'label'])
+
+
+def read_trec_run(path: Union[str, os.PathLike]) -> pd.DataFrame:
+    """A TREC run file as ``qid, docno, score, rank`` (rank re-derived from the score, 0-based).
+
+    Every line must be ``qid Q0 docno rank score tag`` with an integer rank and a finite score, and name each
+    (qid, docno) once; the first bad line raises ``ValueError`` with its file and line number. Blank lines are
+    skipped.
+    """
+    path = Path(path)
+    rows = []
+    first_line: Dict[Tuple[str, str], int] = {}
+    for line_no, line in _lines(path):
+        fields = line.split()
+        if len(fields) != 6:
+            raise ValueError(f'{path}:{line_no}: {len(fields)} fields in {line[:80]!r}, not 6; {RUN_FORMAT}')
+        qid, _, docno, rank, score, _ = fields
+        if not _INTEGER.fullmatch(rank):
+            raise ValueError(f'{path}:{line_no}: rank {rank!r} of qid {qid!r}, docno {docno!r} is not an integer; '
+                             f'{RUN_FORMAT}')
+        try:
+            value = float(score)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ValueError(f'{path}:{line_no}: score {score!r} of qid {qid!r}, docno {docno!r} is not a finite '
+                             f'number; {RUN_FORMAT}')
+        if (qid, docno) in first_line:
+            raise ValueError(f'{path}:{line_no}: qid {qid!r} ranks docno {docno!r} twice (also on line '
+                             f'{first_line[qid, docno]}); keep one line per query and document')
+        first_line[qid, docno] = line_no
+        rows.append((qid, docno, value))
+    if not rows:
+        raise ValueError(f'{path} holds no ranking; {RUN_FORMAT}')
+    run = pd.DataFrame(rows, columns=['qid', 'docno', 'score'])
     run = run.sort_values(['qid', 'score'], ascending=[True, False], kind='stable')
-    return pt.model.add_ranks(run[['qid', 'docno', 'score']].reset_index(drop=True))
+    return pt.model.add_ranks(run.reset_index(drop=True))
 
 
 def iter_texts(collection: Collection, docnos: Optional[Iterable[str]]) -> Iterator[Dict[str, str]]:
