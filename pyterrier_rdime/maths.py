@@ -145,3 +145,64 @@ def topk_threshold(importance: np.ndarray, count: int) -> np.ndarray:
 def prune(query_vecs: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """The pruned query: dimensions not kept are set to 0 (documents stay untouched)."""
     return np.where(keep, query_vecs, 0.0)
+
+
+MODULATORS = ('hard', 'james-stein', 'wiener')
+
+
+def modulator_weights(theta2: np.ndarray, eps2: np.ndarray, modulator: str) -> np.ndarray:
+    """Weights ``f`` (n, p) of a modulation estimator ``theta_hat = f * q`` (Beran 1998), given the signal
+    ``theta^2`` (n, p) and the noise variance ``eps^2`` (n,) of each query, or estimates of them.
+
+    Under the paper's model ``q = theta + eps * z``, a fixed weight ``f_j`` has the l2 risk
+    ``E[(f_j q_j - theta_j)^2] = (1 - f_j)^2 theta_j^2 + f_j^2 eps^2`` per dimension. The modulators:
+
+    - ``'hard'``: ``f_j = 1`` if ``theta_j^2 > eps^2`` else 0, the best 0/1 weights (the paper's Theorem 1;
+      RDIME); risk ``min(theta_j^2, eps^2)``.
+    - ``'james-stein'``: positive-part James-Stein, ``f_j = (1 - eps^2 / theta_j^2)_+``: the hard set, each kept
+      dimension shrunk towards 0; risk ``eps^2 (1 - r + r^2)`` with ``r = eps^2 / theta_j^2 < 1`` on the hard set,
+      ``theta_j^2`` elsewhere. Computed as ``(theta_j^2 - eps^2) / theta_j^2`` so that every dimension of the hard
+      set gets a non-zero weight (same kept set as ``'hard'``).
+    - ``'wiener'``: ``f_j = theta_j^2+ / (theta_j^2+ + eps^2)`` (``x+ = max(x, 0)``), the minimiser of the risk over
+      all fixed weights; risk ``theta_j^2 eps^2 / (theta_j^2 + eps^2)``. It keeps every dimension with
+      ``theta_j^2 > 0``.
+
+    With the true ``theta^2`` and ``eps^2`` the risks are therefore ordered Wiener <= James-Stein <= hard in every
+    dimension. A plug-in estimate ``eps^2 <= 0`` (a variance cannot be negative: the sampling noise of the estimate
+    swamped it) means no measurable noise, so the soft modulators use ``max(eps^2, 0)``: James-Stein shrinks
+    nothing (``f = 1`` on the hard set, i.e. hard), Wiener gives weight 1 to every ``theta_j^2 > 0``. The hard set
+    itself stays ``theta_j^2 > eps^2`` as RDIME defines it.
+
+    Returns float64 weights in [0, 1]; a row can be all zero (nothing kept): the caller decides the fallback.
+    """
+    if modulator not in MODULATORS:
+        raise ValueError(f'unknown modulator {modulator!r}; expected one of {MODULATORS}')
+    theta2 = np.asarray(theta2, dtype=np.float64)
+    eps2 = np.asarray(eps2, dtype=np.float64)[:, None]
+    if modulator == 'wiener':
+        signal = np.maximum(theta2, 0.0)
+        denom = signal + np.maximum(eps2, 0.0)
+        return np.divide(signal, denom, out=np.zeros_like(signal), where=denom > 0)
+    keep = theta2 > eps2
+    if modulator == 'hard':
+        return keep.astype(np.float64)
+    # on the hard set with eps2 > 0, theta2 > eps2 > 0: the division is safe and the weight in (0, 1)
+    shrink = np.divide(theta2 - eps2, theta2, out=np.ones_like(theta2), where=keep & (eps2 > 0))
+    return np.where(keep, shrink, 0.0)
+
+
+def modulation_weights(query_vecs: np.ndarray, importance: np.ndarray, modulator: str = 'hard'
+                       ) -> Tuple[np.ndarray, np.ndarray]:
+    """Soft RDIME: the modulator's weights with RDIME's plug-in estimates, ``u`` (Kernel DIME, unbiased for
+    ``theta^2``: Theorem 2) for ``theta^2`` and ``eps2 = mean_j(q_j^2 - u_j)`` for ``eps^2``
+    (see :func:`modulator_weights`). ``'hard'`` is RDIME (:func:`rdime_threshold`) as 0/1 weights.
+
+    Returns ``(weights (n, p) float64 in [0, 1], eps2 (n,))``, ``eps2`` as estimated (not clipped).
+    """
+    eps2 = np.mean(query_vecs * query_vecs - importance, axis=1)
+    return modulator_weights(importance, eps2, modulator), eps2
+
+
+def modulate(query_vecs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The modulated query ``f * q`` for weights ``f`` (bool masks included); exactly 0 (never -0) where ``f = 0``."""
+    return np.where(weights != 0, weights * query_vecs, 0.0)

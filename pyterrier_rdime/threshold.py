@@ -29,9 +29,9 @@ class DimensionThreshold(ConfigTransformer):
         query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
         importance = stack_vectors(inp, 'query_dime', groups.first_rows, self, 'qid')
         check_same_dims(self, query_vecs.shape[1], importance.shape[1], 'query_dime')
-        keep, extra = self._keep(query_vecs, importance)
-        pruned = maths.prune(query_vecs, keep).astype(np.float32)
-        kept = keep.sum(axis=1)
+        keep, extra = self._keep(query_vecs, importance)  # a 0/1 mask, or soft weights in [0, 1] (Rdime)
+        pruned = maths.modulate(query_vecs, keep).astype(np.float32)
+        kept = np.count_nonzero(keep, axis=1)
         per_query = {'query_kept': kept, 'query_kept_frac': kept / keep.shape[1], **extra}
         return inp.assign(query_vec=per_row(pruned, groups.codes),
                           **{c: np.asarray(v)[groups.codes] for c, v in per_query.items()})[columns]
@@ -44,41 +44,61 @@ class Rdime(DimensionThreshold):
     """RDIME: keep dimension ``j`` when ``u_j > eps2``, with ``eps2 = mean_j(q_j^2 - u_j)`` estimated per query from
     its own importance vector ``u`` (``query_dime``); no hyper-parameter.
 
-    The kept set can be empty (every ``u_j <= eps2``). Searching with an all-zero query would rank arbitrarily, so
-    such a query falls back to ``fallback``:
+    ``modulator`` chooses how the query is modulated, ``query_vec = f * q`` (the paper's modulation estimator view,
+    Beran 1998, with ``u`` standing for ``theta^2`` and ``eps2`` for ``eps^2``; see
+    :func:`pyterrier_rdime.maths.modulator_weights`):
 
-    - ``'full'`` (default): keep every dimension, i.e. the unpruned query (the baseline's ranking);
-    - ``'top1'``: keep the single most important dimension.
+    - ``'hard'`` (default, the paper's RDIME): ``f_j = 1`` if ``u_j > eps2`` else 0;
+    - ``'james-stein'``: positive-part James-Stein, ``f_j = 1 - eps2 / u_j`` on the same kept set, 0 elsewhere;
+    - ``'wiener'``: ``f_j = u_j+ / (u_j+ + eps2)`` (``u+ = max(u, 0)``): every dimension with ``u_j > 0`` is kept,
+      shrunk by its estimated signal-to-noise ratio.
+
+    With the true ``theta^2`` and ``eps^2`` the l2 risk is ordered Wiener <= James-Stein <= hard. An estimate
+    ``eps2 <= 0`` means no measurable noise: James-Stein then equals hard and Wiener gives weight 1 to ``u_j > 0``.
+
+    The kept set (non-zero ``f``) can be empty (every ``u_j <= eps2``; for Wiener every ``u_j <= 0``). Searching with
+    an all-zero query would rank arbitrarily, so such a query falls back to ``fallback``:
+
+    - ``'full'`` (default): ``f = 1`` everywhere, i.e. the unpruned query (the baseline's ranking);
+    - ``'top1'``: the single most important dimension, with weight 1.
 
     Input columns: ``qid, query_vec, query_dime`` (query or result frame). Output columns: the input's, with
-    ``query_vec`` pruned, plus ``query_kept``, ``query_kept_frac``, ``query_eps2`` (the estimated noise variance)
-    and ``query_fallback`` (True where the kept set was empty and the fallback applied).
+    ``query_vec`` modulated (float32), plus ``query_kept`` (number of non-zero weights), ``query_kept_frac``,
+    ``query_eps2`` (the estimated noise variance, as estimated), ``query_fallback`` (True where the kept set was
+    empty and the fallback applied) and ``query_mean_weight`` (the mean weight over the kept dimensions; 1.0 for
+    ``'hard'`` and for a fallback).
 
     Example::
 
         pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> Rdime() >> VectorScorer()
+        soft = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() \\
+            >> Rdime(modulator='wiener') >> VectorScorer()
 
     Paper: Faggioli et al., *Statistical Foundations of DIME: Risk Estimation for Practical Index Selection*
-    (EACL 2026), Corollary 1.
+    (EACL 2026), Corollary 1 (``'hard'``); the soft modulators follow from the same risk model.
     """
     schematic = {'label': 'RDIME'}
-    output_columns = ('query_kept', 'query_kept_frac', 'query_eps2', 'query_fallback')
+    output_columns = ('query_kept', 'query_kept_frac', 'query_eps2', 'query_fallback', 'query_mean_weight')
 
-    def __init__(self, *, fallback: str = 'full'):
+    def __init__(self, *, fallback: str = 'full', modulator: str = 'hard'):
         if fallback not in FALLBACKS:
             raise ValueError(f'Rdime: unknown fallback {fallback!r}; expected one of {FALLBACKS}')
+        if not isinstance(modulator, str) or modulator not in maths.MODULATORS:
+            raise ValueError(f'Rdime: unknown modulator {modulator!r}; expected one of {maths.MODULATORS}')
         self.fallback = fallback
+        self.modulator = modulator
 
     def _keep(self, query_vecs, importance):
-        keep, eps2 = maths.rdime_threshold(query_vecs, importance)
-        empty = ~keep.any(axis=1)
+        weights, eps2 = maths.modulation_weights(query_vecs, importance, self.modulator)
+        empty = ~weights.any(axis=1)
         if empty.any():
             if self.fallback == 'full':
-                replacement = np.ones_like(keep)
+                replacement = np.ones_like(weights)
             else:
-                replacement = maths.topk_threshold(importance, 1)
-            keep = np.where(empty[:, None], replacement, keep)
-        return keep, {'query_eps2': eps2, 'query_fallback': empty}
+                replacement = maths.topk_threshold(importance, 1).astype(np.float64)
+            weights = np.where(empty[:, None], replacement, weights)
+        mean_weight = weights.sum(axis=1) / np.count_nonzero(weights, axis=1)
+        return weights, {'query_eps2': eps2, 'query_fallback': empty, 'query_mean_weight': mean_weight}
 
 
 class TopK(DimensionThreshold):
