@@ -5,7 +5,7 @@ import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Sequence
 
 import numpy as np
 import pyterrier as pt
@@ -73,14 +73,51 @@ def _short_repr(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + '...'
 
 
-def check_int(stage: str, name: str, value: object, minimum: int) -> None:
+# Argument checks shared by every stage (and the runner): each raises a ValueError that names the stage, the option,
+# the value given and what is accepted. ``hint`` adds the fix where the accepted range alone does not say it.
+
+def check_int(stage: str, name: str, value: object, minimum: int, hint: str = '') -> None:
+    """An integer (not a bool) >= ``minimum``."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f'{stage}: {name} must be an integer >= {minimum}, got {value!r}')
+        _fail(stage, name, f'an integer >= {minimum}', value, hint)
 
 
-def check_positive(stage: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value <= 0:
-        raise ValueError(f'{stage}: {name} must be a positive number, got {value!r}')
+def check_positive(stage: str, name: str, value: object, hint: str = '') -> None:
+    """A finite real number > 0."""
+    if not _is_real(value) or not np.isfinite(value) or value <= 0:
+        _fail(stage, name, 'a positive number', value, hint)
+
+
+def check_nonnegative(stage: str, name: str, value: object, hint: str = '') -> None:
+    """A finite real number >= 0."""
+    if not _is_real(value) or not np.isfinite(value) or value < 0:
+        _fail(stage, name, 'a non-negative number', value, hint)
+
+
+def check_fraction(stage: str, name: str, value: object, hint: str = '') -> None:
+    """A real number in (0, 1]."""
+    if not _is_real(value) or not 0 < value <= 1:
+        _fail(stage, name, 'a fraction in (0, 1]', value, hint)
+
+
+def check_choice(stage: str, name: str, value: object, choices: Sequence[str], hint: str = '') -> None:
+    """One of the strings ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        _fail(stage, name, f'one of {", ".join(map(repr, choices))}', value, hint)
+
+
+def check_bool(stage: str, name: str, value: object, hint: str = '') -> None:
+    """``True`` or ``False`` (not a truthy stand-in such as 1 or 'yes', which usually means a misplaced argument)."""
+    if not isinstance(value, (bool, np.bool_)):
+        _fail(stage, name, 'True or False', value, hint)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _fail(stage: str, name: str, accepted: str, value: object, hint: str) -> None:
+    raise ValueError(f'{stage}: {name} must be {accepted}, got {value!r}' + (f'; {hint}' if hint else ''))
 
 
 def default_cache_dir() -> Path:

@@ -1,6 +1,6 @@
 """Pandas edges shared by the stages: stacking vector columns with clear errors, grouping rows by query."""
 import warnings
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -11,8 +11,8 @@ _COMPLEX_WARNING = getattr(getattr(np, 'exceptions', np), 'ComplexWarning')
 def stack_vectors(inp: pd.DataFrame, column: str, rows: np.ndarray, stage: object, id_column: str) -> np.ndarray:
     """Stack ``inp[column]`` at positions ``rows`` into a float64 (len(rows), p) array.
 
-    Raises a ValueError naming ``stage``, the column and the offending ``id_column`` value when vectors are not
-    1-D, differ in length, or hold NaN/inf.
+    Raises a ValueError naming ``stage``, the column and the offending ``id_column`` value when a value is not a
+    non-empty 1-D vector of real numbers, when vectors differ in length, or when they hold NaN/inf.
     """
     values = inp[column].to_numpy()[rows]
     ids = inp[id_column].to_numpy()[rows]
@@ -20,14 +20,7 @@ def stack_vectors(inp: pd.DataFrame, column: str, rows: np.ndarray, stage: objec
         return np.zeros((0, 0))
     arr = _stack_regular(values)
     if arr is None:  # not a clean (rows, p) stack: find the offending row (a per-row check, off the hot path)
-        sizes = np.fromiter((np.ndim(v) == 1 and np.size(v) for v in values), dtype=np.int64, count=len(values))
-        if np.any(sizes == 0) or np.any(sizes != sizes[0]):
-            bad = int(np.argmax((sizes == 0) | (sizes != sizes[0])))
-            raise ValueError(f'{stage}: column {column!r} holds vectors of different sizes or shapes ({id_column}='
-                             f'{ids[bad]!r} has {np.shape(values[bad])}, {id_column}={ids[0]!r} has '
-                             f'{np.shape(values[0])}); every row needs a 1-D vector from the same encoder')
-        arr = np.stack(values)
-    arr = arr.astype(np.float64, copy=False)
+        _raise_irregular(values, ids, column, stage, id_column)
     finite = np.isfinite(arr).all(axis=1)
     if not finite.all():
         bad = int(np.argmin(finite))
@@ -40,13 +33,31 @@ def _stack_regular(values: np.ndarray):
     """``np.stack(values)`` as float64 when every value is a non-empty 1-D real vector of one length, else None."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter('error', _COMPLEX_WARNING)  # complex input: the slow path's cast
+            warnings.simplefilter('error', _COMPLEX_WARNING)  # complex values are an error, not silently cut
             arr = np.array(list(values), dtype=np.float64)  # raises on ragged rows
     except (ValueError, TypeError, _COMPLEX_WARNING):
         return None
     if arr.ndim != 2 or arr.shape[1] == 0:
         return None
     return arr
+
+
+def _raise_irregular(values: np.ndarray, ids: np.ndarray, column: str, stage: object, id_column: str):
+    for value, ident in zip(values, ids):
+        if np.ndim(value) != 1 or np.size(value) == 0:
+            shown = 'None' if value is None else f'{type(value).__name__} of shape {np.shape(value)}'
+            raise ValueError(f'{stage}: column {column!r} at {id_column}={ident!r} holds {shown}, not a 1-D vector; '
+                             'every row needs one non-empty vector from the encoder or index')
+    for value, ident in zip(values, ids):
+        if np.size(value) != np.size(values[0]):
+            raise ValueError(f'{stage}: column {column!r} holds vectors of different sizes ({id_column}={ident!r} has '
+                             f'{np.size(value)}, {id_column}={ids[0]!r} has {np.size(values[0])}); every row needs a '
+                             'vector from the same encoder')
+    for value, ident in zip(values, ids):
+        if np.asarray(value).dtype.kind not in 'biuf':
+            raise ValueError(f'{stage}: column {column!r} at {id_column}={ident!r} holds {np.asarray(value).dtype} '
+                             'values, not real numbers; every row needs a float vector from the encoder or index')
+    raise ValueError(f'{stage}: column {column!r} cannot be stacked into a matrix of real numbers')
 
 
 def per_row(vectors: np.ndarray, codes: np.ndarray) -> np.ndarray:
@@ -58,9 +69,10 @@ def per_row(vectors: np.ndarray, codes: np.ndarray) -> np.ndarray:
     return per_query[codes]
 
 
-def check_same_dims(stage: object, dims: int, other_dims: int, column: str) -> None:
+def check_same_dims(stage: object, dims: int, other_dims: int, column: str, where: str = '') -> None:
+    """``where`` (e.g. ``" at qid='q1'"``) points at the offending row when one row is to blame."""
     if other_dims != dims:
-        raise ValueError(f'{stage}: query_vec has {dims} dimensions but {column} has {other_dims}; '
+        raise ValueError(f'{stage}: query_vec has {dims} dimensions but {column}{where} has {other_dims}; '
                          'encode queries and documents with the same model')
 
 
@@ -74,26 +86,46 @@ class QueryGroups(NamedTuple):
         return len(self.first_rows)
 
 
-def group_queries(inp: pd.DataFrame) -> QueryGroups:
-    codes = _contiguous_codes(inp['qid'].to_numpy())
+def group_queries(inp: pd.DataFrame, stage: object) -> QueryGroups:
+    """Group the rows of ``inp`` by qid; a missing qid (NaN, None, ``pd.NA``) is an error naming ``stage``: grouping
+    would otherwise drop those rows, or give them the vector of another query."""
+    qids = inp['qid'].to_numpy()
+    check_qids(inp, stage, qids)
+    codes = _contiguous_codes(qids)
     if codes is not None:  # the usual frame: each query's rows together; same codes as pd.factorize, no hashing
         return QueryGroups(codes, np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]))
-    codes, uniques = pd.factorize(inp['qid'], sort=False)
+    codes, uniques = pd.factorize(qids, sort=False)
     first_rows = np.full(len(uniques), -1, dtype=np.int64)
     # reversed assignment leaves the first occurrence of each code
     first_rows[codes[::-1]] = np.arange(len(codes))[::-1]
     return QueryGroups(codes, first_rows)
 
 
+def check_qids(inp: pd.DataFrame, stage: object, qids: Optional[np.ndarray] = None) -> None:
+    """Raise a ValueError naming ``stage`` and the first offending row when a qid is missing (NaN, None, pd.NA)."""
+    missing = pd.isna(inp['qid'].to_numpy() if qids is None else qids)
+    if missing.any():
+        _raise_missing_qid(inp, missing, stage)
+
+
+def _raise_missing_qid(inp: pd.DataFrame, missing: np.ndarray, stage: object):
+    first = int(np.argmax(missing))
+    detail = ', '.join(f'{c}={inp[c].iloc[first]!r}' for c in ('docno', 'query') if c in inp.columns)
+    where = f'row {first}' + (f' ({detail})' if detail else '')
+    raise ValueError(f'{stage}: column \'qid\' is missing (NaN/None) in {int(missing.sum())} row(s), first at {where}; '
+                     'every row needs the qid of its query: fill those qids or drop the rows '
+                     "(inp.dropna(subset=['qid']))")
+
+
 def _contiguous_codes(qids: np.ndarray):
-    """Query codes in order of first appearance when every qid's rows are contiguous (and none is missing), else
-    None."""
+    """Query codes in order of first appearance when every qid's rows are contiguous, else None. No qid may be
+    missing (see :func:`check_qids`)."""
     if len(qids) == 0:
         return None
     change = np.ones(len(qids), dtype=bool)
     change[1:] = qids[1:] != qids[:-1]
     heads = qids[change]
-    if pd.isna(heads).any() or len(set(heads.tolist())) != len(heads):
+    if len(set(heads.tolist())) != len(heads):
         return None
     return np.cumsum(change) - 1
 
@@ -104,17 +136,26 @@ class Feedback(NamedTuple):
     mask: np.ndarray  # (n, slots) bool
 
 
-def select_feedback(inp: pd.DataFrame, groups: QueryGroups, slots: int, *, from_bottom: bool = False,
+def select_feedback(inp: pd.DataFrame, groups: QueryGroups, slots: int, stage: object, *, from_bottom: bool = False,
                     skip_top: int = 0) -> Feedback:
     """The ``slots`` highest-scored rows of each query (ties keep frame order), or with ``from_bottom`` the
-    ``slots`` lowest-scored ones, never taking any of the ``skip_top`` highest."""
+    ``slots`` lowest-scored ones, never taking any of the ``skip_top`` highest. The padded width is at most the size
+    of the largest query, whatever ``slots`` asks for. A NaN score is an error naming ``stage``: it cannot be
+    ranked."""
     scores = inp['score'].to_numpy(dtype=np.float64)
+    nan = np.isnan(scores)
+    if nan.any():
+        bad = int(np.argmax(nan))
+        raise ValueError(f"{stage}: column 'score' is NaN at qid={inp['qid'].iloc[bad]!r}, "
+                         f"docno={inp['docno'].iloc[bad]!r} ({int(nan.sum())} row(s)); feedback documents are the "
+                         'highest-scored candidates of each query: fix the first stage or drop those rows')
+    counts = np.bincount(groups.codes, minlength=groups.size)
+    slots = int(min(slots, counts.max(initial=0)))
     order = _ranked_order(scores, groups.codes)
     sorted_codes = groups.codes[order]
     starts = np.searchsorted(sorted_codes, np.arange(groups.size))
     rank = np.arange(len(order)) - starts[sorted_codes]
     if from_bottom:
-        counts = np.bincount(groups.codes, minlength=groups.size)
         slot = counts[sorted_codes] - 1 - rank
         chosen = (slot < slots) & (rank >= skip_top)
     else:

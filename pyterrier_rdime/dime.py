@@ -1,5 +1,4 @@
 """DIME scorers: PyTerrier stages that add the per-query dimension importance ``query_dime``."""
-import numbers
 import warnings
 from typing import Optional, Union
 
@@ -8,7 +7,7 @@ import pandas as pd
 import pyterrier as pt
 
 from . import maths
-from ._config import ConfigTransformer, check_int, check_positive
+from ._config import ConfigTransformer, check_bool, check_choice, check_int, check_nonnegative, check_positive
 from ._frames import (
     QueryGroups,
     check_same_dims,
@@ -42,9 +41,11 @@ class DimeScorer(ConfigTransformer):
         if not len(inp):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
-        groups = group_queries(inp)
+        groups = group_queries(inp, self)
         query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
-        importance = self._importance(inp, groups, query_vecs).astype(np.float32)
+        importance = self._importance(inp, groups, query_vecs)
+        self._check_float32(importance, query_vecs, inp, groups)
+        importance = importance.astype(np.float32)
         if self.keep_ranking:
             return inp.assign(query_dime=per_row(importance, groups.codes))[columns]
         out = inp.iloc[groups.first_rows].reset_index(drop=True)
@@ -55,6 +56,20 @@ class DimeScorer(ConfigTransformer):
 
     def _importance(self, inp: pd.DataFrame, groups: QueryGroups, query_vecs: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def _check_float32(self, importance: np.ndarray, query_vecs: np.ndarray, inp: pd.DataFrame,
+                       groups: QueryGroups) -> None:
+        """``u`` multiplies two vector values: vectors beyond ~1e19 (finite in float32) overflow the float32
+        ``query_dime``, and a later stage would only see inf. Say so here, where it happens."""
+        bad = ~(np.abs(importance) <= np.finfo(np.float32).max)  # NaN too
+        if bad.any():
+            row = int(np.argmax(bad.any(axis=1)))
+            peak = np.abs(importance[row])
+            peak = f'{peak[~np.isnan(peak)].max():.3g}' if not np.isnan(peak).all() else 'NaN'
+            raise ValueError(f'{self}: query_dime of qid={inp["qid"].iloc[groups.first_rows[row]]!r} reaches '
+                             f'{peak}, beyond float32 (max {np.finfo(np.float32).max:.3g}); its query_vec has '
+                             f'values up to {np.abs(query_vecs[row]).max():.3g}. Normalise the query and document '
+                             'vectors (e.g. to unit length) before this stage')
 
     def _magnitude_fallback(self, importance: np.ndarray, query_vecs: np.ndarray, missing: np.ndarray,
                             inp: pd.DataFrame, groups: QueryGroups, reason: str) -> np.ndarray:
@@ -84,28 +99,31 @@ class KernelDime(DimeScorer):
         pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> KernelDime(kernel='rank', num_docs=5) \\
             >> Rdime() >> VectorScorer()
 
-    Paper: Kernel DIME, Faggioli et al., *Statistical Foundations of DIME* (EACL 2026), Eq. 3.
+    Paper: Kernel DIME, D'Erasmo et al., *Statistical Foundations of DIME* (EACL 2026), Eq. 3.
     """
     schematic = {'label': 'KernelDIME'}
 
     def __init__(self, *, kernel: Union[str, maths.KernelFn] = 'uniform', num_docs: int = 2, tau: float = 0.1,
                  keep_ranking: bool = True):
-        if not callable(kernel) and kernel not in maths.KERNELS:
-            raise ValueError(f'{type(self).__name__}: unknown kernel {kernel!r}; expected one of {maths.KERNELS} '
-                             'or a callable (query_vecs, doc_vecs) -> similarities')
-        check_int(type(self).__name__, 'num_docs', num_docs, 1)
-        check_positive(type(self).__name__, 'tau', tau)
+        stage = type(self).__name__
+        if not callable(kernel):
+            check_choice(stage, 'kernel', kernel, maths.KERNELS,
+                         'or pass a callable kernel(query_vecs, doc_vecs) -> (n, m) similarities')
+        check_int(stage, 'num_docs', num_docs, 1)
+        check_positive(stage, 'tau', tau)
+        check_bool(stage, 'keep_ranking', keep_ranking)
         self.kernel = kernel
         self.num_docs = num_docs
         self.tau = tau
         self.keep_ranking = keep_ranking
 
     def compile(self) -> pt.Transformer:
-        """In the full-retrieval setting only the feedback documents are needed: cut the first ranking to them."""
-        return self if self.keep_ranking else pt.RankCutoff(self.num_docs) >> self
+        """In the full-retrieval setting only the feedback documents are needed: cut the first ranking to them, by
+        score as this stage selects them (:class:`FeedbackCutoff`, fused into a preceding retriever)."""
+        return self if self.keep_ranking else FeedbackCutoff(num_docs=self.num_docs) >> self
 
     def _importance(self, inp, groups, query_vecs):
-        feedback = select_feedback(inp, groups, self.num_docs)
+        feedback = select_feedback(inp, groups, self.num_docs, self)
         doc_vecs = gather_vectors(inp, 'doc_vec', feedback, query_vecs.shape[1], self)
         weights = maths.kernel_weights(self.kernel, query_vecs, doc_vecs, feedback.mask, tau=self.tau)
         return maths.kernel_dime(query_vecs, doc_vecs, weights)
@@ -151,6 +169,7 @@ class MagnitudeDime(DimeScorer):
     schematic = {'label': 'Magnitude'}
 
     def __init__(self, *, keep_ranking: bool = True):
+        check_bool('MagnitudeDime', 'keep_ranking', keep_ranking)
         self.keep_ranking = keep_ranking
 
     def _validate(self, inp):
@@ -165,7 +184,9 @@ class LlmDime(DimeScorer):
 
     The answer comes as ``query_answer_vec`` (a precomputed vector) or as ``query_answer`` (text), which is encoded
     with ``encoder.encode_docs`` — pass the same pyterrier-dr bi-encoder that encodes the documents. A query with
-    no answer (missing, empty or NaN) falls back to ``u = q * q``, as in the reference code, with a warning.
+    no answer (``None``, NaN, or empty text) falls back to ``u = q * q``, as in the reference code, with a warning.
+    A malformed answer is an error naming the qid: a vector that is not 1-D, has the wrong length or holds NaN/inf,
+    a non-text ``query_answer``, or an encoder that returns the wrong number of vectors or NaN/inf.
 
     Input columns: ``qid, query_vec`` and ``query_answer_vec`` or ``query_answer`` (query or result frame).
     Output columns: the input's plus ``query_dime``.
@@ -181,6 +202,7 @@ class LlmDime(DimeScorer):
         if encoder is not None and not callable(getattr(encoder, 'encode_docs', None)):
             raise ValueError(f'LlmDime: encoder {encoder!r} has no encode_docs(texts) method; pass a pyterrier-dr '
                              'BiEncoder such as pyterrier_dr.SBertBiEncoder(...)')
+        check_bool('LlmDime', 'keep_ranking', keep_ranking)
         self.encoder = encoder
         self.keep_ranking = keep_ranking
 
@@ -191,13 +213,14 @@ class LlmDime(DimeScorer):
 
     def _importance(self, inp, groups, query_vecs):
         dims = query_vecs.shape[1]
+        qids = inp['qid'].to_numpy()[groups.first_rows]
+        answers = np.zeros_like(query_vecs)
         if 'query_answer_vec' in inp.columns:
-            raw = inp['query_answer_vec'].to_numpy()[groups.first_rows]
-            present = np.array([v is not None and np.ndim(v) == 1 and np.size(v) > 0 for v in raw], dtype=bool)
-            answers = np.zeros_like(query_vecs)
+            present = ~np.array([_missing(v) for v in inp['query_answer_vec'].to_numpy()[groups.first_rows]],
+                                dtype=bool)
             if present.any():
                 stacked = stack_vectors(inp, 'query_answer_vec', groups.first_rows[present], self, 'qid')
-                check_same_dims(self, dims, stacked.shape[1], 'query_answer_vec')
+                check_same_dims(self, dims, stacked.shape[1], 'query_answer_vec', f' (qid={qids[present][0]!r})')
                 answers[present] = stacked
         else:
             if self.encoder is None:
@@ -205,14 +228,36 @@ class LlmDime(DimeScorer):
                                  'LlmDime(encoder=model) with the bi-encoder of the documents, or supply '
                                  'query_answer_vec')
             texts = inp['query_answer'].to_numpy()[groups.first_rows]
+            for qid, text in zip(qids, texts):
+                if not isinstance(text, str) and not _missing(text):
+                    raise ValueError(f'{self}: query_answer of qid={qid!r} is {text!r} ({type(text).__name__}), not '
+                                     'text; give the answer as a string (or None when there is none)')
             present = np.array([isinstance(t, str) and t.strip() != '' for t in texts], dtype=bool)
-            answers = np.zeros_like(query_vecs)
             if present.any():
-                encoded = np.asarray(self.encoder.encode_docs(list(texts[present])), dtype=np.float64)
-                check_same_dims(self, dims, encoded.shape[1], 'the encoded query_answer')
-                answers[present] = encoded
+                answers[present] = self._encode(list(texts[present]), qids[present], dims)
         importance = query_vecs * answers
         return self._magnitude_fallback(importance, query_vecs, ~present, inp, groups, 'no LLM answer')
+
+    def _encode(self, texts: list, qids: np.ndarray, dims: int) -> np.ndarray:
+        encoded = np.asarray(self.encoder.encode_docs(texts))
+        if encoded.ndim != 2 or encoded.shape[0] != len(texts):
+            raise ValueError(f'{self}: {self.encoder!r}.encode_docs returned shape {encoded.shape} for {len(texts)} '
+                             f'answer texts; it must return one vector per text, shape ({len(texts)}, {dims})')
+        if encoded.dtype.kind not in 'biuf':
+            raise ValueError(f'{self}: {self.encoder!r}.encode_docs returned {encoded.dtype} values, not real '
+                             'numbers')
+        encoded = encoded.astype(np.float64)
+        check_same_dims(self, dims, encoded.shape[1], 'the encoded query_answer')
+        finite = np.isfinite(encoded).all(axis=1)
+        if not finite.all():
+            raise ValueError(f'{self}: {self.encoder!r}.encode_docs returned NaN or inf for the query_answer of '
+                             f'qid={qids[np.argmin(finite)]!r}; check the encoder (and the answer text)')
+        return encoded
+
+
+def _missing(value: object) -> bool:
+    """No answer: None, pd.NA, or a NaN scalar (pandas' missing value)."""
+    return value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value))
 
 
 class EclipseDime(DimeScorer):
@@ -228,9 +273,9 @@ class EclipseDime(DimeScorer):
                  keep_ranking: bool = True):
         check_int('EclipseDime', 'num_pos', num_pos, 1)
         check_int('EclipseDime', 'num_neg', num_neg, 1)
-        for name, value in (('alpha', alpha), ('beta', beta)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
-                raise ValueError(f'EclipseDime: {name} must be a non-negative number, got {value!r}')
+        check_nonnegative('EclipseDime', 'alpha', alpha)
+        check_nonnegative('EclipseDime', 'beta', beta)
+        check_bool('EclipseDime', 'keep_ranking', keep_ranking)
         self.num_pos = num_pos
         self.num_neg = num_neg
         self.alpha = alpha
@@ -239,8 +284,8 @@ class EclipseDime(DimeScorer):
 
     def _importance(self, inp, groups, query_vecs):
         dims = query_vecs.shape[1]
-        pos = select_feedback(inp, groups, self.num_pos)
-        neg = select_feedback(inp, groups, self.num_neg, from_bottom=True, skip_top=self.num_pos)
+        pos = select_feedback(inp, groups, self.num_pos, self)
+        neg = select_feedback(inp, groups, self.num_neg, self, from_bottom=True, skip_top=self.num_pos)
         return maths.eclipse_dime(query_vecs, gather_vectors(inp, 'doc_vec', pos, dims, self), pos.mask,
                                   gather_vectors(inp, 'doc_vec', neg, dims, self), neg.mask,
                                   alpha=self.alpha, beta=self.beta)
@@ -263,6 +308,7 @@ class OracleDime(DimeScorer):
         if missing:
             raise ValueError(f'OracleDime: qrels must be a DataFrame with columns qid, docno, label; missing '
                              f'{sorted(missing)}')
+        check_bool('OracleDime', 'keep_ranking', keep_ranking)
         self.qrels = qrels
         self.keep_ranking = keep_ranking
 
@@ -271,7 +317,7 @@ class OracleDime(DimeScorer):
         judged = self.qrels.assign(qid=self.qrels['qid'].astype(str), docno=self.qrels['docno'].astype(str))
         labels = judged.drop_duplicates(['qid', 'docno']).set_index(['qid', 'docno'])['label']
         row_labels = labels.reindex(keys).to_numpy(dtype=np.float64)
-        feedback = select_feedback(inp, groups, int(np.bincount(groups.codes).max()))
+        feedback = select_feedback(inp, groups, len(inp), self)  # every candidate: the width is capped per frame
         mask = feedback.mask & np.isfinite(row_labels[np.where(feedback.mask, feedback.rows, 0)])
         feedback = feedback._replace(mask=mask)
         doc_vecs = gather_vectors(inp, 'doc_vec', feedback, query_vecs.shape[1], self)
@@ -280,3 +326,31 @@ class OracleDime(DimeScorer):
         undefined = np.isnan(importance).any(axis=1)
         return self._magnitude_fallback(np.nan_to_num(importance), query_vecs, undefined, inp, groups,
                                         'no oracle correlation (fewer than two judged candidates, or one label only)')
+
+
+class FeedbackCutoff(ConfigTransformer):
+    """Keeps the ``num_docs`` highest-``score`` rows of each query (ties keep input order): the feedback documents a
+    DIME stage selects, so ``KernelDime(keep_ranking=False).compile()`` puts it first. Unlike ``pt.RankCutoff`` it
+    does not read ``rank`` (0- or 1-based, or stale after a re-scoring); like it, ``compile()`` fuses it into a
+    preceding retriever that supports a rank cutoff (the retriever then returns ``num_docs`` results).
+
+    Input columns: ``qid, docno, score``. Output columns: the input's, rows in input order.
+    """
+    schematic = {'label': 'feedback cut'}
+
+    def __init__(self, *, num_docs: int):
+        check_int('FeedbackCutoff', 'num_docs', num_docs, 1)
+        self.num_docs = num_docs
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pt.validate.result_frame(inp, extra_columns=['score'], context=self)
+        if not len(inp):
+            return inp
+        inp = inp.reset_index(drop=True)
+        feedback = select_feedback(inp, group_queries(inp, self), self.num_docs, self)
+        return inp.iloc[np.sort(feedback.rows[feedback.mask])].reset_index(drop=True)
+
+    def fuse_left(self, left: pt.Transformer) -> Optional[pt.Transformer]:
+        if isinstance(left, pt.transformer.SupportsFuseRankCutoff):
+            return left.fuse_rank_cutoff(self.num_docs)
+        return None

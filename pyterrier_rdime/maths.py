@@ -5,7 +5,7 @@ to ``m`` slots and ``doc_mask`` (n, m) marks the real ones, so queries with fewe
 use what they have. Computation is in float64 (float32 encoder outputs make ``u > eps2`` ties fragile); callers
 cast results to float32 at the edges.
 """
-from typing import Callable, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 
@@ -126,12 +126,19 @@ def rdime_threshold(query_vecs: np.ndarray, importance: np.ndarray) -> Tuple[np.
     return importance > eps2[:, None], eps2
 
 
-def topk_count(k: Union[int, float], dims: int) -> int:
-    """Number of dimensions Top-k keeps: ``round(k * dims)`` (at least 1) for a fraction, ``min(k, dims)`` for a
-    count."""
-    if isinstance(k, (int, np.integer)):
-        return int(min(k, dims))
-    return int(max(1, min(dims, round(k * dims))))
+def topk_count(dims: int, *, fraction: Optional[float] = None, count: Optional[int] = None) -> int:
+    """Number of dimensions Top-k keeps out of ``dims``: ``round(fraction * dims)`` (at least 1) for a ``fraction``
+    in (0, 1], ``min(count, dims)`` for a ``count`` >= 1. Exactly one of the two."""
+    if (fraction is None) == (count is None):
+        raise ValueError(f'topk_count: give exactly one of fraction= and count=, got fraction={fraction!r}, '
+                         f'count={count!r}')
+    if count is not None:
+        if count < 1:
+            raise ValueError(f'topk_count: count must be >= 1, got {count!r}')
+        return int(min(count, dims))
+    if not 0 < fraction <= 1:
+        raise ValueError(f'topk_count: fraction must be in (0, 1], got {fraction!r}')
+    return int(max(1, min(dims, round(fraction * dims))))
 
 
 def topk_threshold(importance: np.ndarray, count: int) -> np.ndarray:

@@ -31,10 +31,18 @@ class VectorScorer(ConfigTransformer):
         if not len(inp):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
-        groups = group_queries(inp)
+        groups = group_queries(inp, self)
         query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid').astype(np.float32)
         doc_vecs = stack_vectors(inp, 'doc_vec', np.arange(len(inp)), self, 'docno').astype(np.float32)
         check_same_dims(self, query_vecs.shape[1], doc_vecs.shape[1], 'doc_vec')
-        scores = np.einsum('rp,rp->r', query_vecs[groups.codes], doc_vecs)
+        with np.errstate(over='ignore', invalid='ignore'):  # reported below, with the row to blame
+            scores = np.einsum('rp,rp->r', query_vecs[groups.codes], doc_vecs)
+        finite = np.isfinite(scores)
+        if not finite.all():
+            bad = int(np.argmin(finite))
+            q_peak, d_peak = np.abs(query_vecs[groups.codes[bad]]).max(), np.abs(doc_vecs[bad]).max()
+            raise ValueError(f'{self}: the inner product of qid={inp["qid"].iloc[bad]!r} and '
+                             f'docno={inp["docno"].iloc[bad]!r} overflows float32 (vector values up to {q_peak:.3g} '
+                             f'and {d_peak:.3g}); normalise the query and document vectors (e.g. to unit length)')
         out = inp.assign(score=scores).sort_values(['qid', 'score'], ascending=[True, False], kind='stable')
         return pt.model.add_ranks(out)[columns]

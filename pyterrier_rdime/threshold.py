@@ -1,13 +1,12 @@
 """Threshold rewriters: keep the important dimensions of ``query_vec`` and zero the others."""
-import numbers
-from typing import Dict, Tuple, Union
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
 from . import maths
-from ._config import ConfigTransformer
+from ._config import ConfigTransformer, check_fraction, check_int
 from ._frames import check_same_dims, empty_frame, group_queries, per_row, stack_vectors
 
 FALLBACKS = ('full', 'top1')
@@ -25,7 +24,7 @@ class DimensionThreshold(ConfigTransformer):
         if not len(inp):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
-        groups = group_queries(inp)
+        groups = group_queries(inp, self)
         query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
         importance = stack_vectors(inp, 'query_dime', groups.first_rows, self, 'qid')
         check_same_dims(self, query_vecs.shape[1], importance.shape[1], 'query_dime')
@@ -102,29 +101,44 @@ class Rdime(DimensionThreshold):
 
 
 class TopK(DimensionThreshold):
-    """Top-k: keep the ``k`` most important dimensions of each query — a fraction of the dimensionality when ``k`` is
-    a float in (0, 1] (``round(k * p)``, at least 1), a count when ``k`` is an int >= 1. Ties keep the lower index.
+    """Top-k: keep the most important dimensions of each query, either a ``fraction`` of the dimensionality
+    (``round(fraction * p)``, at least 1; default 0.6) or a fixed ``count`` (at most ``p``). Give one of the two.
+    Ties keep the lower index.
 
     Input columns: ``qid, query_vec, query_dime``. Output columns: the input's, with ``query_vec`` pruned, plus
     ``query_kept`` and ``query_kept_frac``.
 
     Example::
 
-        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> TopK(k=0.6) \\
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> TopK(fraction=0.6) \\
             >> VectorScorer()
+        fixed = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> TopK(count=300) \\
+            >> VectorScorer()
+
+    Paper: Top-k thresholding, Eq. 1 of D'Erasmo et al. (EACL 2026), with fractions 0.4, 0.6 and 0.8.
     """
     schematic = {'label': 'Top-k'}
 
-    def __init__(self, *, k: Union[float, int] = 0.6):
-        if isinstance(k, bool) or not isinstance(k, numbers.Real):
-            raise ValueError(f'TopK: k must be a fraction in (0, 1] or a count >= 1, got {k!r}')
-        if isinstance(k, numbers.Integral):
-            if k < 1:
-                raise ValueError(f'TopK: an integer k is a count of dimensions and must be >= 1, got {k!r}')
-        elif not 0 < k <= 1:
-            raise ValueError(f'TopK: a float k is a fraction of the dimensions and must be in (0, 1], got {k!r}; '
-                             'pass an int to keep a count of dimensions')
-        self.k = k
+    def __init__(self, *, fraction: Optional[float] = None, count: Optional[int] = None):
+        """
+        Args:
+            fraction: Share of the dimensions to keep, in (0, 1]; 0.6 when neither is given.
+            count: Number of dimensions to keep, >= 1 (capped at the dimensionality).
+        """
+        if fraction is not None and count is not None:
+            raise ValueError(f'TopK: give fraction= (a share of the dimensions) or count= (a number of dimensions), '
+                             f'not both; got fraction={fraction!r}, count={count!r}')
+        if count is not None:
+            check_int('TopK', 'count', count, 1, 'a number of dimensions; for a share of them use TopK(fraction=...)')
+            count = int(count)
+        else:
+            fraction = 0.6 if fraction is None else fraction
+            check_fraction('TopK', 'fraction', fraction,
+                           'a share of the dimensions; for a number of them use TopK(count=...)')
+            fraction = float(fraction)
+        self.fraction = fraction
+        self.count = count
 
     def _keep(self, query_vecs, importance):
-        return maths.topk_threshold(importance, maths.topk_count(self.k, importance.shape[1])), {}
+        count = maths.topk_count(importance.shape[1], fraction=self.fraction, count=self.count)
+        return maths.topk_threshold(importance, count), {}

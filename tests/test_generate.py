@@ -1,7 +1,9 @@
 """LlmGenerator: real generation with the bundled SmolLM2 on DL19 queries (small max_new_tokens), determinism, the
 on-disk cache (hits, keys), empty input, validation and offline errors."""
+import json
 import re
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -224,12 +226,74 @@ def test_cache_key_and_default_folder(tmp_path, monkeypatch):
     greedy = LlmGenerator(max_new_tokens=5).cache_key()
     assert greedy[1:] == (LlmGenerator().prompt, '{"max_new_tokens": 5, "use_chat_template": null}')
     assert LlmGenerator(max_new_tokens=5, seed=1).cache_key() == greedy  # the seed only matters when sampling
-    sampled = LlmGenerator(max_new_tokens=5, do_sample=True, temperature=0.5, seed=1).cache_key()
-    assert '"seed": 1' in sampled[2] and '"temperature": 0.5' in sampled[2]
+    assert LlmGenerator(max_new_tokens=5, batch_size=2, device='cpu').cache_key() == greedy
+    sampled = LlmGenerator(max_new_tokens=5, do_sample=True, temperature=0.5, seed=1, device='cpu').cache_key()
+    assert json.loads(sampled[2]) == {'max_new_tokens': 5, 'use_chat_template': None, 'do_sample': True,
+                                      'temperature': 0.5, 'seed': 1, 'batch_size': 8, 'device': 'cpu'}
+    # sampled answers depend on the batch composition and the device: both are in the key
+    assert LlmGenerator(max_new_tokens=5, do_sample=True, temperature=0.5, seed=1, device='cpu',
+                        batch_size=2).cache_key() != sampled
+    assert LlmGenerator(max_new_tokens=5, do_sample=True, temperature=0.5, seed=1,
+                        device='cuda:1').cache_key() != sampled
     local = tmp_path / 'my-model'
     local.mkdir()
     assert LlmGenerator(model=local).model_id() == str(local.resolve())
     assert LlmGenerator(model='org/name').model_id() == 'org/name'
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    """A tiny random causal model with a word-level tokenizer, saved to a folder: loads in well under a second."""
+    transformers = pytest.importorskip('transformers')
+    tokenizers = pytest.importorskip('tokenizers')
+    import torch
+    words = ['[UNK]', '[PAD]', '[EOS]'] + [f'w{i}' for i in range(60)]
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token='[UNK]'))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    backend.decoder = tokenizers.decoders.WordPiece()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token='[UNK]', pad_token='[PAD]',
+                                                     eos_token='[EOS]')
+    config = transformers.LlamaConfig(vocab_size=len(words), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, pad_token_id=1, eos_token_id=2,
+                                      bos_token_id=2, initializer_range=1.0)  # large weights: answers vary by query
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / 'model')
+    tokenizer.save_pretrained(tmp_path / 'model')
+    return tmp_path / 'model'
+
+
+def test_threads_share_one_model_load_and_get_the_one_thread_answers(tiny_model, monkeypatch):
+    import transformers
+    loads = []
+    load = transformers.AutoModelForCausalLM.from_pretrained
+
+    def slow_load(*args, **kwargs):  # widen the window in which a second thread could start its own load
+        loads.append(args)
+        time.sleep(0.5)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, 'from_pretrained', slow_load)
+    # sampling: each batch seeds torch's global RNG, so interleaved threads would draw each other's numbers
+    gen = LlmGenerator(model=tiny_model, max_new_tokens=8, use_chat_template=False, do_sample=True, temperature=1.0,
+                       batch_size=2, device='cpu', cache=False)
+    frames = [pd.DataFrame({'qid': [f'{t}-{i}' for i in range(4)], 'query': [f'w{t} w{i} w{t + i}' for i in range(4)]})
+              for t in range(4)]
+    barrier = threading.Barrier(len(frames))
+    answers = [None] * len(frames)
+
+    def work(t):
+        barrier.wait()
+        answers[t] = gen(frames[t])['query_answer'].tolist()
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(len(frames))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(loads) == 1
+    one_thread = [gen(frame)['query_answer'].tolist() for frame in frames]
+    assert answers == one_thread
+    assert len({a for frame in one_thread for a in frame}) > len(frames)  # varied answers: a mix-up would show
 
 
 def test_sampling_is_seeded_and_keeps_the_global_rng(smollm2_run):

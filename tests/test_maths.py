@@ -248,16 +248,23 @@ def test_kernel_weights_with_no_slots():
 # Top-k
 # ----------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('k, dims, expected', [
-    (0.4, 768, 307), (0.6, 768, 461), (0.8, 768, 614),  # the paper's numbers
-    (0.5, 4, 2), (0.6, 4, 2), (0.7, 4, 3), (1.0, 4, 4),
-    (0.01, 4, 1), (1e-9, 768, 1),  # at least one
-    (1, 4, 1), (3, 4, 3), (10, 4, 4), (np.int64(2), 4, 2),  # counts, capped at dims
+@pytest.mark.parametrize('kwargs, dims, expected', [
+    ({'fraction': 0.4}, 768, 307), ({'fraction': 0.6}, 768, 461), ({'fraction': 0.8}, 768, 614),  # the paper's
+    ({'fraction': 0.5}, 4, 2), ({'fraction': 0.6}, 4, 2), ({'fraction': 0.7}, 4, 3), ({'fraction': 1.0}, 4, 4),
+    ({'fraction': 0.01}, 4, 1), ({'fraction': 1e-9}, 768, 1),  # at least one
+    ({'count': 1}, 4, 1), ({'count': 3}, 4, 3), ({'count': 10}, 4, 4), ({'count': np.int64(2)}, 4, 2),  # capped
 ])
-def test_topk_count(k, dims, expected):
-    count = maths.topk_count(k, dims)
+def test_topk_count(kwargs, dims, expected):
+    count = maths.topk_count(dims, **kwargs)
     assert count == expected
     assert type(count) is int
+
+
+@pytest.mark.parametrize('kwargs', [{}, {'fraction': 0.5, 'count': 2}, {'fraction': 0.0}, {'fraction': 1.5},
+                                    {'count': 0}])
+def test_topk_count_needs_one_valid_size(kwargs):
+    with pytest.raises(ValueError, match='topk_count'):
+        maths.topk_count(4, **kwargs)
 
 
 def test_topk_threshold_largest_first():

@@ -1,6 +1,8 @@
 """The PyTerrier stages on tiny hand-built frames: worked examples, feedback selection, fallbacks, errors, empty
 input, compile(), repr / equality / hash and composition."""
 import os
+import re
+import tracemalloc
 import warnings
 
 import numpy as np
@@ -20,7 +22,9 @@ from pyterrier_rdime import (
     SwcDime,
     TopK,
     VectorScorer,
+    read_answers_tsv,
 )
+from pyterrier_rdime.dime import FeedbackCutoff
 
 os.environ.setdefault('PT_TEST_TRANSFORMER_REPORTS', '0')
 
@@ -194,8 +198,8 @@ def test_keep_ranking_false_gives_one_row_per_query_with_query_columns():
     assert_vec(by_qid.loc['q2', 'query_dime'], [2, 0, 0, 2])
     assert by_qid.loc['q2', 'query'] == 'text of q2'
     out = (PrfDime(keep_ranking=False) >> Rdime()).transform(interleaved())
-    assert list(out.columns) == ['qid', 'query', 'query_vec', 'query_dime', 'query_kept', 'query_kept_frac',
-                                 'query_eps2', 'query_fallback']
+    assert list(out.columns)[:8] == ['qid', 'query', 'query_vec', 'query_dime', 'query_kept', 'query_kept_frac',
+                                     'query_eps2', 'query_fallback']
     assert_vec(out.set_index('qid').loc['q2', 'query_vec'], [1, 0, 0, 2])
 
 
@@ -291,12 +295,15 @@ def topk_input(dime=(0.9, 4.2, 8.4, 0.4)):
     return queries([('q', Q)], query_dime=[vec(dime)])
 
 
-@pytest.mark.parametrize('k, expected', [
-    (0.5, [0, 2, 3, 0]), (0.6, [0, 2, 3, 0]), (0.7, [1, 2, 3, 0]), (1.0, [1, 2, 3, 4]), (0.01, [0, 0, 3, 0]),
-    (1, [0, 0, 3, 0]), (3, [1, 2, 3, 0]), (10, [1, 2, 3, 4]),
+@pytest.mark.parametrize('kwargs, expected', [
+    ({'fraction': 0.5}, [0, 2, 3, 0]), ({'fraction': 0.6}, [0, 2, 3, 0]), ({}, [0, 2, 3, 0]),
+    ({'fraction': 0.7}, [1, 2, 3, 0]), ({'fraction': 1.0}, [1, 2, 3, 4]), ({'fraction': 1}, [1, 2, 3, 4]),
+    ({'fraction': 0.01}, [0, 0, 3, 0]),
+    ({'count': 1}, [0, 0, 3, 0]), ({'count': 3}, [1, 2, 3, 0]), ({'count': 10}, [1, 2, 3, 4]),
+    ({'count': np.int64(2)}, [0, 2, 3, 0]),
 ])
-def test_topk_fraction_and_count(k, expected):
-    out = TopK(k=k).transform(topk_input())
+def test_topk_fraction_and_count(kwargs, expected):
+    out = TopK(**kwargs).transform(topk_input())
     assert list(out.columns) == ['qid', 'query', 'query_vec', 'query_dime', 'query_kept', 'query_kept_frac']
     row = out.iloc[0]
     assert_vec(row['query_vec'], expected)
@@ -305,12 +312,12 @@ def test_topk_fraction_and_count(k, expected):
 
 
 def test_topk_ties_keep_the_lower_index():
-    assert_vec(TopK(k=2).transform(topk_input((1, 1, 1, 1)))['query_vec'].iloc[0], [1, 2, 0, 0])
-    assert_vec(TopK(k=0.5).transform(topk_input((0, 5, 0, 5)))['query_vec'].iloc[0], [0, 2, 0, 4])
+    assert_vec(TopK(count=2).transform(topk_input((1, 1, 1, 1)))['query_vec'].iloc[0], [1, 2, 0, 0])
+    assert_vec(TopK(fraction=0.5).transform(topk_input((0, 5, 0, 5)))['query_vec'].iloc[0], [0, 2, 0, 4])
 
 
 def test_topk_after_prf_on_a_result_frame():
-    out = (PrfDime() >> TopK(k=1)).transform(interleaved())
+    out = (PrfDime() >> TopK(count=1)).transform(interleaved())
     pruned = one_row_per_query(out, 'query_vec')
     assert_vec(pruned['q1'], [0, 0, 0, 4])  # u = [0.95, 2.1, 5.7, 6.2]
     assert_vec(pruned['q2'], [1, 0, 0, 0])  # u = [2, 0, 0, 2]: tie, lower index
@@ -338,32 +345,59 @@ def test_vector_scorer_inner_product_and_ranks():
 
 
 def test_full_pipeline_prf_rdime_scorer():
-    pipe = PrfDime() >> Rdime() >> VectorScorer()
-    assert isinstance(pipe, pt.Transformer)
-    out = pipe.transform(interleaved())
+    out = (PrfDime() >> Rdime() >> VectorScorer()).transform(interleaved())
     # q1* = [0, 0, 3, 4]: dC = 700, dB = 15, dA = 8.8; q2* = [1, 0, 0, 2]: e1 = 5, e2 = 3, e3 = -150
     assert out['docno'].tolist() == ['dC', 'dB', 'dA', 'e1', 'e2', 'e3']
     assert out['score'].tolist() == pytest.approx([700.0, 15.0, 8.8, 5.0, 3.0, -150.0])
     assert out['rank'].tolist() == [0, 1, 2, 0, 1, 2]
 
 
-def test_compiled_full_retrieval_pipeline_gives_the_same_query():
-    inp = pt.model.add_ranks(interleaved().reset_index(drop=True))
-    stage = PrfDime(keep_ranking=False)
-    plain = stage.transform(inp).sort_values('qid').reset_index(drop=True)
-    compiled = stage.compile().transform(inp).sort_values('qid').reset_index(drop=True)
-    for a, b in zip(plain['query_dime'], compiled['query_dime']):
-        np.testing.assert_array_equal(a, b)
-
-
 def test_compile():
-    assert PrfDime(keep_ranking=False).compile() == (pt.RankCutoff(2) >> PrfDime(keep_ranking=False))
-    assert SwcDime(num_docs=3, keep_ranking=False).compile() == (pt.RankCutoff(3) >> SwcDime(num_docs=3,
-                                                                                            keep_ranking=False))
+    assert PrfDime(keep_ranking=False).compile() == (FeedbackCutoff(num_docs=2) >> PrfDime(keep_ranking=False))
+    assert SwcDime(num_docs=3, keep_ranking=False).compile() == (
+        FeedbackCutoff(num_docs=3) >> SwcDime(num_docs=3, keep_ranking=False))
     assert KernelDime(kernel='rank', num_docs=7, keep_ranking=False).compile() == (
-        pt.RankCutoff(7) >> KernelDime(kernel='rank', num_docs=7, keep_ranking=False))
+        FeedbackCutoff(num_docs=7) >> KernelDime(kernel='rank', num_docs=7, keep_ranking=False))
     for stage in (PrfDime(), SwcDime(), KernelDime(kernel='rbf'), EclipseDime(), EclipseDime(keep_ranking=False)):
         assert stage.compile() is stage
+
+
+@pytest.mark.parametrize('first_rank', [0, 1])
+def test_compiled_stage_uses_the_same_feedback_with_0_or_1_based_ranks(first_rank):
+    # ranks disagree with the scores on purpose: the feedback is the top-2 by score (dB, dA: worked example 3)
+    inp = interleaved().reset_index(drop=True).assign(rank=[first_rank + r for r in (0, 0, 1, 1, 2, 2)])
+    stage = PrfDime(keep_ranking=False)
+    for pipe in (stage, stage.compile()):
+        dime = pipe.transform(inp).set_index('qid')['query_dime']
+        assert_vec(dime['q1'], [0.95, 2.1, 5.7, 6.2])
+        assert_vec(dime['q2'], [2, 0, 0, 2])
+
+
+def test_feedback_cutoff_keeps_the_top_scored_rows_in_input_order():
+    out = FeedbackCutoff(num_docs=2).transform(interleaved())
+    assert out['docno'].tolist() == ['dA', 'e1', 'dB', 'e2']
+    assert list(out.columns) == list(interleaved().columns)
+    assert len(FeedbackCutoff(num_docs=2).transform(interleaved().iloc[:0])) == 0
+
+
+class CutRetriever(pt.Transformer):
+    """A first stage that can cut its own ranking, as PyTerrier's retrievers do (fuse_rank_cutoff)."""
+
+    def __init__(self, num_results=1000):
+        self.num_results = num_results
+
+    def transform(self, inp):
+        return interleaved()
+
+    def fuse_rank_cutoff(self, k):
+        return CutRetriever(num_results=k)
+
+
+def test_compile_fuses_the_feedback_cut_into_the_retriever():
+    compiled = (CutRetriever() >> PrfDime(num_docs=3, keep_ranking=False) >> Rdime()).compile()
+    parts = _flatten(compiled)
+    assert isinstance(parts[0], CutRetriever) and parts[0].num_results == 3
+    assert not any(isinstance(t, FeedbackCutoff) for t in parts)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -550,13 +584,181 @@ def test_query_dime_dimension_mismatch(stage):
 
 
 def test_llm_answer_dimension_mismatch():
-    with pytest.raises(ValueError, match='dimensions'):
+    with pytest.raises(ValueError, match=r"query_vec has 4 dimensions but query_answer_vec \(qid='q'\) has 2"):
         LlmDime().transform(queries([('q', Q)], query_answer_vec=[vec((1, 2))]))
 
 
+def every_column():
+    """The interleaved frame with the columns of every stage (query_dime, query_answer_vec, query_answer, rank)."""
+    inp = interleaved().reset_index(drop=True)
+    return inp.assign(query_dime=[vec((1, 4, 9, 16))] * len(inp), query_answer_vec=list(inp['query_vec']),
+                      query_answer=['answer a'] * len(inp), rank=[0, 0, 1, 1, 2, 2])
+
+
+QRELS_Q = pd.DataFrame({'qid': ['q1', 'q1'], 'docno': ['dA', 'dB'], 'label': [1, 0]})
+EVERY_STAGE = [PrfDime(), SwcDime(), KernelDime(kernel='rank'), PrfDime(keep_ranking=False), EclipseDime(),
+               MagnitudeDime(), OracleDime(qrels=QRELS_Q), LlmDime(), Rdime(), TopK(), VectorScorer(),
+               LlmAnswers(answers={'q1': 'a'}), FeedbackCutoff(num_docs=2)]
+
+
+@pytest.mark.parametrize('stage', EVERY_STAGE, ids=repr)
+@pytest.mark.parametrize('missing', [np.nan, None, pd.NA], ids=['nan', 'none', 'pd.NA'])
+def test_missing_qid_is_an_error_in_every_stage(stage, missing):
+    inp = every_column()
+    inp['qid'] = inp['qid'].astype(object)
+    inp.loc[4, 'qid'] = missing  # docno dB of q1: a valid q1 row is left around it
+    with pytest.raises(ValueError, match=r"column 'qid' is missing .* in 1 row\(s\), first at row 4 \(docno='dB'") \
+            as info:
+        stage.transform(inp)
+    assert str(info.value).startswith(f'{stage}: ') and 'dropna' in str(info.value)
+
+
+def test_missing_qid_is_an_error_in_a_query_frame():
+    inp = queries([('a', Q), ('b', Q2)], query_dime=[vec(Q), vec(Q2)]).astype({'qid': object})
+    inp.loc[0, 'qid'] = None
+    for stage in (MagnitudeDime(), Rdime(), TopK(count=2)):
+        with pytest.raises(ValueError, match=r"first at row 0 \(query='text of a'\)"):
+            stage.transform(inp)
+
+
+@pytest.mark.parametrize('stage', [PrfDime(), SwcDime(), EclipseDime(), OracleDime(qrels=QRELS_Q),
+                                   FeedbackCutoff(num_docs=2)], ids=repr)
+def test_nan_score_is_an_error_naming_the_candidate(stage):
+    inp = interleaved()
+    inp.loc[inp['docno'] == 'e1', 'score'] = np.nan
+    with pytest.raises(ValueError, match=r"column 'score' is NaN at qid='q2', docno='e1' \(1 row\(s\)\)"):
+        stage.transform(inp)
+
+
+def test_num_docs_far_beyond_the_candidates_costs_memory_of_the_candidates():
+    inp = results([('q', Q, 'd1', D1, 4.0), ('q', Q, 'd2', D2, 3.0), ('q', Q, 'd3', EX2, 2.0), ('q', Q, 'd4', DC, 1.0)])
+    tracemalloc.start()
+    try:
+        huge = PrfDime(num_docs=10 ** 8).transform(inp)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * 2 ** 20, peak  # padding to 10^8 slots would take gigabytes
+    # mean of the four documents: [102.4, 102.2, 104.8, 102.1] / 4, times q
+    expected = [102.4 / 4, 2 * 102.2 / 4, 3 * 104.8 / 4, 4 * 102.1 / 4]
+    assert_vec(huge['query_dime'].iloc[0], expected, atol=1e-4)
+    # every candidate is a positive, so no negative is left: only the alpha term
+    assert_vec(EclipseDime(num_pos=10 ** 8, num_neg=10 ** 8).transform(inp)['query_dime'].iloc[0], expected, atol=1e-4)
+
+
+@pytest.mark.parametrize('stage', [PrfDime(), SwcDime(), EclipseDime(), MagnitudeDime()], ids=repr)
+def test_vectors_that_overflow_float32_importance_are_blamed_where_it_happens(stage):
+    inp = interleaved()
+    inp['query_vec'] = [v * np.float32(1e20) if qid == 'q2' else v for qid, v in zip(inp['qid'], inp['query_vec'])]
+    inp['doc_vec'] = [v * np.float32(1e20) for v in inp['doc_vec']]
+    assert all(np.isfinite(v).all() for v in inp['query_vec'])  # finite float32 input
+    with pytest.raises(ValueError, match=r"query_dime of qid='q2' reaches \d\.?\d*e\+4\d, beyond float32 .*"
+                                         r'values up to 2e\+20\. Normalise') as info:
+        (stage >> Rdime()).transform(inp)
+    assert str(info.value).startswith(f'{stage}: ')
+
+
+def test_vector_scorer_overflow_names_the_candidate():
+    inp = interleaved()
+    inp['query_vec'] = [v * np.float32(1e20) for v in inp['query_vec']]
+    inp['doc_vec'] = [v * np.float32(1e20) if d == 'dC' else v for d, v in zip(inp['docno'], inp['doc_vec'])]
+    with pytest.raises(ValueError, match=r"qid='q1' and docno='dC' overflows float32 \(vector values up to 4e\+20 "
+                                         r'and 1e\+22\); normalise'):
+        VectorScorer().transform(inp)
+
+
+@pytest.mark.parametrize('bad, message', [
+    (np.array([[1, 1, 0, 2]], dtype=np.float32), r"query_answer_vec' at qid='b' holds ndarray of shape \(1, 4\)"),
+    (vec((1, 1)), r"query_answer_vec' holds vectors of different sizes \(qid='b' has 2, qid='a' has 4\)"),
+    (vec((1, np.nan, 0, 2)), r"query_answer_vec' holds NaN or inf at qid='b'"),
+    (vec(()), r"query_answer_vec' at qid='b' holds ndarray of shape \(0,\)"),
+    (np.float32(3.0), r"query_answer_vec' at qid='b' holds float32 of shape \(\)"),
+    ('an answer', r"query_answer_vec' at qid='b' holds str"),
+])
+def test_malformed_answer_vector_is_an_error_naming_the_qid(bad, message):
+    inp = queries([('a', Q), ('b', Q2)], query_answer_vec=[vec(Q), bad])
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # not the silent "no LLM answer" fallback
+        with pytest.raises(ValueError, match=message):
+            LlmDime().transform(inp)
+
+
+@pytest.mark.parametrize('missing', [None, np.nan, pd.NA], ids=['none', 'nan', 'pd.NA'])
+def test_missing_answer_vector_falls_back_with_a_warning(missing):
+    inp = queries([('a', Q), ('b', Q2)], query_answer_vec=[vec((1, 1, 0, 2)), missing])
+    with pytest.warns(UserWarning, match=r"no LLM answer for 1 query \('b'\); using magnitude"):
+        out = LlmDime().transform(inp).set_index('qid')
+    assert_vec(out.loc['a', 'query_dime'], [1, 2, 0, 8])
+    assert_vec(out.loc['b', 'query_dime'], [1, 0, 1, 4])
+
+
+class BadEncoder:
+    def __init__(self, output):
+        self.output = output
+
+    def encode_docs(self, texts):
+        return self.output
+
+    def __repr__(self):
+        return 'BadEncoder()'
+
+
+@pytest.mark.parametrize('output, message', [
+    (np.array([[1, 1, 0, 2], [0, np.nan, 1, 0]], dtype=np.float32),
+     r"encode_docs returned NaN or inf for the query_answer of qid='b'"),
+    (np.ones((1, 4), dtype=np.float32), r'encode_docs returned shape \(1, 4\) for 2 answer texts; .*\(2, 4\)'),
+    (np.ones((3, 4), dtype=np.float32), r'encode_docs returned shape \(3, 4\) for 2 answer texts'),
+    (np.ones(8, dtype=np.float32), r'encode_docs returned shape \(8,\) for 2 answer texts'),
+    (np.ones((2, 3), dtype=np.float32), r'query_vec has 4 dimensions but the encoded query_answer has 3'),
+])
+def test_bad_encoder_output_is_an_error(output, message):
+    inp = queries([('a', Q), ('b', Q2)], query_answer=['answer a', 'answer b'])
+    with pytest.raises(ValueError, match=message) as info:
+        LlmDime(encoder=BadEncoder(output)).transform(inp)
+    assert str(info.value).startswith('LlmDime(encoder=BadEncoder()): ')
+
+
+def test_answer_text_that_is_not_text_is_an_error():
+    inp = queries([('a', Q), ('b', Q2)], query_answer=['answer a', 5])
+    with pytest.raises(ValueError, match=r"query_answer of qid='b' is 5 \(int\), not text"):
+        LlmDime(encoder=FakeEncoder()).transform(inp)
+
+
+def test_llm_answers_file_with_a_byte_order_mark(tmp_path):
+    path = tmp_path / 'answers.tsv'
+    path.write_bytes('q1\tfirst answer\nq2\tsecond é\n'.encode('utf-8-sig'))
+    assert read_answers_tsv(path) == {'q1': 'first answer', 'q2': 'second é'}
+
+
+def test_llm_answers_file_not_in_utf8_names_the_file_line_and_fix(tmp_path):
+    path = tmp_path / 'answers.tsv'
+    path.write_bytes('q1\tfirst answer\nq2\tcaf\xe9 au lait\n'.encode('latin-1'))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: not UTF-8 text .*save the file as UTF-8"):
+        read_answers_tsv(path)
+
+
+def test_llm_answers_file_with_an_empty_qid(tmp_path):
+    path = tmp_path / 'answers.tsv'
+    path.write_text('q1\ta\n\tb\n', encoding='utf-8')
+    with pytest.raises(ValueError, match=':2: the qid before the tab is empty'):
+        read_answers_tsv(path)
+
+
+def test_llm_answers_nan_value_is_a_missing_answer():
+    out = LlmAnswers(answers={'1': 'yes', '2': np.nan}).transform(queries([('1', Q), ('2', Q)]))
+    assert out['query_answer'].tolist() == ['yes', None]
+    with pytest.raises(ValueError, match="no answer for qid '2'"):
+        LlmAnswers(answers={'1': 'yes', '2': np.nan}, missing='error').transform(queries([('1', Q), ('2', Q)]))
+
+
 @pytest.mark.parametrize('make', [
-    lambda: TopK(k=0), lambda: TopK(k=1.5), lambda: TopK(k=-1), lambda: TopK(k=0.0), lambda: TopK(k=-0.5),
-    lambda: TopK(k=True), lambda: TopK(k='0.5'), lambda: TopK(k=float('nan')),
+    lambda: TopK(fraction=0), lambda: TopK(fraction=1.5), lambda: TopK(fraction=300), lambda: TopK(fraction=0.0),
+    lambda: TopK(fraction=-0.5), lambda: TopK(fraction=True), lambda: TopK(fraction='0.5'),
+    lambda: TopK(fraction=float('nan')), lambda: TopK(count=0), lambda: TopK(count=-1), lambda: TopK(count=0.5),
+    lambda: TopK(count=3.0), lambda: TopK(count=True), lambda: TopK(fraction=0.5, count=3),
+    lambda: PrfDime(keep_ranking=1), lambda: MagnitudeDime(keep_ranking='no'),
+    lambda: LlmAnswers(answers=None), lambda: LlmAnswers(answers=[('1', 'a')]), lambda: LlmAnswers(answers={1: 'a'}),
+    lambda: LlmAnswers(answers={'1': 3}),
     lambda: PrfDime(num_docs=0), lambda: SwcDime(num_docs=0), lambda: KernelDime(num_docs=-1),
     lambda: KernelDime(num_docs=2.5), lambda: PrfDime(num_docs=True),
     lambda: SwcDime(tau=0), lambda: SwcDime(tau=-1), lambda: KernelDime(tau=float('nan')),
@@ -573,15 +775,21 @@ def test_invalid_parameters_fail_at_construction(make):
         make()
 
 
-def test_invalid_parameter_messages_name_the_stage_and_value():
-    with pytest.raises(ValueError, match=r'TopK.*1\.5'):
-        TopK(k=1.5)
-    with pytest.raises(ValueError, match='KernelDime.*num_docs.*0'):
-        KernelDime(num_docs=0)
-    with pytest.raises(ValueError, match="unknown kernel 'cosine'"):
-        KernelDime(kernel='cosine')
-    with pytest.raises(ValueError, match="Rdime.*'zero'"):
-        Rdime(fallback='zero')
+@pytest.mark.parametrize('make, message', [
+    (lambda: TopK(fraction=300), r"^TopK: fraction must be a fraction in \(0, 1\], got 300; .*TopK\(count=\.\.\.\)"),
+    (lambda: TopK(count=0.5), r"^TopK: count must be an integer >= 1, got 0\.5; .*TopK\(fraction=\.\.\.\)"),
+    (lambda: TopK(fraction=0.5, count=3), r'^TopK: give fraction=.* or count=.*not both'),
+    (lambda: KernelDime(num_docs=0), r'^KernelDime: num_docs must be an integer >= 1, got 0'),
+    (lambda: KernelDime(kernel='cosine'), r"^KernelDime: kernel must be one of 'uniform', .*got 'cosine'; .*callable"),
+    (lambda: EclipseDime(beta=-0.5), r'^EclipseDime: beta must be a non-negative number, got -0\.5'),
+    (lambda: PrfDime(keep_ranking=1), r'^PrfDime: keep_ranking must be True or False, got 1'),
+    (lambda: LlmAnswers(answers=None), r'^LlmAnswers: answers must be a mapping .*got NoneType; .*from_tsv'),
+    (lambda: LlmAnswers(answers={1: 'a'}), r"^LlmAnswers: answers has the qid 1 \(int\), but qids are strings"),
+    (lambda: Rdime(fallback='zero'), r"^Rdime: .*'zero'"),
+])
+def test_invalid_parameter_messages_name_the_stage_value_and_fix(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -602,8 +810,7 @@ RESULT_COLUMNS = ['qid', 'query', 'query_vec', 'docno', 'doc_vec', 'score']
     (EclipseDime(keep_ranking=False), ['qid', 'query', 'query_vec', 'query_dime']),
     (VectorScorer(), RESULT_COLUMNS + ['rank']),
     (LlmAnswers(answers={'1': 'a'}), RESULT_COLUMNS + ['query_answer']),
-    (PrfDime() >> Rdime() >> VectorScorer(), RESULT_COLUMNS + ['query_dime', 'query_kept', 'query_kept_frac',
-                                                               'query_eps2', 'query_fallback', 'rank']),
+    (PrfDime() >> TopK() >> VectorScorer(), RESULT_COLUMNS + ['query_dime', 'query_kept', 'query_kept_frac', 'rank']),
 ])
 def test_empty_result_frame(stage, expected):
     out = stage.transform(interleaved().iloc[:0])
@@ -617,7 +824,8 @@ def test_empty_result_frame(stage, expected):
 ])
 def test_empty_threshold_input(stage, expected):
     out = stage.transform(topk_input().iloc[:0])
-    assert len(out) == 0 and list(out.columns) == ['qid', 'query', 'query_vec', 'query_dime'] + expected
+    assert len(out) == 0
+    assert list(out.columns)[:4 + len(expected)] == ['qid', 'query', 'query_vec', 'query_dime'] + expected
 
 
 def test_empty_llm_dime_input():
@@ -641,7 +849,7 @@ def test_empty_llm_dime_input():
     (LlmDime(encoder=FakeEncoder()), 'LlmDime(encoder=FakeEncoder())'),
     (EclipseDime(), 'EclipseDime()'), (EclipseDime(beta=0.25), 'EclipseDime(beta=0.25)'),
     (Rdime(), 'Rdime()'), (Rdime(fallback='top1'), "Rdime(fallback='top1')"),
-    (TopK(), 'TopK()'), (TopK(k=0.4), 'TopK(k=0.4)'), (TopK(k=10), 'TopK(k=10)'),
+    (TopK(), 'TopK(fraction=0.6)'), (TopK(fraction=0.4), 'TopK(fraction=0.4)'), (TopK(count=10), 'TopK(count=10)'),
     (VectorScorer(), 'VectorScorer()'),
 ])
 def test_repr_lists_only_non_default_args(stage, text):
@@ -685,8 +893,9 @@ ENCODER = FakeEncoder()
     (EclipseDime(), EclipseDime(num_pos=2, num_neg=5, alpha=1.0, beta=0.5)),
     (OracleDime(qrels=QRELS), OracleDime(qrels=QRELS)),
     (Rdime(), Rdime(fallback='full')),
-    (TopK(), TopK(k=0.6)),
-    (TopK(k=5), TopK(k=5)),
+    (TopK(), TopK(fraction=0.6)),
+    (TopK(fraction=1), TopK(fraction=1.0)),
+    (TopK(count=5), TopK(count=np.int64(5))),
     (VectorScorer(), VectorScorer()),
     (LlmAnswers(answers=ANSWERS), LlmAnswers(answers=ANSWERS, missing='fallback')),
     (PrfDime() >> Rdime() >> VectorScorer(), PrfDime(num_docs=2) >> Rdime(fallback='full') >> VectorScorer()),
@@ -710,8 +919,8 @@ def test_equal_configurations_are_equal_and_hash_equal(a, b):
     (EclipseDime(), EclipseDime(beta=0.25)),
     (OracleDime(qrels=QRELS), OracleDime(qrels=QRELS.assign(label=[0]))),
     (Rdime(), Rdime(fallback='top1')),
-    (TopK(k=0.6), TopK(k=0.4)),
-    (TopK(k=1), TopK(k=1.0)),  # one dimension vs all of them
+    (TopK(fraction=0.6), TopK(fraction=0.4)),
+    (TopK(count=1), TopK(fraction=1.0)),  # one dimension vs all of them
     (Rdime(), TopK()),
     (MagnitudeDime(), MagnitudeDime(keep_ranking=False)),
     (LlmAnswers(answers=ANSWERS), LlmAnswers(answers=ANSWERS, missing='error')),
@@ -722,22 +931,20 @@ def test_different_configurations_differ(a, b):
     assert len({a, b}) == 2
 
 
-def test_stages_are_transformers_and_compose():
+def test_schematic_labels_are_short():
     stages = [PrfDime(), SwcDime(), KernelDime(), MagnitudeDime(), LlmDime(), EclipseDime(), OracleDime(qrels=QRELS),
-              Rdime(), TopK(), VectorScorer(), LlmAnswers(answers=ANSWERS)]
+              Rdime(), TopK(), VectorScorer(), LlmAnswers(answers=ANSWERS), FeedbackCutoff(num_docs=2)]
     for stage in stages:
-        assert isinstance(stage, pt.Transformer)
-        assert len(stage.schematic['label']) <= 20
-    assert isinstance(PrfDime() >> TopK(k=0.4) >> VectorScorer(), pt.Transformer)
+        assert 0 < len(stage.schematic['label']) <= 20
 
 
 def test_pipeline_compile_cuts_only_in_the_full_retrieval_setting():
     full = (PrfDime(keep_ranking=False) >> Rdime()).compile()
-    assert any(isinstance(t, pt.RankCutoff) and t.k == 2 for t in _flatten(full))
+    assert FeedbackCutoff(num_docs=2) in _flatten(full)
     rerank = (PrfDime() >> Rdime() >> VectorScorer()).compile()
-    assert not any(isinstance(t, pt.RankCutoff) for t in _flatten(rerank))
+    assert not any(isinstance(t, FeedbackCutoff) for t in _flatten(rerank))
     eclipse = (EclipseDime(keep_ranking=False) >> Rdime()).compile()
-    assert not any(isinstance(t, pt.RankCutoff) for t in _flatten(eclipse))
+    assert not any(isinstance(t, FeedbackCutoff) for t in _flatten(eclipse))
 
 
 def _flatten(transformer):
@@ -759,6 +966,6 @@ TestLlmDimeInspect = pt.testing.transformer_test_class(lambda: LlmDime(encoder=F
 TestEclipseDimeInspect = pt.testing.transformer_test_class(lambda: EclipseDime())
 TestOracleDimeInspect = pt.testing.transformer_test_class(lambda: OracleDime(qrels=QRELS))
 TestRdimeInspect = pt.testing.transformer_test_class(lambda: Rdime())
-TestTopKInspect = pt.testing.transformer_test_class(lambda: TopK(k=3))
+TestTopKInspect = pt.testing.transformer_test_class(lambda: TopK(count=3))
 TestVectorScorerInspect = pt.testing.transformer_test_class(lambda: VectorScorer())
 TestLlmAnswersInspect = pt.testing.transformer_test_class(lambda: LlmAnswers(answers=ANSWERS))
