@@ -1,64 +1,173 @@
 """``rdime-experiment``: the paper's comparison on a collection and encoder, with one command."""
 import argparse
+import importlib.util
 import logging
 import os
 import sys
+import tempfile
 import time
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import List, Optional, Sequence
 
-from .runner import DEFAULT_CACHE, DEFAULT_DIMES, DEFAULT_KS, DIME_NAMES, run_experiment
+#: What the runner imports beyond the library's own dependencies: module -> the package that provides it.
+RUNNER_MODULES = {'pyterrier_dr': 'pyterrier-dr', 'pyterrier_pisa': 'pyterrier-pisa', 'ir_datasets': 'ir-datasets',
+                  'sentence_transformers': 'sentence-transformers', 'statsmodels': 'statsmodels',
+                  'scipy': 'scipy', 'matplotlib': 'matplotlib', 'tabulate': 'tabulate'}
+INSTALL = "pip install torch  # the build for your machine, first\npip install 'pyterrier-rdime[experiment]'"
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .indexes import RETRIEVERS
+    from .runner import DEFAULT_DIMES, DEFAULT_KS
+    from .systems import DIME_NAMES, MODULATORS
     p = argparse.ArgumentParser(
         prog='rdime-experiment',
-        description='RDIME vs Top-k dimension pruning (and Baseline) for each DIME, evaluated with pt.Experiment; '
-                    'prints the paper-style tables and saves them with per-query kept fractions and a boxplot.')
+        description='RDIME vs Top-k dimension pruning (and Baseline) for each DIME, in the reference '
+                    "implementations' protocol, evaluated with pt.Experiment; prints the paper-style tables and saves "
+                    'them with per-query results, kept fractions and a boxplot.')
     p.add_argument('collection', nargs='?', default='irds:vaswani',
                    help='irds:<ir_datasets id> or a folder with docs.jsonl, queries.tsv, qrels (default: %(default)s)')
     p.add_argument('--encoder', default='minilm',
                    help="'minilm' (bundled, offline), 'tasb', 'contriever', 'ance', a sentence-transformers folder or "
                         'a hub id (default: %(default)s)')
-    p.add_argument('--mode', choices=('rerank', 'retrieve'), default='rerank',
-                   help='re-rank the first stage, or full dense retrieval over the whole corpus (default: %(default)s)')
+    p.add_argument('--mode', default='rerank', help="'rerank' the first stage, or 'retrieve': full dense retrieval "
+                                                    'over the whole corpus (default: %(default)s)')
     p.add_argument('--first-stage', default='auto',
                    help="'auto' (the collection's *.run if any, else BM25), 'bm25' (PISA), or a TREC run file")
+    p.add_argument('--feedback', default='dense',
+                   help="rerank mode: 'dense' (default, the references: top of the candidates re-scored with the full "
+                        "query vector) or 'first-stage' (top of the first stage's order)")
     p.add_argument('--depth', type=int, default=100, help='re-ranking depth (default: %(default)s)')
     p.add_argument('--num-results', type=int, default=1000, help='results per query in retrieve mode')
+    p.add_argument('--index', default=None, metavar='PATH_OR_HF_ID',
+                   help='an existing pyterrier-dr FlexIndex (a folder, or a Hugging Face repository such as '
+                        'macavaney/msmarco-passage.tasb.flex) instead of encoding the corpus')
+    p.add_argument('--retriever', default='numpy', help=f'retrieve mode backend: {", ".join(RETRIEVERS)} '
+                                                       '(default: %(default)s)')
     p.add_argument('--dimes', default=','.join(DEFAULT_DIMES),
                    help=f'comma-separated, among {",".join(DIME_NAMES)} (default: %(default)s)')
-    p.add_argument('--ks', default=','.join(map(str, DEFAULT_KS)), help='Top-k fractions (default: %(default)s)')
-    p.add_argument('--rel', type=int, default=None, help='relevance level of AP (default: 2 if graded, else 1)')
-    p.add_argument('--measures', default='', help='extra measures, comma-separated ir_measures names (e.g. R@1000)')
-    p.add_argument('--cache', default=str(DEFAULT_CACHE), help='cache folder for indexes (default: %(default)s)')
+    p.add_argument('--ks', default=','.join(map(str, DEFAULT_KS)),
+                   help="Top-k fractions (default: %(default)s; '' for none)")
+    p.add_argument('--modulators', default='', help=f'soft RDIME columns to add: {",".join(MODULATORS)}')
+    p.add_argument('--measures', default=None,
+                   help='ir_measures names, comma-separated (default: nDCG@10,AP; plus R@1000,RR@10 in retrieve mode)')
+    p.add_argument('--rel', type=int, default=None,
+                   help="relevance level of the binary measures (default: ir_measures' 1; 2 = TREC DL convention)")
+    p.add_argument('--test', default='t', help="'t' (paired t-test, default) or 'wilcoxon'; Holm-corrected")
+    p.add_argument('--answers', default=None, metavar='TSV', help="LLM answers (qid<TAB>answer) for the LLM row "
+                                                                  "(default: the collection's llm_answers.tsv)")
+    p.add_argument('--llm-generator', default=None, metavar='MODEL',
+                   help="generate the LLM row's answers instead: 'smollm2' (bundled SmolLM2-135M-Instruct, offline) "
+                        'or a Hugging Face model name or path; cached under --cache')
+    p.add_argument('--cache', default=None, help='cache folder for indexes and answers (default: '
+                                                 '$PYTERRIER_RDIME_CACHE, else ~/.cache/pyterrier_rdime)')
     p.add_argument('--out', default='rdime-results', help='output folder (default: %(default)s)')
     p.add_argument('--batch-size', type=int, default=32, help='encoder batch size')
     p.add_argument('--max-queries', type=int, default=None, help='only the first N queries (smoke runs)')
-    p.add_argument('--llm-generator', default=None, metavar='MODEL',
-                   help="generate the LLM row's answers instead of reading llm_answers.tsv: 'smollm2' (bundled "
-                        'SmolLM2-135M-Instruct, offline) or a Hugging Face model name or path; cached under --cache')
+    p.add_argument('--workers', type=int, default=1, help='processes for the query-level work (default: 1)')
+    p.add_argument('--ray-address', default=None, help="spread --workers over a Ray cluster ('auto' or host:port); "
+                                                       'needs the ray extra')
     p.add_argument('--quiet', action='store_true', help='no progress bars')
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format='%(message)s')
-    start = time.time()
+def _split(text: Optional[str]) -> List[str]:
+    return [] if text is None else [item.strip() for item in text.split(',') if item.strip()]
+
+
+def missing_runner_packages() -> List[str]:
+    """The packages the runner needs that are not installed."""
+    return [package for module, package in RUNNER_MODULES.items() if importlib.util.find_spec(module) is None]
+
+
+def check_writable(option: str, folder: Path) -> None:
+    """Fails at once when ``folder`` cannot be created or written, rather than after the whole run."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f'{option} {folder}: exists and is not a folder; pass a folder path')
     try:
-        result = run_experiment(
-            args.collection, encoder=args.encoder, mode=args.mode, first_stage=args.first_stage, depth=args.depth,
-            num_results=args.num_results, dimes=[d.strip() for d in args.dimes.split(',') if d.strip()],
-            ks=[float(k) for k in args.ks.split(',') if k.strip()], rel=args.rel,
-            extra_measures=[m.strip() for m in args.measures.split(',') if m.strip()], cache_dir=args.cache,
-            batch_size=args.batch_size, max_queries=args.max_queries, llm_generator=args.llm_generator,
-            verbose=not args.quiet)
-    except (ValueError, RuntimeError, ImportError) as e:
-        print(f'rdime-experiment: error: {e}', file=sys.stderr)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    missing = missing_runner_packages()
+    if missing:
+        print(f'rdime-experiment: error: the runner needs {", ".join(missing)}, not installed. Install the runner '
+              f'with:\n{INSTALL}', file=sys.stderr)
         return 2
+    args = _parser().parse_args(argv)
+    _quiet_libraries(verbose=not args.quiet)
+    from .._config import default_cache_dir
+    from .runner import check_options, run_experiment
+    start = time.time()
+    out = Path(args.out)
+    cache = Path(args.cache) if args.cache else default_cache_dir()
+    try:
+        ks = [float(k) for k in _split(args.ks)]
+    except ValueError:
+        return _error(f'--ks {args.ks!r}: expected comma-separated fractions in (0, 1], e.g. 0.4,0.6,0.8')
+    settings = dict(mode=args.mode, first_stage=args.first_stage, feedback=args.feedback, depth=args.depth,
+                    num_results=args.num_results, dimes=_split(args.dimes), ks=ks, modulators=_split(args.modulators),
+                    test=args.test, retriever=args.retriever, max_queries=args.max_queries)
+    try:
+        check_options(**settings)
+        check_writable('--out', out)
+        check_writable('--cache', cache)
+        if args.workers < 1:
+            raise ValueError(f'--workers must be an integer >= 1, got {args.workers}')
+        backend = _parallel_backend(args.workers, args.ray_address)
+        result = run_experiment(
+            args.collection, encoder=args.encoder, rel=args.rel, measures=_split(args.measures) or None,
+            index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
+            llm_generator=args.llm_generator, workers=args.workers, parallel_backend=backend,
+            verbose=not args.quiet, **settings)
+    except (ValueError, RuntimeError, ImportError, FileNotFoundError) as e:
+        return _error(str(e))
     result.timings['total'] = time.time() - start
-    out = result.save(args.out)
-    print(result.to_markdown())
+    report = result.to_markdown()
+    problems = result.save(out)
+    print(report)
     print('timings (s): ' + ', '.join(f'{k} {v:.1f}' for k, v in result.timings.items()))
-    print(f'saved to {os.path.abspath(out)}')
+    if problems:
+        print('rdime-experiment: some outputs could not be written (the tables above are complete):\n  '
+              + '\n  '.join(problems), file=sys.stderr)
+        return 1
+    print(f'results in {out.resolve()} (results.md, results.csv, perquery.csv, significance.csv, '
+          'kept_fraction.csv/png)')
     return 0
+
+
+def _error(message: str) -> int:
+    print(f'rdime-experiment: error: {message}', file=sys.stderr)
+    return 2
+
+
+def _parallel_backend(workers: int, ray_address: Optional[str]) -> str:
+    if ray_address is None:
+        return 'joblib'
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("--ray-address needs Ray: pip install 'pyterrier-rdime[ray]'") from None
+    if workers < 2:
+        raise ValueError('--ray-address spreads --workers over the cluster; pass --workers 2 or more')
+    if not ray.is_initialized():
+        ray.init(address=ray_address)
+    return 'ray'
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    """The command's terminal: this package's progress lines, no INFO lines of other libraries between the bars,
+    and model-loading bars only when verbose."""
+    logging.basicConfig(level=logging.WARNING, format='%(message)s')
+    logging.getLogger('pyterrier_rdime').setLevel(logging.INFO if verbose else logging.WARNING)
+    os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()

@@ -4,7 +4,10 @@ import os
 import socket
 from pathlib import Path
 
-#: Short names of the paper's encoders (768-d; they need the Hugging Face hub or its local cache).
+#: Short names of the paper's encoders (768-d; they need the Hugging Face hub or its local cache): the
+#: sentence-transformers names the reference implementations load, through pyterrier-dr's ``SBertBiEncoder``
+#: (the pooling each model's own sentence-transformers configuration declares: CLS for TAS-B and ANCE, mean for
+#: Contriever; no normalisation).
 PAPER_ENCODERS = {
     'tasb': 'sentence-transformers/msmarco-distilbert-base-tas-b',
     'contriever': 'facebook/contriever-msmarco',
@@ -37,11 +40,17 @@ def resolve_encoder(name: str) -> str:
         return snapshot_download(hub_id, local_files_only=True)
     except Exception:
         pass
-    if os.environ.get('HF_HUB_OFFLINE', '0') not in ('0', '', 'false', 'False') or not _hub_reachable():
+    if hub_offline():
         raise RuntimeError(f'encoder {name!r} ({hub_id}) is not a local folder, not in the Hugging Face cache, and '
                            'the hub cannot be reached (offline). Use the bundled default encoder "minilm", a local '
                            'sentence-transformers folder, or download the model on a machine with network first.')
     return hub_id
+
+
+def hub_offline() -> bool:
+    """True when the Hugging Face hub is off limits: ``HF_HUB_OFFLINE`` is set, or the hub does not answer within
+    seconds (rather than after a minute of retries)."""
+    return os.environ.get('HF_HUB_OFFLINE', '0') not in ('0', '', 'false', 'False') or not _hub_reachable()
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:

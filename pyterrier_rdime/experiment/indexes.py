@@ -1,0 +1,249 @@
+"""The runner's indexes: the cached dense FlexIndex of a collection, an existing FlexIndex (a folder or a Hugging
+Face repository), the retrieval backends over it, and the PISA BM25 first stage."""
+import contextlib
+import ctypes
+import hashlib
+import itertools
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+from .collection import Collection, iter_texts, read_trec_run
+from .encoders import hub_offline, resolve_encoder
+
+logger = logging.getLogger(__name__)
+
+#: The marker written into a cached index that holds the whole corpus, so that a cached run need not read the
+#: corpus again to count it.
+COMPLETE_MARKER = 'rdime_complete.json'
+
+#: ``--retriever`` choices for full dense retrieval: name -> what it is.
+RETRIEVERS = {
+    'numpy': "pyterrier-dr's exact numpy retriever (memory-mapped, default)",
+    'torch': "pyterrier-dr's exact torch retriever (GPU when present; loads the vectors into memory)",
+    'faiss-flat': 'FAISS exact inner-product index (pip install faiss-cpu)',
+    'faiss-hnsw': 'FAISS HNSW graph, approximate (pip install faiss-cpu)',
+    'faiss-ivf': 'FAISS IVF, approximate (pip install faiss-cpu)',
+    'pruned': "this package's PrunedRetriever: exact, scores only the kept dimensions",
+}
+
+
+def encoder_slug(name: str) -> str:
+    """A cache key of the encoder: its name and a digest of what it resolves to (local folders are often all
+    called 'model')."""
+    resolved = resolve_encoder(name)
+    digest = hashlib.sha1(resolved.encode()).hexdigest()[:8]
+    return re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[-60:] + f'-{digest}'
+
+
+def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Union[str, Path],
+                docnos: Optional[Sequence[str]] = None, *, batch_size: int = 32, verbose: bool = True):
+    """A FlexIndex of ``collection`` encoded with ``model``, cached under ``cache_dir``. With ``docnos`` only those
+    documents are needed: a cached index that holds them all is reused, otherwise only the missing ones are encoded
+    and added. ``docnos=None`` needs the whole corpus (a marker file records that it is complete)."""
+    from pyterrier_dr import FlexIndex
+    path = Path(cache_dir) / collection.slug / f'{encoder_slug(encoder_name)}.flex'
+    old_docnos: List[str] = []
+    old_vecs = None
+    if (path / 'pt_meta.json').is_file():
+        index = FlexIndex(str(path), verbose=False)
+        if (path / COMPLETE_MARKER).is_file():
+            return index
+        lookup, old_vecs, _ = index.payload()
+        old_docnos = [str(d) for d in lookup.fwd[np.arange(len(index))]]
+        if docnos is not None and set(docnos) <= set(old_docnos):
+            return index
+    have = set(old_docnos)
+    wanted = None if docnos is None else [d for d in dict.fromkeys(docnos) if d not in have]
+    logger.info('encoding %s documents of %s into %s', 'all' if wanted is None else len(wanted), collection.name, path)
+
+    def records() -> Iterator[dict]:
+        """Streams the cached vectors, then the new ones a batch at a time (bounded memory, a progress bar that
+        moves with every batch)."""
+        for docno, vec in zip(old_docnos, old_vecs if old_vecs is not None else []):
+            yield {'docno': docno, 'doc_vec': np.asarray(vec)}
+        new_docs = (doc for doc in iter_texts(collection, wanted) if doc['docno'] not in have)
+        total = len(wanted) if wanted is not None else getattr(collection, 'num_docs', None)
+        with pt.tqdm(total=total, desc='encoding documents', unit='doc', disable=not verbose) as progress:
+            for chunk in iter(lambda: list(itertools.islice(new_docs, batch_size)), []):
+                vecs = model.encode_docs([doc['text'] for doc in chunk])
+                for doc, vec in zip(chunk, vecs):
+                    yield {'docno': doc['docno'], 'doc_vec': vec}
+                progress.update(len(chunk))
+
+    start = time.time()
+    tmp = path.with_name(path.name + '.tmp')
+    shutil.rmtree(tmp, ignore_errors=True)
+    FlexIndex(str(tmp), verbose=False).indexer(mode='overwrite').index(records())
+    if docnos is None:
+        (tmp / COMPLETE_MARKER).write_text(json.dumps({'collection': collection.name, 'encoder': encoder_name}))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    logger.info('encoded the documents in %.0f s', time.time() - start)
+    return FlexIndex(str(path), verbose=False)
+
+
+def existing_index(spec: str):
+    """An existing pyterrier-dr FlexIndex: a local folder, or a Hugging Face repository (``owner/name``) loaded with
+    pyterrier-dr's own ``FlexIndex.from_hf``. A hub id fails at once, with the fix, when the hub cannot be
+    reached."""
+    from pyterrier_dr import FlexIndex
+    local = Path(spec).expanduser()
+    if local.exists():
+        if not (local / 'pt_meta.json').is_file():
+            raise ValueError(f'--index {spec}: {local} is not a pyterrier-dr FlexIndex (no pt_meta.json); build one '
+                             'with (model >> FlexIndex(path).indexer()).index(docs), or pass a Hugging Face '
+                             'repository id such as macavaney/msmarco-passage.tasb.flex')
+        return FlexIndex(str(local), verbose=False)
+    if not re.fullmatch(r'[\w.-]+/[\w.-]+(@[\w.-]+)?', spec):
+        raise ValueError(f'--index {spec!r} is neither an existing folder nor a Hugging Face repository id '
+                         '(owner/name)')
+    if hub_offline():
+        raise RuntimeError(f'--index {spec!r}: the Hugging Face hub cannot be reached (offline), so the prebuilt '
+                           'index cannot be downloaded. Run on a machine with network, or download it there and '
+                           'pass the local folder.')
+    return FlexIndex.from_hf(spec, verbose=False)
+
+
+def check_index_matches(index, dims: int, encoder_name: str, spec: str) -> None:
+    """Fails when the encoder's dimensionality differs from the index's, naming the encoder the index needs."""
+    meta = index.payload(return_dvecs=False, return_docnos=False)[0]
+    if meta['vec_size'] != dims:
+        hint = ''
+        for short in ('tasb', 'contriever', 'ance', 'minilm', 'mpnet'):
+            if short in str(spec).lower().replace('-', '').replace('_', ''):
+                hint = f' (its name suggests --encoder {short})'
+        raise ValueError(f'--index {spec}: the index holds {meta["vec_size"]}-dimensional vectors but the encoder '
+                         f'{encoder_name!r} gives {dims}-dimensional ones; pass the --encoder that built the '
+                         f'index{hint}')
+
+
+def check_docnos_in_index(index, docnos: Sequence[str], spec: str) -> None:
+    """Fails when documents of the ranking are missing from an existing index."""
+    lookup = index.payload(return_dvecs=False)[0]
+    docnos = [str(d) for d in docnos]
+    missing = [d for d, i in zip(docnos, lookup.inv[docnos]) if i < 0]
+    if missing:
+        raise ValueError(f'--index {spec}: {len(missing)} of the {len(docnos)} documents needed are not in the '
+                         f'index (e.g. {", ".join(map(repr, missing[:3]))}); the index and the collection do not '
+                         'match')
+
+
+def retriever(index, backend: str, num_results: int) -> pt.Transformer:
+    """The full-retrieval backend ``backend`` (see :data:`RETRIEVERS`) over ``index``, ``num_results`` per query."""
+    if backend == 'numpy':
+        return index.np_retriever(num_results=num_results)
+    if backend == 'torch':
+        return index.torch_retriever(num_results=num_results)
+    if backend == 'pruned':
+        from ..pruned import PrunedRetriever
+        return PrunedRetriever(index=index, num_results=num_results)
+    if backend.startswith('faiss-'):
+        require_faiss()
+        if backend == 'faiss-flat':
+            return index.faiss_flat_retriever() % num_results
+        if backend == 'faiss-hnsw':
+            return index.faiss_hnsw_retriever(num_results=num_results)
+        return index.faiss_ivf_retriever(num_results=num_results)
+    raise ValueError(f'--retriever {backend!r}: choose among {", ".join(RETRIEVERS)}')
+
+
+def require_faiss() -> None:
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        raise ImportError("the FAISS retrievers need faiss: pip install faiss-cpu (or faiss-gpu)") from None
+
+
+@contextlib.contextmanager
+def pisa_output_silenced():
+    """PISA's C++ engine writes [info] lines and progress straight to the process's stdout and stderr (its
+    log_level switch is broken in pyterrier-pisa 0.4.9); used around the runner's own PISA calls only. Errors still
+    surface as Python exceptions."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    libc = ctypes.CDLL(None)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        libc.fflush(None)  # C stdio buffers would otherwise reach the restored descriptors
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(devnull)
+
+
+def bm25(collection: Collection, cache_dir: Union[str, Path], depth: int) -> pt.Transformer:
+    """PISA BM25 (k1 0.9, b 0.4, porter2) over the collection, the index built once under ``cache_dir``. The index
+    is cached only when it holds every document the collection yields."""
+    import pyterrier_pisa
+    path = Path(cache_dir) / collection.slug / 'pisa'
+    if not (path / 'pt_meta.json').is_file():
+        tmp = path.with_name('pisa.tmp')
+        shutil.rmtree(tmp, ignore_errors=True)
+        logger.info('building the PISA BM25 index of %s', collection.name)
+        count, failure = itertools.count(), []
+
+        def counted():
+            # PISA prints an exception raised by the documents' iterator and carries on with what it has: keep it to
+            # raise it here, once nothing of the partial index is left
+            try:
+                for doc in collection.docs(None):
+                    next(count)
+                    yield doc
+            except Exception as e:
+                failure.append(e)
+        pisa = pyterrier_pisa.PisaIndex(str(tmp), stemmer='porter2', text_field='text')
+        with pisa_output_silenced():
+            pisa.index(counted())
+            indexed = pisa.num_docs() if not failure else None
+        yielded = next(count)
+        if failure or indexed != yielded:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if failure:
+                raise failure[0]
+            raise RuntimeError(f'PISA indexed {indexed} of the {yielded} documents of {collection.name}; nothing was '
+                               'cached')
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+    with pisa_output_silenced():  # the first retriever compresses the index, loudly
+        return pyterrier_pisa.PisaIndex(str(path), stemmer='porter2', text_field='text').bm25(num_results=depth)
+
+
+def first_stage_results(collection: Collection, first_stage: str, depth: int, cache_dir) -> Tuple[pd.DataFrame, str]:
+    """The first ranking (``qid, query, docno, score, rank``, top-``depth``) and a description of its source.
+
+    ``first_stage``: ``'auto'`` (the collection's run if it ships one, else BM25), ``'bm25'``, or a TREC run file.
+    """
+    if first_stage == 'auto':
+        first_stage = 'run' if collection.run is not None else 'bm25'
+    if first_stage == 'bm25':
+        retriever_ = bm25(collection, cache_dir, depth)
+        with pisa_output_silenced():
+            results = retriever_(collection.topics)
+        return results[['qid', 'query', 'docno', 'score', 'rank']], f'PISA BM25 (top {depth})'
+    if first_stage == 'run':
+        run, source = collection.run, "the collection's run"
+    elif Path(first_stage).is_file():
+        run, source = read_trec_run(first_stage), str(first_stage)
+    else:
+        raise ValueError(f"--first-stage {first_stage!r} is not 'auto', 'bm25' or an existing TREC run file")
+    run = run[run['rank'] < depth]
+    results = run.merge(collection.topics, on='qid')
+    if results.empty:
+        raise ValueError(f'the first-stage run {source} shares no qid with the queries of {collection.name}')
+    return results[['qid', 'query', 'docno', 'score', 'rank']], f'{source} (top {depth})'

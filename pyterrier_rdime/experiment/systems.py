@@ -1,0 +1,135 @@
+"""The grid of systems, built from the library's stages: Baseline, and for each DIME each threshold (Top-k
+fractions, RDIME and its soft modulators), in the references' protocol."""
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import pandas as pd
+import pyterrier as pt
+
+from ..dime import DimeScorer, EclipseDime, KernelDime, LlmDime, MagnitudeDime, OracleDime, PrfDime, SwcDime
+from ..llm import LlmAnswers
+from ..scorer import VectorScorer
+from ..threshold import Rdime, TopK
+
+FEEDBACKS = ('dense', 'first-stage')
+#: Soft RDIME columns the runner can add (``modulators``): name -> (column label, ``Rdime(modulator=...)``).
+MODULATORS = {'james-stein': 'RDIME-JS', 'wiener': 'RDIME-Wiener'}
+#: DIMEs that read no feedback ranking.
+NO_FEEDBACK = ('llm', 'magnitude')
+
+
+def dime_factories(qrels: pd.DataFrame, model) -> Dict[str, Tuple[str, Callable[[bool], DimeScorer]]]:
+    """name -> (row label, factory(keep_ranking) -> DIME scorer), with the reference implementations' defaults."""
+    return {
+        'prf': ('PRF (M=2)', lambda keep: PrfDime(keep_ranking=keep)),
+        'swc': ('SWC (M=10, τ=0.1)', lambda keep: SwcDime(keep_ranking=keep)),
+        'llm': ('LLM', lambda keep: LlmDime(encoder=model, keep_ranking=keep)),
+        'rank': ('Rank 1/i (M=10)', lambda keep: KernelDime(kernel='rank', num_docs=10, keep_ranking=keep)),
+        'rbf': ('RBF (M=10, τ=0.1)', lambda keep: KernelDime(kernel='rbf', num_docs=10, keep_ranking=keep)),
+        'sigmoid': ('Sigmoid (M=10, τ=0.1)', lambda keep: KernelDime(kernel='sigmoid', num_docs=10,
+                                                                      keep_ranking=keep)),
+        'eclipse': ('Eclipse (2+, 5−)', lambda keep: EclipseDime(keep_ranking=keep)),
+        'magnitude': ('Magnitude q⊙q', lambda keep: MagnitudeDime(keep_ranking=keep)),
+        'oracle': ('Oracle (qrels)', lambda keep: OracleDime(qrels=qrels, keep_ranking=keep)),
+    }
+
+
+DIME_NAMES = ('prf', 'swc', 'llm', 'rank', 'rbf', 'sigmoid', 'eclipse', 'magnitude', 'oracle')
+
+
+def thresholds(ks: Sequence[float], modulators: Sequence[str]) -> Dict[str, pt.Transformer]:
+    """Column name -> threshold stage: ``k=<fraction>`` Top-k columns, ``RDIME``, then the soft modulators."""
+    stages: Dict[str, pt.Transformer] = {f'k={k}': TopK(fraction=k) for k in ks}
+    stages['RDIME'] = Rdime()
+    for modulator in modulators:
+        stages[MODULATORS[modulator]] = Rdime(modulator=modulator)
+    return stages
+
+
+@dataclass
+class Grid:
+    """The systems' result frames (name -> frame; ``Baseline``, ``<dime>/<threshold>``) and what the reader must
+    know about how they were made."""
+    frames: Dict[str, pd.DataFrame]
+    labels: Dict[str, str]
+    source: str
+    notes: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Runner:
+    """Applies a stage to a frame, serially or spread over ``workers`` processes by PyTerrier's ``.parallel``
+    (``backend`` ``'joblib'`` or ``'ray'``); only query-level work goes through it."""
+    workers: int = 1
+    backend: str = 'joblib'
+
+    def __call__(self, stage: pt.Transformer, frame: pd.DataFrame) -> pd.DataFrame:
+        if self.workers > 1 and len(frame):
+            stage = stage.parallel(self.workers, backend=self.backend)
+        return stage(frame)
+
+
+def oracle_importance(qrels: pd.DataFrame, queries: pd.DataFrame, vec_loader: pt.Transformer,
+                      run: Runner) -> pd.DataFrame:
+    """``qid, query_dime`` of Oracle DIME over **all** judged documents of each query (every qrels entry), as the
+    references compute it, not only the judged documents of the ranking."""
+    judged = qrels[qrels['qid'].isin(set(queries['qid']))][['qid', 'docno']].drop_duplicates()
+    frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged, on='qid')
+    frame = vec_loader(frame.assign(score=0.0))
+    scored = run(OracleDime(qrels=qrels, keep_ranking=False), frame)
+    return scored[['qid', 'query_dime']]
+
+
+def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, str]], dimes: Sequence[str],
+                stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, feedback: str, depth: int,
+                run: Runner) -> Grid:
+    """Re-ranking: the first stage's top-``depth`` re-scored by the (pruned) query vector. With
+    ``feedback='dense'`` (the references' protocol) the DIME feedback documents are the top of the candidates
+    re-scored with the full query vector; with ``'first-stage'`` the top of the first stage's own order."""
+    candidates = run(model.query_encoder() >> index.vec_loader(), first)
+    if answers is not None:
+        candidates = LlmAnswers(answers=answers)(candidates)
+    dense = run(VectorScorer(), candidates)
+    frames = {'Baseline': dense}
+    source = dense if feedback == 'dense' else candidates
+    factories = dime_factories(qrels, model)
+    order = 'dense re-ranking (full query vector)' if feedback == 'dense' else 'first-stage order'
+    notes = [f'Feedback documents: the top of the {order} of the top-{depth} candidates.']
+    for name in dimes:
+        if name == 'oracle':
+            scored = source.merge(oracle_importance(qrels, candidates, index.vec_loader(), run), on='qid')
+        else:
+            scored = run(factories[name][1](True), source)
+        for column, stage in stages.items():
+            frames[f'{name}/{column}'] = run(stage >> VectorScorer(), scored)
+    if 'eclipse' in dimes:
+        notes.append(f'Eclipse negatives: the bottom 5 of the {order} of the top-{depth} candidates (the references: '
+                     'the bottom of a 1000-deep dense run).')
+    return Grid(frames, {d: factories[d][0] for d in dimes}, '', notes)
+
+
+def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, backend: str,
+                  answers: Optional[Dict[str, str]], dimes: Sequence[str], stages: Dict[str, pt.Transformer],
+                  qrels: pd.DataFrame, num_results: int, run: Runner) -> Grid:
+    """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
+    ranking of the full query vector (as in every reference)."""
+    queries = run(model.query_encoder(), topics)
+    if answers is not None:
+        queries = LlmAnswers(answers=answers)(queries)
+    retrieved = run(retriever, queries)
+    frames = {'Baseline': retrieved}
+    factories = dime_factories(qrels, model)
+    notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {num_results}).']
+    for name in dimes:
+        if name == 'oracle':
+            scored = queries.merge(oracle_importance(qrels, queries, index.vec_loader(), run), on='qid')
+        elif name in NO_FEEDBACK:
+            scored = run(factories[name][1](False), queries)
+        else:
+            scored = run((index.vec_loader() >> factories[name][1](False)).compile(), retrieved)
+        for column, stage in stages.items():
+            frames[f'{name}/{column}'] = run(stage >> retriever, scored)
+    if 'eclipse' in dimes:
+        notes.append(f'Eclipse negatives: the bottom 5 of the {num_results}-deep dense ranking.')
+    return Grid(frames, {d: factories[d][0] for d in dimes}, f'dense retrieval ({backend}, top {num_results})',
+                notes)
