@@ -73,7 +73,7 @@ class Rdime(DimensionThreshold):
         soft = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() \\
             >> Rdime(modulator='wiener') >> VectorScorer()
 
-    Paper: Faggioli et al., *Statistical Foundations of DIME: Risk Estimation for Practical Index Selection*
+    Paper: D'Erasmo et al., *Statistical Foundations of DIME: Risk Estimation for Practical Index Selection*
     (EACL 2026), Corollary 1 (``'hard'``); the soft modulators follow from the same risk model.
     """
     schematic = {'label': 'RDIME'}
