@@ -19,6 +19,11 @@ if (SHARED / 'irds').is_dir():
 os.environ['IR_DATASETS_HOME'] = str(_home / 'irds')
 
 
+def pytest_unconfigure(config):
+    """Remove the temporary homes: every test session would otherwise leave a copy of ../shared/irds in /tmp."""
+    shutil.rmtree(_home, ignore_errors=True)
+
+
 def shared_collection(name: str) -> Path:
     path = DATA / name
     if not path.is_dir():

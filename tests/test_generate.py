@@ -191,6 +191,8 @@ def test_bad_input(tmp_path, fake_generate):
         gen(pd.DataFrame({'qid': ['1']}))
     with pytest.raises(ValueError, match=r"qid '2' is nan, not text"):
         gen(pd.DataFrame({'qid': ['1', '2'], 'query': ['a', float('nan')]}))
+    with pytest.raises(ValueError, match=r"^LlmGenerator\(.*\): column 'qid' is missing .* row 1 \(query='b'\)"):
+        gen(pd.DataFrame({'qid': ['1', None], 'query': ['a', 'b']}))
     assert fake_generate == []
 
 
@@ -221,8 +223,12 @@ def test_config_repr_eq_hash(tmp_path):
 
 
 def test_cache_key_and_default_folder(tmp_path, monkeypatch):
+    gen = LlmGenerator()  # the folder is resolved when the cache is used, not at construction
+    monkeypatch.delenv('PYTERRIER_RDIME_CACHE', raising=False)
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
+    assert gen.cache_path() == tmp_path / 'xdg' / 'pyterrier_rdime' / CACHE_FILE
     monkeypatch.setenv('PYTERRIER_RDIME_CACHE', str(tmp_path / 'env-cache'))
-    assert LlmGenerator().cache_path() == tmp_path / 'env-cache' / CACHE_FILE
+    assert gen.cache_path() == tmp_path / 'env-cache' / CACHE_FILE
     greedy = LlmGenerator(max_new_tokens=5).cache_key()
     assert greedy[1:] == (LlmGenerator().prompt, '{"max_new_tokens": 5, "use_chat_template": null}')
     assert LlmGenerator(max_new_tokens=5, seed=1).cache_key() == greedy  # the seed only matters when sampling
