@@ -9,7 +9,7 @@ from ir_measures import AP, nDCG
 import pyterrier_rdime as rdime
 from pyterrier_rdime.experiment.collection import load_collection
 from pyterrier_rdime.experiment.encoders import load_encoder
-from pyterrier_rdime.experiment.runner import bm25, dense_index
+from pyterrier_rdime.experiment.indexes import bm25, dense_index
 
 NUM_QUERIES = 15
 DEPTH = 20
@@ -34,16 +34,16 @@ def test_every_dime_and_threshold_reranks_through_pt_experiment(cranfield):
              'Eclipse': rdime.EclipseDime(), 'Oracle': rdime.OracleDime(qrels=collection.qrels)}
     systems, names = [prefix >> rdime.VectorScorer()], ['Baseline']
     for label, dime in dimes.items():
-        for threshold in (rdime.TopK(k=0.6), rdime.Rdime()):
+        for threshold in (rdime.TopK(fraction=0.6), rdime.Rdime()):
             systems.append(prefix >> dime >> threshold >> index.scorer())
             names.append(f'{label} {threshold!r}')
     with pytest.warns(UserWarning, match='magnitude importance'):  # Oracle: some queries have one label only
         table = pt.Experiment(systems, collection.topics, collection.qrels, [nDCG @ 10, AP(rel=2)], names=names,
-                              precompute_prefix=True, verbose=False)
+                              plan='tree', verbose=False)
     scores = table.set_index('name')['nDCG@10']
     # recorded here: cranfield, first 15 judged queries, PISA BM25 top-20 re-scored by MiniLM
     assert scores['Baseline'] == pytest.approx(0.5152, abs=2e-3)
-    assert scores['PRF TopK()'] == pytest.approx(0.5006, abs=2e-3)
+    assert scores['PRF TopK(fraction=0.6)'] == pytest.approx(0.5006, abs=2e-3)
     assert scores['PRF Rdime()'] == pytest.approx(0.4902, abs=2e-3)
     assert scores['SWC Rdime()'] == pytest.approx(0.5094, abs=2e-3)
     # the oracle reads the judgments: it must beat the baseline clearly

@@ -193,8 +193,7 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
                   batch_size, run: Runner, verbose, timings) -> Grid:
     """The first stage (rerank mode), the dense index, and every system's result frame."""
     stages = thresholds(options.ks, options.modulators)
-    judged = collection.qrels[collection.qrels['qid'].isin(set(topics['qid']))]['docno'].unique() \
-        if 'oracle' in options.dimes else []
+    judged = _judged_documents(collection, topics, external) if 'oracle' in options.dimes else []
     if options.mode == 'rerank':
         clock = time.time()
         first, source = first_stage_results(collection, options.first_stage, options.depth, cache_dir)
@@ -212,13 +211,24 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
         dense = dense_index(collection, model, encoder, cache_dir, needed, batch_size=batch_size, verbose=verbose)
     timings['index'] = time.time() - clock
     if options.mode == 'rerank':
-        grid = rerank_grid(first, model, dense, answers, options.dimes, stages, collection.qrels, options.feedback,
-                           options.depth, run)
+        grid = rerank_grid(first, model, dense, answers, options.dimes, stages, collection.qrels, judged,
+                           options.feedback, options.depth, run)
         grid.source = source
         return grid
     return retrieve_grid(topics, model, dense, retriever(dense, options.retriever, options.num_results),
                          options.retriever, answers,
-                         options.dimes, stages, collection.qrels, options.num_results, run)
+                         options.dimes, stages, collection.qrels, judged, options.num_results, run)
+
+
+def _judged_documents(collection: Collection, topics: pd.DataFrame, external) -> List[str]:
+    """The judged documents of the queries that the corpus (or the existing index) holds: Oracle DIME correlates
+    over all of them."""
+    judged = list(collection.qrels.loc[collection.qrels['qid'].isin(set(topics['qid'])), 'docno'].unique())
+    if external is not None:
+        lookup = external.payload(return_dvecs=False)[0]
+        return [d for d, i in zip(judged, lookup.inv[judged]) if i >= 0]
+    present = {doc['docno'] for doc in collection.docs(judged)}
+    return [d for d in judged if d in present]
 
 
 def _measure_notes(measures: list, rel: Optional[int], options: Options) -> List[str]:

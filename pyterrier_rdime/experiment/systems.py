@@ -69,20 +69,21 @@ class Runner:
         return stage(frame)
 
 
-def oracle_importance(qrels: pd.DataFrame, queries: pd.DataFrame, vec_loader: pt.Transformer,
-                      run: Runner) -> pd.DataFrame:
-    """``qid, query_dime`` of Oracle DIME over **all** judged documents of each query (every qrels entry), as the
-    references compute it, not only the judged documents of the ranking."""
-    judged = qrels[qrels['qid'].isin(set(queries['qid']))][['qid', 'docno']].drop_duplicates()
-    frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged, on='qid')
+def oracle_importance(qrels: pd.DataFrame, judged_docnos: Sequence[str], queries: pd.DataFrame,
+                      vec_loader: pt.Transformer, run: Runner) -> pd.DataFrame:
+    """``qid, query_dime`` of Oracle DIME over **all** judged documents of each query (every qrels entry whose
+    document is in ``judged_docnos``, the ones the index holds), as the references compute it, not only the judged
+    documents of the ranking."""
+    judged = qrels[qrels['qid'].isin(set(queries['qid'])) & qrels['docno'].isin(set(judged_docnos))]
+    frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged[['qid', 'docno']], on='qid')
     frame = vec_loader(frame.assign(score=0.0))
     scored = run(OracleDime(qrels=qrels, keep_ranking=False), frame)
     return scored[['qid', 'query_dime']]
 
 
 def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, str]], dimes: Sequence[str],
-                stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, feedback: str, depth: int,
-                run: Runner) -> Grid:
+                stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], feedback: str,
+                depth: int, run: Runner) -> Grid:
     """Re-ranking: the first stage's top-``depth`` re-scored by the (pruned) query vector. With
     ``feedback='dense'`` (the references' protocol) the DIME feedback documents are the top of the candidates
     re-scored with the full query vector; with ``'first-stage'`` the top of the first stage's own order."""
@@ -97,11 +98,12 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, s
     notes = [f'Feedback documents: the top of the {order} of the top-{depth} candidates.']
     for name in dimes:
         if name == 'oracle':
-            scored = source.merge(oracle_importance(qrels, candidates, index.vec_loader(), run), on='qid')
+            scored = source.merge(oracle_importance(qrels, judged, candidates, index.vec_loader(), run), on='qid')
         else:
             scored = run(factories[name][1](True), source)
         for column, stage in stages.items():
             frames[f'{name}/{column}'] = run(stage >> VectorScorer(), scored)
+    notes += _oracle_notes(dimes, qrels, judged, candidates)
     if 'eclipse' in dimes:
         notes.append(f'Eclipse negatives: the bottom 5 of the {order} of the top-{depth} candidates (the references: '
                      'the bottom of a 1000-deep dense run).')
@@ -110,7 +112,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, s
 
 def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, backend: str,
                   answers: Optional[Dict[str, str]], dimes: Sequence[str], stages: Dict[str, pt.Transformer],
-                  qrels: pd.DataFrame, num_results: int, run: Runner) -> Grid:
+                  qrels: pd.DataFrame, judged: Sequence[str], num_results: int, run: Runner) -> Grid:
     """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
     ranking of the full query vector (as in every reference)."""
     queries = run(model.query_encoder(), topics)
@@ -122,14 +124,25 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {num_results}).']
     for name in dimes:
         if name == 'oracle':
-            scored = queries.merge(oracle_importance(qrels, queries, index.vec_loader(), run), on='qid')
+            scored = queries.merge(oracle_importance(qrels, judged, queries, index.vec_loader(), run), on='qid')
         elif name in NO_FEEDBACK:
             scored = run(factories[name][1](False), queries)
         else:
             scored = run((index.vec_loader() >> factories[name][1](False)).compile(), retrieved)
         for column, stage in stages.items():
             frames[f'{name}/{column}'] = run(stage >> retriever, scored)
+    notes += _oracle_notes(dimes, qrels, judged, queries)
     if 'eclipse' in dimes:
         notes.append(f'Eclipse negatives: the bottom 5 of the {num_results}-deep dense ranking.')
     return Grid(frames, {d: factories[d][0] for d in dimes}, f'dense retrieval ({backend}, top {num_results})',
                 notes)
+
+
+def _oracle_notes(dimes: Sequence[str], qrels: pd.DataFrame, judged: Sequence[str], queries: pd.DataFrame) -> list:
+    if 'oracle' not in dimes:
+        return []
+    mine = qrels[qrels['qid'].isin(set(queries['qid']))]
+    used = int(mine['docno'].isin(set(judged)).sum())
+    return [f'Oracle DIME: correlation over every judged document of the query ({used} judgments)'
+            + (f'; {len(mine) - used} judged documents are not in the corpus/index and were left out.'
+               if used < len(mine) else '.')]
