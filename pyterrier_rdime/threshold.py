@@ -6,7 +6,7 @@ import pandas as pd
 import pyterrier as pt
 
 from . import maths
-from ._config import ConfigTransformer, check_fraction, check_int
+from ._config import ConfigTransformer, check_choice, check_fraction, check_int
 from ._frames import check_same_dims, empty_frame, group_queries, per_row, stack_vectors
 
 FALLBACKS = ('full', 'top1')
@@ -80,10 +80,8 @@ class Rdime(DimensionThreshold):
     output_columns = ('query_kept', 'query_kept_frac', 'query_eps2', 'query_fallback', 'query_mean_weight')
 
     def __init__(self, *, fallback: str = 'full', modulator: str = 'hard'):
-        if fallback not in FALLBACKS:
-            raise ValueError(f'Rdime: unknown fallback {fallback!r}; expected one of {FALLBACKS}')
-        if not isinstance(modulator, str) or modulator not in maths.MODULATORS:
-            raise ValueError(f'Rdime: unknown modulator {modulator!r}; expected one of {maths.MODULATORS}')
+        check_choice('Rdime', 'fallback', fallback, FALLBACKS)
+        check_choice('Rdime', 'modulator', modulator, maths.MODULATORS)
         self.fallback = fallback
         self.modulator = modulator
 

@@ -20,7 +20,7 @@ from pyterrier_rdime.experiment.encoders import load_encoder, resolve_encoder
 from pyterrier_rdime.experiment.evaluate import significance
 from pyterrier_rdime.experiment.indexes import COMPLETE_MARKER, dense_index, existing_index, first_stage_results
 from pyterrier_rdime.experiment.report import ExperimentResult
-from pyterrier_rdime.experiment.runner import run_experiment
+from pyterrier_rdime.experiment.runner import check_options, run_experiment
 
 NUM_QUERIES = 4
 DEPTH = 12
@@ -167,7 +167,7 @@ def test_significance_marks_and_delta_against_hand_computed_values():
                              for s, vs in values.items() for q, v in zip(qids, vs)])
     aggregate = perquery.groupby(['system', 'measure'], sort=False)['value'].mean().reset_index()
     sig = significance(aggregate, perquery, ['prf'], ['RDIME'], 't').set_index('comparison')
-    # RDIME - best Top-k (k=0.8): differences [0,0,0,0,0,.1]: mean 1/60, sd sqrt(1/600): t = (1/60)/(sqrt(1/600)/sqrt(6))
+    # RDIME - best Top-k (k=0.8): differences [0,0,0,0,0,.1]: mean 1/60, sd sqrt(1/600)
     t_topk = (1 / 60) / (math.sqrt(1 / 600) / math.sqrt(6))
     p_topk = 2 * stats.t.sf(t_topk, df=5)
     # RDIME - Baseline: differences [.1,.1,.1,.1,.1,.3]: mean 2/15, sd sqrt(1/150)
@@ -244,13 +244,13 @@ def test_oracle_correlates_over_every_judged_document(tmp_path, model):
     (['--depth', '-5'], '--depth must be an integer >= 1, got -5'),
     (['--mode', 'retrieve', '--num-results', '0'], '--num-results must be an integer >= 1, got 0'),
     (['--ks', 'x'], '--ks'),
-    (['--ks', '1.5'], 'fractions of the dimensions in (0, 1]'),
+    (['--ks', '1.5'], '--ks must be a fraction in (0, 1], got 1.5'),
     (['--measures', 'Bogus@3'], "'Bogus@3' is not an ir_measures measure"),
-    (['--dimes', 'prf,magic'], "unknown DIME ['magic']"),
-    (['--modulators', 'soft'], "unknown modulator ['soft']"),
-    (['--mode', 'dense'], "--mode 'dense': choose among rerank, retrieve"),
-    (['--feedback', 'bm25'], "--feedback 'bm25': choose among dense, first-stage"),
-    (['--test', 'z'], "--test 'z'"),
+    (['--dimes', 'prf,magic'], "--dimes must be one of 'prf', 'swc', 'llm', 'rank'"),
+    (['--modulators', 'soft'], "--modulators must be one of 'james-stein', 'wiener', got 'soft'"),
+    (['--mode', 'dense'], "--mode must be one of 'rerank', 'retrieve', got 'dense'"),
+    (['--feedback', 'bm25'], "--feedback must be one of 'dense', 'first-stage', got 'bm25'"),
+    (['--test', 'z'], "--test must be one of 't', 'wilcoxon', got 'z'"),
     (['--retriever', 'torch'], '--retriever \'torch\' applies to --mode retrieve'),
     (['--first-stage', '/no/such.run'], "is not 'auto', 'bm25' or an existing TREC run file"),
     (['--workers', '0'], '--workers must be an integer >= 1'),
@@ -260,6 +260,10 @@ def test_cli_rejects_bad_options_before_any_work(argv, message, mini, tmp_path, 
     assert main([str(mini), '--cache', str(tmp_path / 'cache'), '--out', str(tmp_path / 'out')] + argv) == 2
     assert message in capsys.readouterr().err
     assert time.time() - start < 5  # no model was loaded
+
+
+def test_topk_values_are_fractions_even_as_integers():
+    assert check_options(ks=[1, 0.5]).ks == [1.0, 0.5]  # 1 is the whole query, not one dimension
 
 
 def test_cli_rejects_unusable_folders_before_any_work(mini, tmp_path, capsys):

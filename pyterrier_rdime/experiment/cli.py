@@ -100,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     args = _parser().parse_args(argv)
     _quiet_libraries(verbose=not args.quiet)
-    from .._config import default_cache_dir
+    from .._config import check_int, default_cache_dir
     from .runner import check_options, run_experiment
     start = time.time()
     out = Path(args.out)
@@ -116,8 +116,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_options(**settings)
         check_writable('--out', out)
         check_writable('--cache', cache)
-        if args.workers < 1:
-            raise ValueError(f'--workers must be an integer >= 1, got {args.workers}')
+        check_int('rdime-experiment', '--workers', args.workers, 1)
         backend = _parallel_backend(args.workers, args.ray_address)
         result = run_experiment(
             args.collection, encoder=args.encoder, rel=args.rel, measures=_split(args.measures) or None,

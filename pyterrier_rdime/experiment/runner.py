@@ -1,7 +1,6 @@
 """The paper's comparison as one call: Baseline, and for each DIME each Top-k and RDIME, through pt.Experiment,
 in the reference implementations' protocol."""
 import logging
-import numbers
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +8,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import pandas as pd
 
-from .._config import check_int, default_cache_dir
+from .._config import check_choice, check_fraction, check_int, default_cache_dir
 from ..generate import LlmGenerator
 from ..llm import read_answers_tsv
 from . import evaluate as ev
@@ -33,6 +32,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_DIMES = ('prf', 'swc', 'llm')
 DEFAULT_KS = (0.4, 0.6, 0.8)
 MODES = ('rerank', 'retrieve')
+STAGE = 'rdime-experiment'
 
 
 @dataclass
@@ -57,31 +57,26 @@ def check_options(*, mode: str = 'rerank', first_stage: str = 'auto', dimes: Seq
                   test: str = 't', depth: int = 100, num_results: int = 1000,
                   max_queries: Optional[int] = None) -> Options:
     """Validates the options of :func:`run_experiment`; each error names the option and the fix."""
-    for option, value, choices in (('mode', mode, MODES), ('feedback', feedback, FEEDBACKS),
-                                   ('retriever', retriever, tuple(RETRIEVERS)), ('test', test, ev.TESTS)):
-        if value not in choices:
-            raise ValueError(f'--{option} {value!r}: choose among {", ".join(choices)}')
-    unknown = [d for d in dimes if d not in DIME_NAMES]
-    if unknown or not dimes:
-        raise ValueError(f'--dimes: unknown DIME {unknown}; choose among {", ".join(DIME_NAMES)}' if unknown else
-                         f'--dimes: no DIME given; choose among {", ".join(DIME_NAMES)}')
-    unknown = [m for m in modulators if m not in MODULATORS]
-    if unknown:
-        raise ValueError(f'--modulators: unknown modulator {unknown}; choose among {", ".join(MODULATORS)}')
+    for option, value, choices in (('--mode', mode, MODES), ('--feedback', feedback, FEEDBACKS),
+                                   ('--retriever', retriever, tuple(RETRIEVERS)), ('--test', test, ev.TESTS)):
+        check_choice(STAGE, option, value, choices)
+    if not dimes:
+        raise ValueError(f'{STAGE}: --dimes is empty; choose among {", ".join(DIME_NAMES)}')
+    for dime in dimes:
+        check_choice(STAGE, '--dimes', dime, DIME_NAMES)
+    for modulator in modulators:
+        check_choice(STAGE, '--modulators', modulator, tuple(MODULATORS))
     for k in ks:
-        if isinstance(k, bool) or not isinstance(k, numbers.Real) or isinstance(k, numbers.Integral) \
-                or not 0 < k <= 1:
-            raise ValueError(f'--ks: Top-k values are fractions of the dimensions in (0, 1], got {k!r} '
-                             '(for example 0.4,0.6,0.8)')
-    check_int('rdime-experiment', '--depth', depth, 1)
-    check_int('rdime-experiment', '--num-results', num_results, 1)
+        check_fraction(STAGE, '--ks', k, hint='Top-k values are fractions of the dimensions, e.g. 0.4,0.6,0.8')
+    check_int(STAGE, '--depth', depth, 1)
+    check_int(STAGE, '--num-results', num_results, 1)
     if max_queries is not None:
-        check_int('rdime-experiment', '--max-queries', max_queries, 1)
+        check_int(STAGE, '--max-queries', max_queries, 1)
     if mode == 'rerank' and retriever != 'numpy':
-        raise ValueError(f'--retriever {retriever!r} applies to --mode retrieve; re-ranking re-scores the '
+        raise ValueError(f'{STAGE}: --retriever {retriever!r} applies to --mode retrieve; re-ranking re-scores the '
                          'candidates with the vectors of the index')
     if first_stage not in ('auto', 'bm25') and not Path(first_stage).is_file():
-        raise ValueError(f"--first-stage {first_stage!r} is not 'auto', 'bm25' or an existing TREC run file")
+        raise ValueError(f"{STAGE}: --first-stage {first_stage!r} is not 'auto', 'bm25' or an existing TREC run file")
     if retriever.startswith('faiss-'):
         require_faiss()
     return Options(mode, str(first_stage), list(dict.fromkeys(dimes)), [float(k) for k in ks],
