@@ -1,0 +1,268 @@
+"""The dimension-major ``(dims, docs)`` float32 copy of an index that :class:`PrunedRetriever` reads.
+
+For a FlexIndex there is one copy per index, on disk: ``rdime.dim_major.npy`` in the index folder (or, when the folder
+is read-only, in the cache folder under a name keyed by the index's path and size), memory-mapped read-only, so every
+retriever on the index, in every process, shares the operating system's page cache instead of holding its own copy.
+It is built once, streaming the index in blocks of documents (bounded memory), into a temporary file renamed into
+place only when complete and flushed: an interrupted build leaves nothing that a later run would open. An array index
+gets an in-memory copy instead.
+"""
+import contextlib
+import hashlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import pyterrier as pt
+
+from .._config import default_cache_dir
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: builds in two processes may then both run (each result is valid)
+    fcntl = None
+
+LAYOUT_NAME = 'rdime.dim_major.npy'
+#: Documents per block when building: ``2 x block x dims x 4`` bytes of memory (200 MiB for 768 dimensions).
+BUILD_BLOCK = 32768
+
+_REGISTRY_LOCK = threading.Lock()
+_BUILD_LOCKS: Dict[Path, threading.Lock] = {}
+_OPEN: Dict[Path, Tuple[Tuple[int, int], np.ndarray]] = {}
+
+
+class Layout:
+    """The dimension-major matrix and the docnos of one index, opened (or built) on first use. Thread-safe: two threads
+    asking at once get the same matrix, built once. Pickles without the matrix (a memory map, or a copy that the
+    other side rebuilds), so a worker process reopens the shared file.
+
+    Args:
+        index: a pyterrier-dr ``FlexIndex`` or a ``(docs, dims)`` array.
+        docnos: with an array index, the docno of each row (default: the row number as a string).
+        stage: the name used in error messages.
+        verbose: show a progress bar while a layout is built.
+    """
+
+    def __init__(self, index: object, *, docnos: Optional[Sequence[str]] = None, stage: str = 'PrunedRetriever',
+                 verbose: bool = False):
+        self.index = index
+        self.docnos = docnos
+        self.stage = stage
+        self.verbose = verbose
+        self._lock = threading.Lock()
+        self._matrix: Optional[np.ndarray] = None
+        self._docno_array: Optional[np.ndarray] = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state['index'] = portable_index(self.index)
+        for transient in ('_lock', '_matrix', '_docno_array'):
+            state.pop(transient)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._matrix = None
+        self._docno_array = None
+
+    @property
+    def is_array(self) -> bool:
+        return isinstance(self.index, np.ndarray)
+
+    def matrix(self) -> np.ndarray:
+        """The ``(dims, docs)`` float32 C-contiguous matrix."""
+        if self._matrix is None:
+            with self._lock:
+                if self._matrix is None:
+                    if self.is_array:
+                        self._matrix = dimension_major(self.index, docnos=self.docnos, stage=self.stage)
+                    else:
+                        self._matrix = open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)
+        return self._matrix
+
+    def lookup_docnos(self, docids: np.ndarray) -> np.ndarray:
+        """The docnos of these docids, as an object array."""
+        if not self.is_array:
+            docnos = self.index.payload(return_dvecs=False)[0]
+            return np.asarray(docnos.fwd[docids], dtype=object)
+        if self.docnos is None:
+            return docids.astype(str).astype(object)
+        if self._docno_array is None:
+            self._docno_array = np.asarray(self.docnos, dtype=object)
+        return self._docno_array[docids]
+
+
+def portable_index(index: object) -> object:
+    """The index as it should travel to another process: a FlexIndex reopened by path (pickling a FlexIndex whose
+    vectors are open would copy them all, as a plain array), an array as it is."""
+    if isinstance(index, np.ndarray) or not hasattr(index, 'index_path'):
+        return index
+    return type(index)(str(index.index_path), sim_fn=index.sim_fn, verbose=index.verbose)
+
+
+def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None, stage: str = 'PrunedRetriever',
+                    block: Optional[int] = None) -> np.ndarray:
+    """An in-memory ``(dims, docs)`` float32 C-contiguous copy of ``(docs, dims)`` vectors (a view when ``vecs`` is
+    already a Fortran-ordered float32 array), filled block by block; fails on a document with NaN or inf values."""
+    docs, dims = vecs.shape
+    block = block or BUILD_BLOCK
+    if vecs.dtype == np.float32 and vecs.flags.f_contiguous:
+        for start in range(0, docs, block):
+            _check_finite(vecs[start:start + block], start, docnos, stage, 'the array index')
+        return vecs.T
+    out = np.empty((dims, docs), dtype=np.float32)
+    for start in range(0, docs, block):
+        rows = np.asarray(vecs[start:start + block], dtype=np.float32)
+        _check_finite(rows, start, docnos, stage, 'the array index')
+        out[:, start:start + len(rows)] = rows.T
+    return out
+
+
+def flex_layout_path(index: object) -> Path:
+    """Where the layout of a FlexIndex is (or will be) stored: in the index folder if a layout is there or the folder
+    is writable, else in ``default_cache_dir()/layouts`` under a name keyed by the index's resolved path and size."""
+    folder = Path(index.index_path)
+    beside = folder / LAYOUT_NAME
+    if beside.exists() or os.access(folder, os.W_OK):
+        return beside
+    source = folder / 'vecs.f4'
+    key = hashlib.sha1(f'{folder.resolve()}:{source.stat().st_size}'.encode()).hexdigest()[:16]
+    return default_cache_dir() / 'layouts' / f'{folder.name}-{key}.npy'
+
+
+def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever', verbose: bool = False) -> np.ndarray:
+    """The read-only memory-mapped layout of a FlexIndex, built first if it is missing or older than the index's
+    vectors. Every caller in this process gets the same array; concurrent builds (threads, or processes where
+    ``fcntl`` exists) wait for the first one and then open its file."""
+    meta = index.payload(return_dvecs=False, return_docnos=False)[0]
+    shape = (int(meta['vec_size']), int(meta['doc_count']))
+    source = Path(index.index_path) / 'vecs.f4'
+    path = flex_layout_path(index)
+    with _REGISTRY_LOCK:
+        build_lock = _BUILD_LOCKS.setdefault(path, threading.Lock())
+    with build_lock:
+        with _REGISTRY_LOCK:
+            opened = _OPEN.get(path)
+        if opened is not None and _is_valid(path, shape, source) and opened[0] == _identity(path):
+            return opened[1]
+        if not _is_valid(path, shape, source):
+            with _exclusive(source):  # another process may be building it: wait, then look again
+                if not _is_valid(path, shape, source):
+                    for stale in path.parent.glob(f'.{path.name}.*.tmp'):  # from a killed build: no one writes it now
+                        stale.unlink(missing_ok=True)
+                    docnos, vecs, _ = index.payload()
+                    build_layout(vecs, path, docnos=docnos.fwd, stage=stage, source=str(index.index_path),
+                                 verbose=verbose)
+        matrix = np.load(path, mmap_mode='r')
+        with _REGISTRY_LOCK:
+            _OPEN[path] = (_identity(path), matrix)
+        return matrix
+
+
+def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = None, stage: str = 'PrunedRetriever',
+                 source: str = 'the index', block: Optional[int] = None, verbose: bool = False) -> Path:
+    """Write the ``(dims, docs)`` float32 ``.npy`` layout of ``(docs, dims)`` vectors to ``path``, reading ``block``
+    documents at a time (a memory-mapped source is read with plain file reads, so its pages do not pile up in this
+    process). The file appears under its name only once complete and flushed to disk.
+
+    Raises:
+        ValueError: a document has a NaN or infinite value (named by its docno): it would score NaN, and a NaN score
+            cannot be ranked against real ones.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    docs, dims = vecs.shape
+    block = block or BUILD_BLOCK
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as out:
+            np.lib.format.write_array_header_1_0(out, {'descr': '<f4', 'fortran_order': False, 'shape': (dims, docs)})
+            header = out.tell()
+            out.truncate(header + dims * docs * 4)
+            out.flush()
+            progress = pt.tqdm(total=docs, desc=f'{stage} layout', unit='doc') if verbose and docs else None
+            with _row_reader(vecs) as read_rows:
+                for start in range(0, docs, block):
+                    rows = read_rows(start, min(docs, start + block))
+                    _check_finite(rows, start, docnos, stage, source)
+                    columns = np.ascontiguousarray(rows.T)
+                    for dim in range(dims):
+                        os.pwrite(out.fileno(), columns[dim], header + (dim * docs + start) * 4)
+                    if progress is not None:
+                        progress.update(len(rows))
+            if progress is not None:
+                progress.close()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def _row_reader(vecs: np.ndarray):
+    """``read(start, stop) -> (stop - start, dims) float32`` rows of ``vecs``; a C-ordered float32 memory map is
+    read through its file."""
+    filename = getattr(vecs, 'filename', None)
+    if isinstance(vecs, np.memmap) and filename and vecs.dtype == np.float32 and vecs.flags.c_contiguous:
+        row_bytes = vecs.shape[1] * 4
+        with open(filename, 'rb') as f:
+            def read(start: int, stop: int) -> np.ndarray:
+                rows = np.empty((stop - start, vecs.shape[1]), dtype=np.float32)
+                f.seek(vecs.offset + start * row_bytes)
+                if f.readinto(memoryview(rows).cast('B')) != rows.nbytes:
+                    raise OSError(f'{filename} ended before document {stop}: the index is truncated')
+                return rows
+            yield read
+    else:
+        yield lambda start, stop: np.asarray(vecs[start:stop], dtype=np.float32)
+
+
+def _check_finite(rows: np.ndarray, start: int, docnos: Optional[object], stage: str, source: str) -> None:
+    finite = np.isfinite(rows).all(axis=1)
+    if not finite.all():
+        docid = start + int(np.argmin(finite))
+        docno = str(docid) if docnos is None else str(docnos[docid])
+        raise ValueError(f'{stage}: document {docno!r} (docid {docid}) of {source} has NaN or infinite values in its '
+                         'vector: it would score NaN, which cannot be ranked against real scores; re-encode it or '
+                         'rebuild the index without it')
+
+
+def _identity(path: Path) -> Tuple[int, int]:
+    stat = path.stat()
+    return stat.st_ino, stat.st_mtime_ns
+
+
+def _is_valid(path: Path, shape: Tuple[int, int], source: Path) -> bool:
+    """A complete layout of this shape, written after the index's vectors were (a rebuilt index is newer)."""
+    try:
+        if path.stat().st_mtime_ns < source.stat().st_mtime_ns:
+            return False
+        with open(path, 'rb') as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            got_shape, fortran, dtype = read_header(f)
+            complete = path.stat().st_size == f.tell() + shape[0] * shape[1] * 4
+    except (OSError, ValueError):
+        return False
+    return complete and tuple(got_shape) == shape and not fortran and dtype == np.dtype('<f4')
+
+
+@contextlib.contextmanager
+def _exclusive(source: Path):
+    """An exclusive lock across processes, held on the index's vector file (opened read-only, left unchanged)."""
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    with open(source, 'rb') as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -1,0 +1,173 @@
+"""The PrunedRetriever transformer: exact dense retrieval that scores only the dimensions a pruned query keeps."""
+import numbers
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+from .._config import ConfigTransformer
+from .._frames import empty_frame
+from . import cost, kernels
+from .layout import Layout, portable_index
+
+STRATEGIES = ('auto', 'pruned', 'dense')
+
+
+class PrunedRetriever(ConfigTransformer):
+    """Exact inner-product retrieval of the top ``num_results`` documents for pruned queries, scoring only the kept
+    dimensions of each query: the speed-up RDIME / Top-k pruning promises, with the same ranking as scoring every
+    dimension with the zeroed query (:class:`pyterrier_rdime.Rdime` sets dropped dimensions of ``query_vec`` to 0).
+
+    The kept set of a query is the set of non-zero entries of its ``query_vec`` (a kept dimension whose value is
+    exactly 0 contributes nothing, so skipping it is exact). The documents are read from a dimension-major
+    ``(dims, docs)`` float32 copy of the index, so that the values of one dimension are contiguous:
+
+    - for a ``FlexIndex``, one copy per index on disk (``rdime.dim_major.npy`` in the index folder, or in
+      ``$PYTERRIER_RDIME_CACHE/layouts`` when the folder is read-only), built on first use by streaming the index in
+      blocks (``docs x dims x 4`` bytes of disk, ~200 MiB of memory; a progress bar when ``verbose``), then
+      memory-mapped: every ``PrunedRetriever`` on the index, in every process, shares it (and the page cache);
+    - for a ``(docs, dims)`` array, an in-memory copy held by this retriever and its ``% k`` variants (pass a
+      Fortran-ordered float32 array to share its memory instead).
+
+    A document whose vector holds NaN or inf is an error when the copy is built (it would score NaN).
+
+    Two exact scoring paths; ``strategy`` picks one:
+
+    - ``'pruned'``: a compiled kernel (numba) reads only the kept rows of the matrix, in one pass over blocks of the
+      score vector that stay in the CPU cache, with the top-k selection fused, parallel over blocks of documents on
+      every core numba may use. A batch is scored query after query, or in one pass that reads the union of its kept
+      rows once (whichever the cost model finds cheaper). Without numba, a pure-numpy version gives the same
+      ranking, more slowly.
+    - ``'dense'``: every dimension of the zeroed query with BLAS: one ``gemv`` per query below 4 queries, else one
+      matrix product per ``batch_size`` queries and block of documents.
+    - ``'auto'`` (default): per call, the path of lower estimated cost (:mod:`pyterrier_rdime.pruned.cost`, fitted
+      on the benchmark), and ``'dense'`` without numba or for a matrix under 16 MiB (it sits in the CPU caches).
+
+    Both paths return the same documents up to floating-point ties: scores agree to float32 summation-order
+    precision (~1e-6 relative), so documents whose scores differ by less than that may swap or, at the cut-off,
+    differ. Exact ties go to the lower docid on both paths.
+
+    The retriever pickles without its matrix (a worker of ``.parallel()`` reopens the shared file, or rebuilds the
+    in-memory copy of an array index) and is safe to call from several threads.
+
+    Args:
+        index: a pyterrier-dr ``FlexIndex`` (inner product) or a ``(docs, dims)`` float array of document vectors.
+        num_results: documents returned per query.
+        docnos: with an array ``index``, the docno of each row (default: the row number as a string).
+        strategy: ``'auto'``, ``'pruned'`` or ``'dense'`` (see above).
+        batch_size: queries per matrix product on the dense path.
+        drop_query_vec: drop ``query_vec`` from the output.
+        verbose: show a progress bar while the on-disk copy of a FlexIndex is built.
+
+    Input columns: ``qid, query_vec`` (a query frame, e.g. the output of ``PrfDime(keep_ranking=False) >> Rdime()``).
+    Output columns: the input's plus ``docno, docid, score, rank`` (as pyterrier-dr's retrievers), ``num_results``
+    rows per query, sorted by query and descending score.
+
+    The saving is on the pruned search itself: feedback for the DIME should come from a cheap first stage (BM25, an
+    approximate index) or none at all (LLM DIME), not from a second exhaustive dense search.
+
+    Example::
+
+        index = pyterrier_dr.FlexIndex('msmarco.flex')
+        pipe = bm25 % 10 >> model.query_encoder() >> index.vec_loader() >> PrfDime(keep_ranking=False) >> Rdime() \\
+            >> PrunedRetriever(index=index, num_results=1000)
+        pipe.search('what is a dense retriever')  # one query: only its kept dimensions of the index are read
+    """
+    schematic = {'label': 'PrunedRetriever'}
+
+    def __init__(self, *, index: object, num_results: int = 1000, docnos: Optional[Sequence[str]] = None,
+                 strategy: str = 'auto', batch_size: int = 64, drop_query_vec: bool = False, verbose: bool = False):
+        name = type(self).__name__
+        for arg, value in (('num_results', num_results), ('batch_size', batch_size)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ValueError(f'{name}: {arg} must be an integer >= 1, got {value!r}')
+        if strategy not in STRATEGIES:
+            raise ValueError(f'{name}: unknown strategy {strategy!r}; expected one of {STRATEGIES}')
+        if isinstance(index, np.ndarray):
+            if index.ndim != 2 or not index.size:
+                raise ValueError(f'{name}: an array index must be a non-empty (docs, dims) matrix, got shape '
+                                 f'{index.shape}')
+            if docnos is not None and len(docnos) != index.shape[0]:
+                raise ValueError(f'{name}: docnos has {len(docnos)} entries but the index has {index.shape[0]} rows')
+        elif callable(getattr(index, 'payload', None)) and hasattr(index, 'index_path'):
+            if docnos is not None:
+                raise ValueError(f'{name}: docnos is only for an array index; a FlexIndex has its own docnos')
+            sim_fn = getattr(getattr(index, 'sim_fn', None), 'value', 'dot')
+            if sim_fn != 'dot':
+                raise ValueError(f"{name}: only inner-product indexes are supported, {index!r} has sim_fn="
+                                 f"{sim_fn!r}; open it with FlexIndex(path, sim_fn='dot')")
+        else:
+            raise ValueError(f'{name}: index must be a pyterrier_dr.FlexIndex or a (docs, dims) numpy array, got '
+                             f'{type(index).__name__}')
+        self.index = index
+        self.num_results = num_results
+        self.docnos = docnos
+        self.strategy = strategy
+        self.batch_size = batch_size
+        self.drop_query_vec = drop_query_vec
+        self.verbose = verbose
+        self._layout = Layout(index, docnos=docnos, stage=name, verbose=verbose)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state['index'] = portable_index(self.index)  # a FlexIndex by path: its open vectors must not travel
+        return state
+
+    def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
+        """``PrunedRetriever(num_results=n) % k`` with ``k < n`` is the retriever with ``num_results=k``, sharing this
+        one's matrix."""
+        if k < self.num_results:
+            fused = PrunedRetriever(index=self.index, num_results=k, docnos=self.docnos, strategy=self.strategy,
+                                    batch_size=self.batch_size, drop_query_vec=self.drop_query_vec,
+                                    verbose=self.verbose)
+            fused._layout = self._layout
+            return fused
+        return None
+
+    def dim_major(self) -> np.ndarray:
+        """The ``(dims, docs)`` float32 C-contiguous document matrix (opened or built on first use)."""
+        return self._layout.matrix()
+
+    def choose_strategy(self, query_vecs: np.ndarray) -> str:
+        """The path this retriever takes for these (already pruned) query vectors (n, dims)."""
+        if self.strategy != 'auto':
+            return self.strategy
+        return cost.choose_path(query_vecs, self.dim_major().nbytes, kernels.NUMBA_AVAILABLE)
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)
+        columns = [c for c in inp.columns if not (self.drop_query_vec and c == 'query_vec')]
+        columns += [c for c in ('docno', 'docid', 'score', 'rank') if c not in columns]
+        if not len(inp):
+            return empty_frame(inp, columns)
+        inp = inp.reset_index(drop=True)
+        query_vecs = self._stack_queries(inp)
+        matrix = self.dim_major()
+        if self.choose_strategy(query_vecs) == 'pruned':
+            scores, docids = kernels.search_pruned(matrix, query_vecs, self.num_results)
+        else:
+            scores, docids = kernels.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
+        counts = np.array([len(d) for d in docids])
+        flat_ids = np.concatenate(docids).astype(np.int64)
+        out = inp.iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
+        out = out.assign(docno=self._layout.lookup_docnos(flat_ids), docid=flat_ids,
+                         score=np.concatenate(scores).astype(np.float64),
+                         rank=np.concatenate([np.arange(c) for c in counts]))
+        return out[columns]
+
+    def _stack_queries(self, inp: pd.DataFrame) -> np.ndarray:
+        values = inp['query_vec'].to_numpy()
+        dims = self.dim_major().shape[0]
+        bad = [i for i, v in enumerate(values) if np.ndim(v) != 1 or np.size(v) != dims]
+        if bad:
+            row = bad[0]
+            raise ValueError(f'{self}: query_vec of qid={inp["qid"].iloc[row]!r} has shape {np.shape(values[row])}, '
+                             f'but the index holds {dims}-dimensional vectors; encode the queries with the model '
+                             'of the index')
+        query_vecs = np.stack(values).astype(np.float32, copy=False)
+        finite = np.isfinite(query_vecs).all(axis=1)
+        if not finite.all():
+            raise ValueError(f'{self}: query_vec of qid={inp["qid"].iloc[int(np.argmin(finite))]!r} holds NaN or '
+                             'inf; check the encoder and the DIME / threshold stages before this one')
+        return query_vecs
