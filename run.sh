@@ -26,6 +26,6 @@ command=${1:-experiment}
 case "$command" in
   experiment) exec .venv/bin/rdime-experiment "$@" ;;
   test) exec .venv/bin/pytest "$@" ;;
-  benchmark) exec .venv/bin/python benchmarks/bench_rdime.py "$@" ;;
+  benchmark) exec .venv/bin/python benchmarks/run.py "$@" ;;
   *) echo "usage: ./run.sh [experiment|test|benchmark] [arguments...]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,144 @@
+"""Shared helpers of the benchmarks: environment, interleaved timing with min / median / spread, tables, machine
+description, thread settings, and the cached synthetic corpus."""
+import json
+import os
+import platform
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+os.environ.setdefault('TQDM_DISABLE', '1')  # pyterrier-dr's scorer always draws a progress bar
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+for _var in ('IR_DATASETS_HOME', 'PYTERRIER_HOME'):  # pyterrier-pisa writes folders there on import
+    os.environ.setdefault(_var, tempfile.mkdtemp(prefix=f'bench-rdime-{_var.lower()}-'))
+
+import numpy as np  # noqa: E402
+
+from pyterrier_rdime._config import default_cache_dir  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_COLLECTION = ROOT.parent / 'shared' / 'data' / 'msmarco-dl19-pool'
+DEFAULT_CACHE = default_cache_dir() / 'benchmarks'
+
+
+def log(*parts) -> None:
+    print(*parts, flush=True)
+
+
+def timed(fn: Callable):
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+def interleaved(fns: Dict[str, Callable], rounds: int) -> Dict[str, List[float]]:
+    """Run each function once per round, rotating the order each round (no side always runs first, after the same
+    neighbour); returns name -> seconds of each round."""
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            times[n].append(timed(fns[n])[0])
+    return times
+
+
+def ratio_stats(base: List[float], new: List[float]) -> Dict[str, float]:
+    """Speed-up of ``new`` over ``base`` from interleaved rounds: the ratio of the minima (the least disturbed
+    round of each side), the median of the per-round ratios and their interquartile range (the spread)."""
+    per_round = np.asarray(base) / np.asarray(new)
+    return {'min': float(np.min(base) / np.min(new)), 'median': float(np.median(per_round)),
+            'q1': float(np.quantile(per_round, 0.25)), 'q3': float(np.quantile(per_round, 0.75))}
+
+
+def fmt_ratio(stats: Dict[str, float]) -> str:
+    return f'{stats["min"]:.2f}× (median {stats["median"]:.2f}×, IQR {stats["q1"]:.2f}–{stats["q3"]:.2f})'
+
+
+def table(rows, header) -> str:
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join('---' for _ in header) + '|']
+    lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
+    return '\n'.join(lines)
+
+
+def max_rss_gib(children: bool = False) -> float:
+    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
+    return resource.getrusage(who).ru_maxrss / 2 ** 20
+
+
+def machine() -> dict:
+    model = platform.processor()
+    try:
+        for line in open('/proc/cpuinfo'):
+            if line.startswith('model name'):
+                model = line.split(':', 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2 ** 30
+    return {'cpu': model, 'cores': os.cpu_count(), 'memory': f'{memory:.0f} GiB', 'python': platform.python_version(),
+            'numpy': np.__version__, 'load_average_at_start': os.getloadavg()}
+
+
+def describe_machine(info: dict, threads: int) -> str:
+    return (f'machine: {info["cpu"]}, {info["cores"]} cores, {info["memory"]}; Python {info["python"]}, numpy '
+            f'{info["numpy"]}; {threads} thread(s) for BLAS and numba alike; load average at start '
+            f'{", ".join(f"{x:.1f}" for x in info["load_average_at_start"])}')
+
+
+def set_threads(threads: int):
+    """The same number of threads for BLAS (the dense path) and numba (the pruned path); returns the BLAS limiter
+    (keep it alive; ``.unregister()`` to undo)."""
+    from threadpoolctl import threadpool_limits
+    try:
+        import numba
+        numba.set_num_threads(threads)
+    except ImportError:
+        pass
+    return threadpool_limits(threads, user_api='blas')
+
+
+def write_json(path: Path, info: dict, args, results: dict) -> None:
+    info['load_average_at_end'] = os.getloadavg()
+    path.write_text(json.dumps({'machine': info, 'args': {k: str(v) for k, v in vars(args).items()}, **results},
+                               indent=1, default=float))
+
+
+def synthetic_flex_index(cache: Path, docs: int, dims: int, seed: int = 42):
+    """A FlexIndex of ``docs`` unit-norm float32 vectors shaped like sentence embeddings (a shared mean direction,
+    per-dimension scales spread log-normally, documents clustered around topics of ~100), cached under ``cache``
+    and written straight in the FlexIndex format, in chunks. Returns ``(index, generator state)``: the topic centres,
+    mean and scales, to draw queries from the same distribution."""
+    from pyterrier_dr import FlexIndex
+    path = cache / f'synthetic-{docs}x{dims}-seed{seed}.flex'
+    rng = np.random.default_rng(seed)
+    scale = np.exp(0.5 * rng.standard_normal(dims)).astype(np.float32)
+    scale /= np.sqrt(np.mean(scale ** 2))
+    mean = (rng.standard_normal(dims) * scale).astype(np.float32)
+    mean *= 0.6 / np.linalg.norm(mean)
+    topics = max(1, docs // 100)
+    centres = rng.standard_normal((topics, dims), dtype=np.float32) * scale
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    state = {'centres': centres, 'mean': mean, 'scale': scale}
+    if (path / 'pt_meta.json').is_file():
+        return FlexIndex(str(path), verbose=False), state
+    import npids
+    tmp = path.with_name(path.name + '.tmp')
+    tmp.mkdir(parents=True, exist_ok=True)
+    topic_of = rng.integers(0, topics, size=docs)
+    with open(tmp / 'vecs.f4', 'wb') as out:
+        for start in range(0, docs, 65536):
+            end = min(docs, start + 65536)
+            block = rng.standard_normal((end - start, dims), dtype=np.float32)
+            block *= scale
+            block *= 0.9 / np.linalg.norm(block, axis=1, keepdims=True)
+            block += mean
+            block += centres[topic_of[start:end]]
+            block /= np.linalg.norm(block, axis=1, keepdims=True)
+            out.write(block.tobytes())
+    npids.Lookup.build((f'doc{i}' for i in range(docs)), tmp / 'docnos.npids')
+    (tmp / 'pt_meta.json').write_text(json.dumps({'type': 'dense_index', 'format': 'flex', 'vec_size': dims,
+                                                  'doc_count': docs}))
+    os.replace(tmp, path)
+    return FlexIndex(str(path), verbose=False), state

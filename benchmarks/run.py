@@ -1,0 +1,44 @@
+#!/usr/bin/env python
+"""Runs the benchmarks: ``python benchmarks/run.py [all|overhead|estimators|search|layout] [options of that one]``.
+
+One script per question, each printing ratios measured side by side in one run, repetitions interleaved:
+
+- ``overhead``: what RDIME adds to a re-ranking pipeline on the DL19 pool;
+- ``estimators``: queries/s of the vectorised DIME + RDIME stages against a per-query loop;
+- ``search``: exact retrieval scoring only the kept dimensions (PrunedRetriever) against every dimension;
+- ``layout``: time and memory to build the on-disk dimension-major layout, projected to MS MARCO.
+
+``all`` (the default, ``./run.sh benchmark``) runs the four with their defaults (~12 min on a shared 2-core machine
+once the caches exist; the first run also builds a 1M x 768 synthetic index and its layout, ~2 min, and encodes the
+DL19 pool, ~2.5 min).
+"""
+import sys
+
+import estimators
+import layout
+import overhead
+import search
+
+SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    name = argv[0] if argv and not argv[0].startswith('-') else 'all'
+    rest = argv[1:] if argv and name == argv[0] else argv
+    if name in ('-h', '--help') or (name != 'all' and name not in SCRIPTS):
+        print(__doc__, file=sys.stderr)
+        return 0 if name in ('-h', '--help') else 2
+    if name != 'all':
+        return SCRIPTS[name].main(rest)
+    if rest:
+        print('run.py all takes no options; run one benchmark to pass options to it', file=sys.stderr)
+        return 2
+    for script in SCRIPTS.values():
+        script.main(['--docs', '1000000'] if script is layout else [])
+        print(flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

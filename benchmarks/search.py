@@ -1,0 +1,263 @@
+#!/usr/bin/env python
+"""How much faster is exact retrieval with pruned queries when only the kept dimensions are scored?
+
+Exact top-100 over a seeded synthetic FlexIndex (default 1M x 768 float32, shaped like sentence embeddings, cached
+on disk) through ``PrunedRetriever``'s on-disk dimension-major layout: the compiled pruned kernel against the dense
+path (BLAS over every dimension with the zeroed query), with the same number of threads on both sides, repetitions
+interleaved. Queries: PRF DIME (M = 2) from the exact top-10, then RDIME or Top-k at 25/35/50/75 % kept.
+
+1. one query at a time: speed-up by kept fraction (min over rounds, median and IQR of the per-round ratios);
+2. batches of 8 and 64 queries: the pruned path and ``strategy='auto'`` against one dense matrix product per batch
+   (the dense path, top-k included; the bare product without top-k is shown too);
+3. exactness: the pruned top-100 against the dense one, identical / differing only by float ties / mismatched;
+4. ``--fit``: timings over a grid of kept fractions and batch sizes, and the cost-model constants they give
+   (``pyterrier_rdime/pruned/cost.py``);
+5. the real DL19 pool vectors (MiniLM, 4.3k x 384; skipped without ../shared/data): exactness and auto's choice on a
+   matrix that sits in the caches.
+
+Usage (from the repository root)::
+
+    python benchmarks/run.py search                      # 1M x 768, ~6 min after the first run (+2 min to build)
+    python benchmarks/run.py search --docs 200000        # a quick check
+    python benchmarks/run.py search --fit --json out.json
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import common  # first: it sets the environment (offline hub, temporary PyTerrier homes)
+import numpy as np
+import pandas as pd
+from common import fmt_ratio, interleaved, log, ratio_stats, table, timed
+
+from pyterrier_rdime import PrfDime, PrunedRetriever, Rdime, TopK
+from pyterrier_rdime.pruned import cost, kernels
+
+K = 100
+
+
+def make_queries(state: dict, n: int, seed: int = 7) -> np.ndarray:
+    """Queries from the corpus distribution: a topic centre plus noise, unit norm."""
+    rng = np.random.default_rng(seed)
+    centres, mean, scale = state['centres'], state['mean'], state['scale']
+    noise = rng.standard_normal((n, len(mean))).astype(np.float32) * scale
+    raw = mean + centres[rng.integers(0, len(centres), size=n)] + 0.9 * noise / np.linalg.norm(noise, axis=1,
+                                                                                              keepdims=True)
+    return (raw / np.linalg.norm(raw, axis=1, keepdims=True)).astype(np.float32)
+
+
+def pruned_query_sets(index, matrix: np.ndarray, raw: np.ndarray, fractions) -> dict:
+    """PRF DIME from the exact top-10 of each raw query, then each threshold: name -> (n, dims) pruned queries."""
+    qframe = pd.DataFrame({'qid': [f'q{i}' for i in range(len(raw))], 'query': 'text', 'query_vec': list(raw)})
+    feedback = (PrunedRetriever(index=index, num_results=10, strategy='dense') >> index.vec_loader())(qframe)
+    scored = PrfDime(keep_ranking=False)(feedback)
+    thresholds = {'RDIME': Rdime(), **{f'Top-k {f:.2f}': TopK(fraction=f) for f in fractions}}
+    return {name: np.stack(threshold(scored)['query_vec']).astype(np.float32)
+            for name, threshold in thresholds.items()}
+
+
+def check_topk(matrix: np.ndarray, query_vec: np.ndarray, ref, new, atol: float) -> str:
+    """'identical', 'ties' (the two top-k differ only among documents whose exact scores are within atol) or
+    'MISMATCH'."""
+    (ref_s, ref_i), (new_s, new_i) = ref, new
+    if np.array_equal(ref_i, new_i) and np.allclose(ref_s, new_s, rtol=0, atol=atol):
+        return 'identical'
+    exact = query_vec.astype(np.float64) @ np.asarray(matrix[:, new_i], dtype=np.float64)
+    ok = (len(new_i) == len(ref_i) and np.allclose(np.sort(new_s)[::-1], np.sort(ref_s)[::-1], rtol=0, atol=atol)
+          and exact.min() >= ref_s.min() - atol and np.all(np.diff(exact) <= atol)
+          and len(set(new_i.tolist())) == len(new_i))
+    return 'ties' if ok else 'MISMATCH'
+
+
+def auto_search(matrix: np.ndarray, queries: np.ndarray):
+    """What ``PrunedRetriever(strategy='auto')`` does for these queries."""
+    if cost.choose_path(queries, matrix.nbytes, kernels.NUMBA_AVAILABLE) == 'pruned':
+        return kernels.search_pruned(matrix, queries, K)
+    return kernels.search_dense(matrix, queries, K)
+
+
+def single_queries(matrix: np.ndarray, sets: dict, args) -> dict:
+    log(f'\n### 1. One query at a time ({args.single} queries per row, {args.rounds} interleaved rounds)\n')
+    rows, result, checks = [], {}, {}
+    for name, queries in sets.items():
+        queries = queries[:args.single]
+        totals = {side: np.zeros(args.rounds) for side in ('dense', 'pruned', 'auto')}
+        status = []
+        for qz in queries:
+            one = qz[None]
+            times = interleaved({'dense': lambda: kernels.search_dense(matrix, one, K),
+                                 'pruned': lambda: kernels.search_pruned(matrix, one, K),
+                                 'auto': lambda: auto_search(matrix, one)}, args.rounds)
+            for side in totals:
+                totals[side] += times[side]
+            ref, new = kernels.search_dense(matrix, one, K), kernels.search_pruned(matrix, one, K)
+            atol = 1e-5 * float(np.abs(qz).sum())
+            status.append(check_topk(matrix, qz, (ref[0][0], ref[1][0]), (new[0][0], new[1][0]), atol))
+        kept = float(np.mean(queries != 0))
+        pruned, auto = ratio_stats(totals['dense'], totals['pruned']), ratio_stats(totals['dense'], totals['auto'])
+        checks[name] = {s: status.count(s) for s in ('identical', 'ties', 'MISMATCH')}
+        rows.append([name, f'{kept:.2f}', f'{1 / kept:.2f}', f'{np.min(totals["dense"]) / len(queries) * 1000:.0f} ms',
+                     f'{np.min(totals["pruned"]) / len(queries) * 1000:.0f} ms', f'**{fmt_ratio(pruned)}**',
+                     fmt_ratio(auto), '/'.join(str(checks[name][s]) for s in ('identical', 'ties', 'MISMATCH'))])
+        result[name] = {'kept': kept, 'pruned_vs_dense': pruned, 'auto_vs_dense': auto, 'check': checks[name]}
+    log('time per query = the least disturbed round; speed-up = min-over-rounds ratio (median, interquartile range '
+        'of the per-round ratios); top-100 identical / float ties only / mismatched against the dense path.\n')
+    log(table(rows, ['queries', 'kept', '1/kept', 'dense (all dims)', 'pruned (kept dims)', 'pruned speed-up',
+                     'auto speed-up', 'top-100 id./ties/mism.']))
+    return result
+
+
+def batches(matrix: np.ndarray, sets: dict, args) -> dict:
+    log(f'\n### 2. Batches ({args.rounds} interleaved rounds)\n')
+    rows, result = [], {}
+    for size in args.batches:
+        for name in ('RDIME', 'Top-k 0.50', 'Top-k 0.35'):
+            queries = sets[name][:size]
+            if len(queries) < size:
+                continue
+            one_pass = cost.batch_in_one_pass(queries)
+            times = interleaved({'dense': lambda: kernels.search_dense(matrix, queries, K, batch_size=size),
+                                 'pruned': lambda: kernels.search_pruned(matrix, queries, K),
+                                 'auto': lambda: auto_search(matrix, queries),
+                                 'bare GEMM': lambda: queries @ matrix}, args.rounds)
+            choice = cost.choose_path(queries, matrix.nbytes, kernels.NUMBA_AVAILABLE)
+            pruned, auto = ratio_stats(times['dense'], times['pruned']), ratio_stats(times['dense'], times['auto'])
+            bare = ratio_stats(times['bare GEMM'], times['pruned'])
+            rows.append([size, name, f'{np.mean(queries != 0):.2f}', f'{np.mean((queries != 0).any(axis=0)):.2f}',
+                         f'{np.min(times["dense"]) * 1000:.0f} ms', f'{np.min(times["pruned"]) * 1000:.0f} ms',
+                         'one pass' if one_pass else 'one by one', f'**{fmt_ratio(pruned)}**', f'{bare["min"]:.2f}×',
+                         choice, fmt_ratio(auto)])
+            result[f'{size}/{name}'] = {'pruned_vs_dense': pruned, 'pruned_vs_bare_gemm': bare, 'auto': choice,
+                                        'auto_vs_dense': auto, 'one_pass': one_pass}
+    log('dense = one matrix product per batch and block of documents with the top-k merged block by block (the dense '
+        'path); bare GEMM = one matrix product over the whole matrix, no top-k (a lower bound for dense).\n')
+    log(table(rows, ['batch', 'queries', 'kept', 'union kept', 'dense', 'pruned', 'pruned mode', 'pruned speed-up',
+                     'vs bare GEMM', "auto's choice", 'auto speed-up']))
+    return result
+
+
+def fit(matrix: np.ndarray, sets: dict, args) -> dict:
+    """Times of each path on a grid, in units of one dense gemv, and the least-squares constants of the model."""
+    log('\n### 4. Cost-model fit\n')
+    base = sets['Top-k 0.50']
+    unit = np.median(interleaved({'gemv': lambda: kernels.search_dense(matrix, base[:1], K)}, args.rounds)['gemv'])
+    single, one_pass, dense = [], [], []
+    rng = np.random.default_rng(3)
+    for frac in (0.2, 0.35, 0.5, 0.75, 1.0):
+        for size in (1, 4, 8, 16, 64):
+            q = base[:size].copy() if frac == 0.5 else np.where(rng.random(base[:size].shape) < frac,
+                                                               sets['Top-k 0.75'][:size] + 1e-3, 0).astype(np.float32)
+            fns = {'one pass': lambda: kernels.fused_top_k(matrix, q, K, one_pass=True)}
+            if size <= 8:
+                fns['one by one'] = lambda: kernels.fused_top_k(matrix, q, K, one_pass=False)
+            if frac == 1.0:
+                fns['dense'] = lambda: kernels.search_dense(matrix, q, K)
+            times = {k: np.median(v) / unit for k, v in interleaved(fns, max(3, args.rounds // 2)).items()}
+            kept, union = float(np.mean(q != 0, axis=1).sum()), float(np.mean((q != 0).any(axis=0)))
+            one_pass.append((union, kept, times['one pass']))
+            if 'one by one' in times:
+                single.append((size, kept, times['one by one']))
+            if 'dense' in times:
+                dense.append((size, times['dense']))
+    a = np.array(single)
+    fixed, slope = np.linalg.lstsq(a[:, :2], a[:, 2], rcond=None)[0]
+    b = np.array(one_pass)
+    union_c, per_query = np.linalg.lstsq(b[:, :2], b[:, 2], rcond=None)[0]
+    d = np.array([x for x in dense if x[0] >= cost.GEMV_BELOW])
+    gemm_fixed, gemm_per = np.linalg.lstsq(np.c_[np.ones(len(d)), d[:, 0]], d[:, 1], rcond=None)[0]
+    fitted = {'PRUNED_FIXED': fixed, 'PRUNED_SLOPE': slope, 'BATCH_UNION': union_c, 'BATCH_PER_QUERY': per_query,
+              'DENSE_GEMM_FIXED': gemm_fixed, 'DENSE_GEMM_PER_QUERY': gemm_per}
+    log(f'unit: one dense gemv with top-{K} = {unit * 1000:.0f} ms; fitted (current in cost.py):')
+    for key, value in fitted.items():
+        log(f'  {key} = {value:.3f}  ({getattr(cost, key)})')
+    return {'unit_s': float(unit), **{k: float(v) for k, v in fitted.items()}}
+
+
+def real_pool(args) -> list:
+    from pyterrier_rdime import SwcDime
+    from pyterrier_rdime.experiment.collection import load_collection
+    from pyterrier_rdime.experiment.encoders import load_encoder
+    from pyterrier_rdime.experiment.indexes import dense_index, first_stage_results
+
+    collection = load_collection(str(args.collection))
+    first, _ = first_stage_results(collection, 'run', 100, args.cache)
+    model = load_encoder('minilm', verbose=False)
+    index = dense_index(collection, model, 'minilm', args.cache, first['docno'].unique(), verbose=False)
+    queries = model.query_encoder()(collection.topics)
+    dense = PrunedRetriever(index=index, num_results=K, strategy='dense')
+    pruned = PrunedRetriever(index=index, num_results=K, strategy='pruned')
+    auto = PrunedRetriever(index=index, num_results=K)
+    feedback = PrunedRetriever(index=index, num_results=10, strategy='dense') >> index.vec_loader()
+    matrix = dense.dim_major()
+    rows = []
+    for name, dime in (('PRF+RDIME', PrfDime(keep_ranking=False)), ('SWC+RDIME', SwcDime(keep_ranking=False))):
+        q = (feedback >> dime >> Rdime())(queries)
+        a, b, c = dense(q), pruned(q), index.np_retriever(num_results=K)(q)
+        qv = np.stack(q['query_vec']).astype(np.float32)
+        status = []
+        for i, qid in enumerate(q['qid']):
+            atol = 1e-5 * float(np.abs(qv[i]).sum())
+            ra, rb, rc = a[a['qid'] == qid], b[b['qid'] == qid], c[c['qid'] == qid]
+            ref = (ra['score'].to_numpy(), ra['docid'].to_numpy())
+            status.append(check_topk(matrix, qv[i], ref, (rb['score'].to_numpy(), rb['docid'].to_numpy()), atol))
+            status.append(check_topk(matrix, qv[i], ref, (rc['score'].to_numpy().astype(np.float32),
+                                                          rc['docid'].to_numpy()), atol))
+        one = [q.iloc[[i]] for i in range(len(q))]
+        times = interleaved({'dense': lambda: [dense(x) for x in one], 'pruned': lambda: [pruned(x) for x in one],
+                             'auto': lambda: [auto(x) for x in one]}, args.rounds * 2)
+        rows.append([name, len(q), f'{np.mean(qv != 0):.2f}', fmt_ratio(ratio_stats(times['dense'], times['pruned'])),
+                     auto.choose_strategy(qv[:1]), fmt_ratio(ratio_stats(times['dense'], times['auto'])),
+                     f'{status.count("identical")}/{status.count("ties")}/{status.count("MISMATCH")}'])
+    log(f'\n### 5. Real pool vectors ({matrix.shape[1]:,} x {matrix.shape[0]}, MiniLM; stage level, one query per '
+        "call; exactness against the dense path and pyterrier-dr's np_retriever)\n")
+    log(table(rows, ['queries', 'n', 'kept', 'pruned vs dense', "auto's choice", 'auto vs dense',
+                     'top-100 id./ties/mism.']))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--docs', type=int, default=1_000_000, help='documents of the synthetic index')
+    parser.add_argument('--dims', type=int, default=768)
+    parser.add_argument('--single', type=int, default=12, help='queries per row, one at a time')
+    parser.add_argument('--batches', default='8,64', help='batch sizes')
+    parser.add_argument('--rounds', type=int, default=5, help='interleaved repetitions')
+    parser.add_argument('--threads', type=int, default=common.os.cpu_count(),
+                        help='threads for BLAS and numba alike (default: every core)')
+    parser.add_argument('--cache', type=Path, default=common.DEFAULT_CACHE,
+                        help='where the synthetic index, its layout and the pool vectors are cached')
+    parser.add_argument('--collection', type=Path, default=common.DEFAULT_COLLECTION)
+    parser.add_argument('--fit', action='store_true', help='also fit the cost model')
+    parser.add_argument('--json', type=Path, help='also write the measurements here')
+    args = parser.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(',')]
+    info = common.machine()
+    limiter = common.set_threads(args.threads)
+    log(f'## Pruned exact search: top-{K} over {args.docs:,} x {args.dims} float32\n')
+    log(common.describe_machine(info, args.threads) + f'; compiled kernel: {kernels.NUMBA_AVAILABLE}')
+    args.cache.mkdir(parents=True, exist_ok=True)
+    gen_s, (index, state) = timed(lambda: common.synthetic_flex_index(args.cache, args.docs, args.dims))
+    retriever = PrunedRetriever(index=index, num_results=K, verbose=True)
+    layout_s, matrix = timed(retriever.dim_major)
+    log(f'synthetic index {index.index_path} ready in {gen_s:.0f} s; layout {matrix.filename} ready in {layout_s:.0f} '
+        f's ({matrix.nbytes / 2 ** 30:.2f} GiB, memory-mapped; building it once is measured by `run.py layout`)')
+    raw = make_queries(state, max(args.batches + [args.single]))
+    prep_s, sets = timed(lambda: pruned_query_sets(index, matrix, raw, (0.25, 0.35, 0.5, 0.75)))
+    kernels.search_pruned(matrix, sets['RDIME'][:2], K)  # compile (or load) the kernel, warm the page cache
+    log(f'{len(raw)} queries pruned in {prep_s:.0f} s (PRF DIME M=2 from the exact top-10); kept fraction of RDIME: '
+        f'mean {np.mean(sets["RDIME"] != 0):.2f}')
+    results = {'single': single_queries(matrix, sets, args), 'batches': batches(matrix, sets, args)}
+    if args.fit:
+        results['fit'] = fit(matrix, sets, args)
+    if args.collection.is_dir():
+        results['real_pool'] = real_pool(args)
+    log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}; peak RSS '
+        f'{common.max_rss_gib():.2f} GiB (the memory-mapped layout counts where its pages are resident)')
+    limiter.unregister()
+    if args.json:
+        common.write_json(args.json, info, args, results)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
