@@ -357,6 +357,9 @@ def test_errors(corpus):
         PrunedRetriever(index=docs)(query_frame(bad))
     with pytest.raises(pt.validate.InputValidationError, match='PrunedRetriever'):
         PrunedRetriever(index=docs)(pd.DataFrame({'qid': ['q'], 'query': ['x']}))
+    from pyterrier_dr import FlexIndex
+    with pytest.raises(ValueError, match=r"PrunedRetriever: FlexIndex\('/nonexistent/x.flex'\) is not built"):
+        PrunedRetriever(index=FlexIndex('/nonexistent/x.flex'))(query_frame(query_vecs))
     with pytest.raises(ValueError, match='C-contiguous float32'):
         kernels.search_pruned(docs.T, query_vecs, 3)  # a Fortran-ordered view
     with pytest.raises(ValueError, match=r'shape \(6, 48\) do not match a matrix of 3000 dimensions'):

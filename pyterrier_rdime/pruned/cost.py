@@ -1,7 +1,8 @@
 """The cost model behind ``PrunedRetriever(strategy='auto')``: estimated time of each scoring path, in units of one
 dense ``gemv`` over the whole matrix (one query, every dimension, top-k included), from the kept fraction of each
 query. Fitted on the benchmark (``python benchmarks/run.py search --fit``; 1M x 768 float32, both paths on the same
-two threads of a shared 2-core AVX-512 machine). Pure numpy."""
+one or two threads of a shared 2-core AVX-512 machine); where the fits with one and two threads differ, the constants
+take the side that favours the dense path, so that ``'auto'`` errs towards it. Pure numpy."""
 import numpy as np
 
 #: Below this matrix size (bytes) the matrix sits in the CPU caches, scoring is not memory-bound, and BLAS (tuned
@@ -10,13 +11,13 @@ MIN_PRUNED_BYTES = 16 * 2 ** 20
 #: Dense path: fewer than ``GEMV_BELOW`` queries are scored one ``gemv`` each (cost 1 each); from there one matrix
 #: product per batch costs ``DENSE_GEMM_FIXED + DENSE_GEMM_PER_QUERY`` per query.
 GEMV_BELOW = 4
-DENSE_GEMM_FIXED, DENSE_GEMM_PER_QUERY = 2.1, 0.11
+DENSE_GEMM_FIXED, DENSE_GEMM_PER_QUERY = 1.7, 0.15
 #: Pruned path, one query at a time (memory-bound: the kept rows are streamed once):
 #: ``PRUNED_FIXED + PRUNED_SLOPE * kept fraction`` per query.
 PRUNED_FIXED, PRUNED_SLOPE = 0.05, 0.85
 #: Pruned path, a batch in one pass (the union of the kept rows is read once and every query's kept rows are
 #: re-read from the cache): ``BATCH_UNION * union fraction + BATCH_PER_QUERY * sum of kept fractions``.
-BATCH_UNION, BATCH_PER_QUERY = 1.9, 0.145
+BATCH_UNION, BATCH_PER_QUERY = 1.2, 0.23
 #: ``'auto'`` takes the pruned path only when its estimate is below this fraction of the dense one: a margin for
 #: the model's error, so that ``'auto'`` is not slower than dense near the break-even.
 MARGIN = 0.9

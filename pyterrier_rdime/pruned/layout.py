@@ -138,6 +138,9 @@ def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever', verbose: 
     """The read-only memory-mapped layout of a FlexIndex, built first if it is missing or older than the index's
     vectors. Every caller in this process gets the same array; concurrent builds (threads, or processes where
     ``fcntl`` exists) wait for the first one and then open its file."""
+    if not (Path(index.index_path) / 'pt_meta.json').is_file():
+        raise ValueError(f'{stage}: {index!r} is not built (no pt_meta.json in {index.index_path}); index the '
+                         'documents first, e.g. (encoder >> index.indexer()).index(docs)')
     meta = index.payload(return_dvecs=False, return_docnos=False)[0]
     shape = (int(meta['vec_size']), int(meta['doc_count']))
     source = Path(index.index_path) / 'vecs.f4'
