@@ -57,6 +57,12 @@ def _mini_collection(path, qrels_qids=('1', '2')):
     return folder
 
 
+def _first_stage(collection, cache):
+    """The first stage of the queries the ``dl19`` fixture ran (only their documents are encoded)."""
+    first, _ = first_stage_results(collection, 'auto', DEPTH, cache)
+    return first[first['qid'].isin(collection.topics.head(NUM_QUERIES)['qid'])]
+
+
 @pytest.fixture(scope='module')
 def mini(tmp_path_factory):
     return _mini_collection(tmp_path_factory.mktemp('mini'))
@@ -84,7 +90,7 @@ def test_numbers_equal_a_direct_pt_experiment_in_the_references_protocol(dl19, c
     """Feedback from the dense re-ranking of the candidates (full query vector), AP at ir_measures' rel 1."""
     collection, result = dl19
     topics = collection.topics.head(NUM_QUERIES)
-    first, _ = first_stage_results(collection, 'auto', DEPTH, cache)
+    first = _first_stage(collection, cache)
     index = dense_index(collection, model, 'minilm', cache, first['docno'].unique(), verbose=False)
     prefix = pt.Transformer.from_df(first) >> model.query_encoder() >> index.vec_loader()
     dense = prefix >> index.scorer()
@@ -107,7 +113,7 @@ def test_first_stage_feedback_and_trec_dl_relevance(dl19, cache, model):
     collection, _ = dl19
     result = run_experiment(collection, dimes=['prf'], ks=[0.6], depth=DEPTH, max_queries=NUM_QUERIES,
                             feedback='first-stage', rel=2, cache_dir=cache, verbose=False)
-    first, _ = first_stage_results(collection, 'auto', DEPTH, cache)
+    first = _first_stage(collection, cache)
     index = dense_index(collection, model, 'minilm', cache, first['docno'].unique(), verbose=False)
     prefix = pt.Transformer.from_df(first) >> model.query_encoder() >> index.vec_loader()
     direct = pt.Experiment([prefix >> rdime.PrfDime() >> rdime.Rdime() >> index.scorer()],
@@ -327,8 +333,7 @@ def test_rerun_reuses_the_cached_index(dl19, cache, model, monkeypatch):
     def no_encoding(*args, **kwargs):
         raise AssertionError('documents were encoded again')
     monkeypatch.setattr(model, 'encode_docs', no_encoding)
-    first, _ = first_stage_results(collection, 'auto', DEPTH, cache)
-    first = first[first['qid'].isin(collection.topics.head(NUM_QUERIES)['qid'])]
+    first = _first_stage(collection, cache)
     index = dense_index(collection, model, 'minilm', cache, first['docno'].unique(), verbose=False)
     assert len(index) >= first['docno'].nunique()
 
