@@ -62,9 +62,17 @@ def table(rows, header) -> str:
     return '\n'.join(lines)
 
 
-def max_rss_gib(children: bool = False) -> float:
-    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
-    return resource.getrusage(who).ru_maxrss / 2 ** 20
+def max_rss_gib() -> float:
+    """Peak resident memory of this process: VmHWM where /proc exists (ru_maxrss would also count the memory of the
+    parent at fork time, which Linux carries across exec), else ru_maxrss."""
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith('VmHWM:'):
+                    return int(line.split()[1]) / 2 ** 20
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
 def machine() -> dict:

@@ -17,7 +17,7 @@ interleaved. Queries: PRF DIME (M = 2) from the exact top-10, then RDIME or Top-
 
 Usage (from the repository root)::
 
-    python benchmarks/run.py search                      # 1M x 768, ~6 min after the first run (+2 min to build)
+    python benchmarks/run.py search                      # 1M x 768, ~6 min (the first run: +1 min to write the index)
     python benchmarks/run.py search --docs 200000        # a quick check
     python benchmarks/run.py search --fit --json out.json
 """
