@@ -268,6 +268,22 @@ def test_lazy_initialisation_is_thread_safe(corpus, tmp_path, count_builds):
     assert len(count_builds) == 1  # the FlexIndex's file; the array's copy is built in memory
 
 
+def _search_in_child(args):
+    matrix, queries = args
+    return [d.tolist() for d in kernels.search_pruned(matrix, queries, 5)[1]]
+
+
+@COMPILED
+def test_kernel_runs_in_a_child_forked_after_it_ran(corpus):
+    # numba's GNU OpenMP layer terminates a child forked after it started; the child then scores on one thread
+    import multiprocessing
+    docs, query_vecs = corpus
+    matrix = np.ascontiguousarray(docs.T)
+    expected = [d.tolist() for d in kernels.search_pruned(matrix, query_vecs, 5)[1]]
+    with multiprocessing.get_context('fork').Pool(1) as pool:
+        assert pool.map_async(_search_in_child, [(matrix, query_vecs)]).get(timeout=120) == [expected]
+
+
 def test_pickle_travels_without_the_matrix(corpus):
     docs, query_vecs = corpus
     retriever = PrunedRetriever(index=docs, num_results=K)

@@ -2,6 +2,7 @@
 every dimension), a fused compiled kernel reading only the kept dimensions of each query (numba), and a pure-numpy
 version of the latter for machines without numba. No pandas here."""
 import math
+import os
 import threading
 from typing import List, Optional, Tuple
 
@@ -34,6 +35,18 @@ Result = Tuple[List[np.ndarray], List[np.ndarray]]
 # The OpenMP and TBB threading layers accept concurrent calls, numba's own workqueue layer aborts on them; the kernel
 # already uses every core, so concurrent calls from Python threads are simply served one after the other.
 _KERNEL_LOCK = threading.Lock()
+# GNU OpenMP cannot run in a process forked after it started (numba then terminates the child): a child forked after
+# the parallel kernel ran on that layer (multiprocessing's default on Linux) scores on one thread instead.
+_PARALLEL = {'layer': None, 'forked': False}
+
+
+def _after_fork_in_child() -> None:
+    if _PARALLEL['layer'] == 'omp':
+        _PARALLEL['forked'] = True
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def top_k(scores: np.ndarray, k: int, offset: int = 0) -> Tuple[np.ndarray, np.ndarray]:
@@ -144,9 +157,15 @@ def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pa
     while n_queries > 1 and block > 1024 and block * (TILE_DIMS + n_queries) > BATCH_CACHE_FLOATS:
         block //= 2
     tile = n_dims if n_queries == 1 else TILE_DIMS
-    chunks = max(1, min(math.ceil(n_docs / block), CHUNKS_PER_THREAD * numba.get_num_threads()))
+    if _PARALLEL['forked']:
+        kernel, threads = _serial_kernel(), 1
+    else:
+        kernel, threads = _fused_kernel, numba.get_num_threads()
+    chunks = max(1, min(math.ceil(n_docs / block), CHUNKS_PER_THREAD * threads))
     with _KERNEL_LOCK:
-        heap_s, heap_i = _fused_kernel(dim_major, dims, weights, starts, k, block, tile, chunks)
+        heap_s, heap_i = kernel(dim_major, dims, weights, starts, k, block, tile, chunks)
+        if _PARALLEL['layer'] is None and not _PARALLEL['forked']:
+            _PARALLEL['layer'] = numba.threading_layer()
     return _merge(heap_s, heap_i, k)
 
 
@@ -297,3 +316,14 @@ def _fused_kernel(matrix, dims, weights, starts, k, block, tile, chunks):
             for q in range(n_queries):
                 _push_block(heap_s[c, q], heap_i[c, q], acc[q], n, b0)
     return heap_s, heap_i
+
+
+_SERIAL = []
+
+
+def _serial_kernel():
+    """The kernel compiled without the parallel loop (for a forked child; not cached on disk, where it would share
+    the parallel kernel's entry)."""
+    if not _SERIAL:
+        _SERIAL.append(numba.njit(nogil=True, fastmath={'contract'})(_fused_kernel.py_func))
+    return _SERIAL[0]

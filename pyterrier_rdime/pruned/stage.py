@@ -23,8 +23,9 @@ class PrunedRetriever(ConfigTransformer):
     exactly 0 contributes nothing, so skipping it is exact). The documents are read from a dimension-major
     ``(dims, docs)`` float32 copy of the index, so that the values of one dimension are contiguous:
 
-    - for a ``FlexIndex``, one copy per index on disk (``rdime.dim_major.npy`` in the index folder, or in
-      ``$PYTERRIER_RDIME_CACHE/layouts`` when the folder is read-only), built on first use by streaming the index in
+    - for a ``FlexIndex``, one copy per index on disk (``rdime.dim_major.npy`` in the index folder, or in the
+      ``layouts`` folder of the package's cache, ``$PYTERRIER_RDIME_CACHE`` else ``~/.cache/pyterrier_rdime``, when
+      the index folder is read-only), built on first use by streaming the index in
       blocks (``docs x dims x 4`` bytes of disk, ~200 MiB of memory; a progress bar when ``verbose``), then
       memory-mapped: every ``PrunedRetriever`` on the index, in every process, shares it (and the page cache);
     - for a ``(docs, dims)`` array, an in-memory copy held by this retriever and its ``% k`` variants (pass a
@@ -49,7 +50,9 @@ class PrunedRetriever(ConfigTransformer):
     differ. Exact ties go to the lower docid on both paths.
 
     The retriever pickles without its matrix (a worker of ``.parallel()`` reopens the shared file, or rebuilds the
-    in-memory copy of an array index) and is safe to call from several threads.
+    in-memory copy of an array index) and is safe to call from several threads (calls are served one after the
+    other: each uses every core). In a process forked after the kernel ran on numba's GNU OpenMP layer (which cannot
+    run there), the kernel runs on one thread.
 
     Args:
         index: a pyterrier-dr ``FlexIndex`` (inner product) or a ``(docs, dims)`` float array of document vectors.
