@@ -163,6 +163,8 @@ def _quiet_libraries(verbose: bool) -> None:
     and model-loading bars only when verbose."""
     logging.basicConfig(level=logging.WARNING, format='%(message)s')
     logging.getLogger('pyterrier_rdime').setLevel(logging.INFO if verbose else logging.WARNING)
+    # ir_datasets sets its logger to INFO on first use, with a handler of its own: a filter outlasts that
+    logging.getLogger('ir_datasets').addFilter(lambda record: record.levelno >= logging.WARNING)
     os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
     try:
         from transformers.utils import logging as hf_logging

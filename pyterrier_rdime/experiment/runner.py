@@ -156,7 +156,7 @@ def run_experiment(
     if collection.dropped_queries:
         notes.append(f'{len(collection.dropped_queries)} queries without judgments were left out.')
     llm_answers = read_answers_tsv(answers) if answers is not None else collection.answers
-    model = load_encoder(encoder, batch_size=batch_size, verbose=verbose)
+    model = load_encoder(encoder, batch_size=batch_size)  # the documents' bar is the runner's own
     external = existing_index(index) if index is not None else None
     if external is not None:
         check_index_matches(external, model.encode_queries(['dimension check']).shape[1], encoder, index)
