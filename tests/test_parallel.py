@@ -109,15 +109,23 @@ def backend_fixture(request, backend):
 pytestmark = pytest.mark.filterwarnings('ignore:.parallel\\(\\) is experimental')
 
 
-@pytest.mark.parametrize('backend', ['joblib', 'ray'])
 @pytest.mark.parametrize('name', list(STAGES))
-def test_stage_in_parallel(name, backend, request):
-    backend_fixture(request, backend)
+def test_stage_in_parallel_with_joblib(name):
     make, data = STAGES[name]
     stage = make()
     assert repr(pickle.loads(pickle.dumps(stage))) == repr(stage)  # data arguments (qrels) compare by identity
     serial = stage(data())
-    assert_same(serial, stage.parallel(2, backend=backend)(data()))
+    assert_same(serial, stage.parallel(2, backend='joblib')(data()))
+
+
+def test_every_stage_in_one_ray_pipeline(ray_local):
+    """One Ray pool for all the stages (each pool start costs seconds on a loaded machine): every stage of the
+    chain runs on the workers, each DIME replacing the previous one's query_dime."""
+    pipeline = (STAGES['LlmAnswers'][0]() >> PrfDime() >> SwcDime() >> STAGES['KernelDime'][0]() >> MagnitudeDime()
+                >> EclipseDime() >> OracleDime(qrels=QRELS) >> LlmDime() >> TopK(fraction=0.5) >> PrfDime()
+                >> Rdime() >> VectorScorer())
+    serial = pipeline(ranking())
+    assert_same(serial, pipeline.parallel(2, backend='ray')(ranking()))
 
 
 @pytest.mark.parametrize('backend', ['joblib', 'ray'])
