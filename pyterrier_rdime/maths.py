@@ -149,11 +149,6 @@ def topk_threshold(importance: np.ndarray, count: int) -> np.ndarray:
     return keep
 
 
-def prune(query_vecs: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """The pruned query: dimensions not kept are set to 0 (documents stay untouched)."""
-    return np.where(keep, query_vecs, 0.0)
-
-
 MODULATORS = ('hard', 'james-stein', 'wiener')
 
 
@@ -211,5 +206,6 @@ def modulation_weights(query_vecs: np.ndarray, importance: np.ndarray, modulator
 
 
 def modulate(query_vecs: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The modulated query ``f * q`` for weights ``f`` (bool masks included); exactly 0 (never -0) where ``f = 0``."""
+    """The modulated query ``f * q`` for weights ``f``: with a 0/1 (or bool) mask, the pruned query (dimensions not
+    kept set to 0; documents stay untouched); exactly 0 (never -0) where ``f = 0``."""
     return np.where(weights != 0, weights * query_vecs, 0.0)

@@ -113,8 +113,8 @@ def test_rdime_threshold_per_query():
     assert keep.tolist() == [[True, True, False, False], [True, True, False, False]]
 
 
-def test_prune_zeroes_dropped_dimensions():
-    out = maths.prune(arr([[1.0, -2.0, 3.0]]), np.array([[True, False, True]]))
+def test_a_mask_prunes_dropped_dimensions():
+    out = maths.modulate(arr([[1.0, -2.0, 3.0]]), np.array([[True, False, True]]))
     assert out.tolist() == [[1.0, 0.0, 3.0]]
 
 

@@ -87,7 +87,7 @@ def test_rdime_noise_estimate_is_unbiased_for_eps_squared():
 
 def l2_risk(q, keep, theta):
     """Empirical l2 risk E||q * 1_S - theta||^2 over the replicates."""
-    return np.mean(np.sum((maths.prune(q, keep) - theta) ** 2, axis=1))
+    return np.mean(np.sum((maths.modulate(q, keep) - theta) ** 2, axis=1))
 
 
 def test_oracle_hard_threshold_minimises_l2_risk_over_all_subsets():
