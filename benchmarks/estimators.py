@@ -86,7 +86,7 @@ def maths_only(frame: pd.DataFrame, kernel: str, num_docs: int, n_queries: int, 
         w = maths.kernel_weights(kernel, q, docs, mask, tau=0.1)
         u = maths.kernel_dime(q, docs, w)
         keep, _ = maths.rdime_threshold(q, u)
-        return maths.prune(q, keep)
+        return maths.modulate(q, keep)
     return run
 
 
