@@ -82,7 +82,8 @@ class ExperimentResult:
                  f'Encoder `{s["encoder"]}`, mode `{s["mode"]}`, first stage {s["first_stage"]}, '
                  f'{s["num_queries"]} queries.', '']
         for measure in self.measures:
-            lines += [f'## {measure}', '', _markdown(self.paper_table(measure)), '']
+            lines += [f'## {measure}', '', self.paper_table(measure).to_markdown(index=False, disable_numparse=True),
+                      '']
         test = 'paired t-test' if s.get('test', 't') == 't' else 'Wilcoxon signed-rank test'
         lines += ['`*` best Top-k of the row; `†` significantly different from that best Top-k, `‡` from Baseline, '
                   f'`§` (soft RDIME) from RDIME ({test}, two-sided, Holm-corrected per measure, α = {ALPHA}); '
@@ -137,10 +138,6 @@ class ExperimentResult:
                      f'{Path(str(self.settings["encoder"])).name}', fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
-
-
-def _markdown(frame: pd.DataFrame) -> str:
-    return frame.to_markdown(index=False, disable_numparse=True)
 
 
 def _json_default(value):
