@@ -4,6 +4,7 @@ from pyterrier_rdime import maths
 from pyterrier_rdime.dime import (
     DimeScorer,
     EclipseDime,
+    FeedbackCutoff,
     KernelDime,
     LlmDime,
     MagnitudeDime,
@@ -20,6 +21,7 @@ from pyterrier_rdime.threshold import DimensionThreshold, Rdime, TopK
 __all__ = [
     'maths',
     'DimeScorer', 'KernelDime', 'PrfDime', 'SwcDime', 'LlmDime', 'MagnitudeDime', 'EclipseDime', 'OracleDime',
+    'FeedbackCutoff',
     'DimensionThreshold', 'Rdime', 'TopK',
     'VectorScorer', 'PrunedRetriever',
     'LlmAnswers', 'read_answers_tsv', 'LlmGenerator', 'smollm2_gguf_path',
