@@ -411,3 +411,17 @@ def test_workers_give_the_serial_numbers(mini, tmp_path):
     serial = run_experiment(mini, **settings)
     parallel = run_experiment(mini, workers=2, **settings)
     pd.testing.assert_frame_equal(serial.table, parallel.table, atol=1e-6)
+
+
+def test_workers_on_a_local_ray_cluster_give_the_serial_numbers(mini, tmp_path, capsys):
+    ray = pytest.importorskip('ray', reason='ray is not installed: pip install pyterrier-rdime[ray]')
+    common = [str(mini), '--dimes', 'prf', '--ks', '0.5', '--first-stage', 'bm25', '--depth', '4', '--quiet',
+              '--cache', str(tmp_path / 'cache')]
+    assert main(common + ['--out', str(tmp_path / 'serial')]) == 0
+    try:
+        assert main(common + ['--out', str(tmp_path / 'ray'), '--workers', '2', '--ray-address', 'local']) == 0
+    finally:
+        ray.shutdown()
+    capsys.readouterr()
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / 'ray' / 'perquery.csv'),
+                                  pd.read_csv(tmp_path / 'serial' / 'perquery.csv'), atol=1e-6)
