@@ -73,7 +73,7 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
         for docno, vec in zip(old_docnos, old_vecs if old_vecs is not None else []):
             yield {'docno': docno, 'doc_vec': np.asarray(vec)}
         new_docs = (doc for doc in iter_texts(collection, wanted) if doc['docno'] not in have)
-        total = len(wanted) if wanted is not None else getattr(collection, 'num_docs', None)
+        total = len(wanted) if wanted is not None else collection.num_docs
         with pt.tqdm(total=total, desc='encoding documents', unit='doc', disable=not verbose) as progress:
             for chunk in iter(lambda: list(itertools.islice(new_docs, batch_size)), []):
                 vecs = model.encode_docs([doc['text'] for doc in chunk])

@@ -170,7 +170,8 @@ def run_experiment(
     timings['load'] = time.time() - clock - timings.get('generation', 0.0)
 
     clock = time.time()
-    grid = build_systems(collection, topics, model, encoder, external, index, llm_answers, options, cache_dir,
+    stages = thresholds(options.ks, options.modulators)
+    grid = build_systems(collection, topics, model, encoder, external, index, llm_answers, options, stages, cache_dir,
                          batch_size, Runner(workers, parallel_backend), verbose, timings)
     timings['systems'] = time.time() - clock
 
@@ -178,16 +179,15 @@ def run_experiment(
     aggregate, perquery = ev.evaluate(grid.frames, topics, collection.qrels, measure_objects)
     timings['evaluation'] = time.time() - clock
     measure_names = [str(m) for m in measure_objects]
-    columns = [c for c in thresholds(options.ks, options.modulators) if not c.startswith('k=')]
+    columns = [c for c in stages if not c.startswith('k=')]
     significance = ev.significance(aggregate, perquery, options.dimes, columns, options.test)
     return _result(collection, encoder, topics, grid, aggregate, perquery, significance, measure_names, options,
                    notes + grid.notes, timings)
 
 
-def build_systems(collection, topics, model, encoder, external, index_spec, answers, options: Options, cache_dir,
-                  batch_size, run: Runner, verbose, timings) -> Grid:
+def build_systems(collection, topics, model, encoder, external, index_spec, answers, options: Options, stages,
+                  cache_dir, batch_size, run: Runner, verbose, timings) -> Grid:
     """The first stage (rerank mode), the dense index, and every system's result frame."""
-    stages = thresholds(options.ks, options.modulators)
     judged = _judged_documents(collection, topics, external) if 'oracle' in options.dimes else []
     if options.mode == 'rerank':
         clock = time.time()
