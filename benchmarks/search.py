@@ -31,7 +31,7 @@ import pandas as pd
 from common import fmt_ratio, interleaved, log, ratio_stats, table, timed
 
 from pyterrier_rdime import PrfDime, PrunedRetriever, Rdime, TopK
-from pyterrier_rdime.pruned import cost, kernels
+from pyterrier_rdime.pruned import _numba, cost, dense, kept
 
 K = 100
 
@@ -71,9 +71,9 @@ def check_topk(matrix: np.ndarray, query_vec: np.ndarray, ref, new, atol: float)
 
 def auto_search(matrix: np.ndarray, queries: np.ndarray):
     """What ``PrunedRetriever(strategy='auto')`` does for these queries."""
-    if cost.choose_path(queries, matrix.nbytes, kernels.NUMBA_AVAILABLE) == 'pruned':
-        return kernels.search_pruned(matrix, queries, K)
-    return kernels.search_dense(matrix, queries, K)
+    if cost.choose_path(queries, matrix.nbytes, kept.NUMBA_AVAILABLE) == 'pruned':
+        return kept.search_pruned(matrix, queries, K)
+    return dense.search_dense(matrix, queries, K)
 
 
 def single_queries(matrix: np.ndarray, sets: dict, raw: np.ndarray, args) -> dict:
@@ -85,24 +85,24 @@ def single_queries(matrix: np.ndarray, sets: dict, raw: np.ndarray, args) -> dic
         status = []
         for qz, raw_q in zip(queries, raw):
             one, every = qz[None], raw_q[None]
-            times = interleaved({'dense': lambda: kernels.search_dense(matrix, one, K),
-                                 'pruned': lambda: kernels.search_pruned(matrix, one, K),
+            times = interleaved({'dense': lambda: dense.search_dense(matrix, one, K),
+                                 'pruned': lambda: kept.search_pruned(matrix, one, K),
                                  'auto': lambda: auto_search(matrix, one),
-                                 'kernel, all dims': lambda: kernels.search_pruned(matrix, every, K)}, args.rounds)
+                                 'kernel, all dims': lambda: kept.search_pruned(matrix, every, K)}, args.rounds)
             for side in totals:
                 totals[side] += times[side]
-            ref, new = kernels.search_dense(matrix, one, K), kernels.search_pruned(matrix, one, K)
+            ref, new = dense.search_dense(matrix, one, K), kept.search_pruned(matrix, one, K)
             atol = 1e-5 * float(np.abs(qz).sum())
             status.append(check_topk(matrix, qz, (ref[0][0], ref[1][0]), (new[0][0], new[1][0]), atol))
-        kept = float(np.mean(queries != 0))
+        frac = float(np.mean(queries != 0))
         pruned, auto = ratio_stats(totals['dense'], totals['pruned']), ratio_stats(totals['dense'], totals['auto'])
         own = ratio_stats(totals['kernel, all dims'], totals['pruned'])
         checks[name] = {s: status.count(s) for s in ('identical', 'ties', 'MISMATCH')}
-        rows.append([name, f'{kept:.2f}', f'{1 / kept:.2f}', f'{np.min(totals["dense"]) / len(queries) * 1000:.0f} ms',
+        rows.append([name, f'{frac:.2f}', f'{1 / frac:.2f}', f'{np.min(totals["dense"]) / len(queries) * 1000:.0f} ms',
                      f'{np.min(totals["pruned"]) / len(queries) * 1000:.0f} ms', f'**{fmt_ratio(pruned)}**',
                      fmt_ratio(auto), fmt_ratio(own),
                      '/'.join(str(checks[name][s]) for s in ('identical', 'ties', 'MISMATCH'))])
-        result[name] = {'kept': kept, 'pruned_vs_dense': pruned, 'auto_vs_dense': auto, 'pruned_vs_kernel_all': own,
+        result[name] = {'kept': frac, 'pruned_vs_dense': pruned, 'auto_vs_dense': auto, 'pruned_vs_kernel_all': own,
                         'check': checks[name]}
     log('time per query = the least disturbed round; speed-up = min-over-rounds ratio (median, interquartile range '
         'of the per-round ratios) against the dense path (BLAS gemv + top-k); last speed-up: against the same '
@@ -122,11 +122,11 @@ def batches(matrix: np.ndarray, sets: dict, args) -> dict:
             if len(queries) < size:
                 continue
             one_pass = cost.batch_in_one_pass(queries)
-            times = interleaved({'dense': lambda: kernels.search_dense(matrix, queries, K, batch_size=size),
-                                 'pruned': lambda: kernels.search_pruned(matrix, queries, K),
+            times = interleaved({'dense': lambda: dense.search_dense(matrix, queries, K, batch_size=size),
+                                 'pruned': lambda: kept.search_pruned(matrix, queries, K),
                                  'auto': lambda: auto_search(matrix, queries),
                                  'bare GEMM': lambda: queries @ matrix}, args.rounds)
-            choice = cost.choose_path(queries, matrix.nbytes, kernels.NUMBA_AVAILABLE)
+            choice = cost.choose_path(queries, matrix.nbytes, kept.NUMBA_AVAILABLE)
             pruned, auto = ratio_stats(times['dense'], times['pruned']), ratio_stats(times['dense'], times['auto'])
             bare = ratio_stats(times['bare GEMM'], times['pruned'])
             rows.append([size, name, f'{np.mean(queries != 0):.2f}', f'{np.mean((queries != 0).any(axis=0)):.2f}',
@@ -146,18 +146,18 @@ def fit(matrix: np.ndarray, sets: dict, args) -> dict:
     """Times of each path on a grid, in units of one dense gemv, and the least-squares constants of the model."""
     log('\n### 4. Cost-model fit\n')
     base = sets['Top-k 0.50']
-    unit = np.median(interleaved({'gemv': lambda: kernels.search_dense(matrix, base[:1], K)}, args.rounds)['gemv'])
+    unit = np.median(interleaved({'gemv': lambda: dense.search_dense(matrix, base[:1], K)}, args.rounds)['gemv'])
     single, one_pass, dense = [], [], []
     rng = np.random.default_rng(3)
     for frac in (0.2, 0.35, 0.5, 0.75, 1.0):
         for size in (1, 4, 8, 16, 64):
             q = base[:size].copy() if frac == 0.5 else np.where(rng.random(base[:size].shape) < frac,
                                                                sets['Top-k 0.75'][:size] + 1e-3, 0).astype(np.float32)
-            fns = {'one pass': lambda: kernels.fused_top_k(matrix, q, K, one_pass=True)}
+            fns = {'one pass': lambda: _numba.fused_top_k(matrix, q, K, one_pass=True)}
             if size <= 8:
-                fns['one by one'] = lambda: kernels.fused_top_k(matrix, q, K, one_pass=False)
+                fns['one by one'] = lambda: _numba.fused_top_k(matrix, q, K, one_pass=False)
             if frac == 1.0:
-                fns['dense'] = lambda: kernels.search_dense(matrix, q, K)
+                fns['dense'] = lambda: dense.search_dense(matrix, q, K)
             times = {k: np.median(v) / unit for k, v in interleaved(fns, max(3, args.rounds // 2)).items()}
             kept, union = float(np.mean(q != 0, axis=1).sum()), float(np.mean((q != 0).any(axis=0)))
             one_pass.append((union, kept, times['one pass']))
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     info = common.machine()
     limiter = common.set_threads(args.threads)
     log(f'## Pruned exact search: top-{K} over {args.docs:,} x {args.dims} float32\n')
-    log(common.describe_machine(info, args.threads) + f'; compiled kernel: {kernels.NUMBA_AVAILABLE}')
+    log(common.describe_machine(info, args.threads) + f'; compiled kernel: {kept.NUMBA_AVAILABLE}')
     args.cache.mkdir(parents=True, exist_ok=True)
     gen_s, (index, state) = timed(lambda: common.synthetic_flex_index(args.cache, args.docs, args.dims))
     retriever = PrunedRetriever(index=index, num_results=K, verbose=True)
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
         f's ({matrix.nbytes / 2 ** 30:.2f} GiB, memory-mapped; building it once is measured by `run.py layout`)')
     raw = make_queries(state, max(args.batches + [args.single]))
     prep_s, sets = timed(lambda: pruned_query_sets(index, matrix, raw, (0.25, 0.35, 0.5, 0.75)))
-    kernels.search_pruned(matrix, sets['RDIME'][:2], K)  # compile (or load) the kernel, warm the page cache
+    kept.search_pruned(matrix, sets['RDIME'][:2], K)  # compile (or load) the kernel, warm the page cache
     log(f'{len(raw)} queries pruned in {prep_s:.0f} s (PRF DIME M=2 from the exact top-10); kept fraction of RDIME: '
         f'mean {np.mean(sets["RDIME"] != 0):.2f}')
     results = {'single': single_queries(matrix, sets, raw, args), 'batches': batches(matrix, sets, args)}

@@ -23,7 +23,7 @@ BATCH_UNION, BATCH_PER_QUERY = 1.2, 0.23
 MARGIN = 0.9
 
 
-def kept_fractions(query_vecs: np.ndarray) -> np.ndarray:
+def nonzero_fractions(query_vecs: np.ndarray) -> np.ndarray:
     """The fraction of non-zero dimensions of each query vector (n, dims)."""
     return np.mean(query_vecs != 0, axis=1)
 
@@ -35,13 +35,13 @@ def dense_cost(queries: int) -> float:
 
 def pruned_one_by_one_cost(query_vecs: np.ndarray) -> float:
     """Estimated cost of the pruned path one query at a time."""
-    return float(np.sum(PRUNED_FIXED + PRUNED_SLOPE * kept_fractions(query_vecs)))
+    return float(np.sum(PRUNED_FIXED + PRUNED_SLOPE * nonzero_fractions(query_vecs)))
 
 
 def pruned_batch_cost(query_vecs: np.ndarray) -> float:
     """Estimated cost of the pruned path for the whole batch in one pass."""
     union = float(np.mean((query_vecs != 0).any(axis=0))) if len(query_vecs) else 0.0
-    return BATCH_UNION * union + BATCH_PER_QUERY * float(np.sum(kept_fractions(query_vecs)))
+    return BATCH_UNION * union + BATCH_PER_QUERY * float(np.sum(nonzero_fractions(query_vecs)))
 
 
 def batch_in_one_pass(query_vecs: np.ndarray) -> bool:

@@ -4,14 +4,20 @@ For a FlexIndex there is one copy per index, on disk: ``rdime.dim_major.npy`` in
 is read-only, in the cache folder under a name keyed by the index's path and size), memory-mapped read-only, so every
 retriever on the index, in every process, shares the operating system's page cache instead of holding its own copy.
 It is built once, streaming the index in blocks of documents (bounded memory), into a temporary file renamed into
-place only when complete and flushed: an interrupted build leaves nothing that a later run would open. An array index
-gets an in-memory copy instead.
+place only when complete and flushed: an interrupted build leaves nothing that a later run would open. Beside it, a
+small JSON record (``rdime.dim_major.json``) holds the fingerprint of the vectors it was built from (size,
+modification time and a hash of three 1 MiB samples of ``vecs.f4``), the identity of the layout file it describes and
+the largest absolute value of each dimension; the record is written after the layout is renamed into place, and a
+layout whose record is missing or does not match both files is rebuilt (with a warning naming the reason). An array
+index gets an in-memory copy instead.
 """
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -26,12 +32,14 @@ except ImportError:  # pragma: no cover - Windows: builds in two processes may t
     fcntl = None
 
 LAYOUT_NAME = 'rdime.dim_major.npy'
+#: Bytes hashed at each of the start, middle and end of the source vectors for their fingerprint.
+SAMPLE_BYTES = 2 ** 20
 #: Documents per block when building: ``2 x block x dims x 4`` bytes of memory (200 MiB for 768 dimensions).
 BUILD_BLOCK = 32768
 
 _REGISTRY_LOCK = threading.Lock()
 _BUILD_LOCKS: Dict[Path, threading.Lock] = {}
-_OPEN: Dict[Path, Tuple[Tuple[int, int], np.ndarray]] = {}
+_OPEN: Dict[Path, Tuple[Tuple[int, int, int], np.ndarray, np.ndarray]] = {}
 
 
 class Layout:
@@ -54,12 +62,13 @@ class Layout:
         self.verbose = verbose
         self._lock = threading.Lock()
         self._matrix: Optional[np.ndarray] = None
+        self._abs_max: Optional[np.ndarray] = None
         self._docno_array: Optional[np.ndarray] = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state['index'] = portable_index(self.index)
-        for transient in ('_lock', '_matrix', '_docno_array'):
+        for transient in ('_lock', '_matrix', '_abs_max', '_docno_array'):
             state.pop(transient)
         return state
 
@@ -67,6 +76,7 @@ class Layout:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._matrix = None
+        self._abs_max = None
         self._docno_array = None
 
     @property
@@ -75,14 +85,23 @@ class Layout:
 
     def matrix(self) -> np.ndarray:
         """The ``(dims, docs)`` float32 C-contiguous matrix."""
+        self._open()
+        return self._matrix
+
+    def abs_max(self) -> np.ndarray:
+        """The largest absolute value of each dimension over the documents, float64 ``(dims,)``: bounds the scores."""
+        self._open()
+        return self._abs_max
+
+    def _open(self) -> None:
         if self._matrix is None:
             with self._lock:
                 if self._matrix is None:
                     if self.is_array:
-                        self._matrix = dimension_major(self.index, docnos=self.docnos, stage=self.stage)
+                        matrix, self._abs_max = dimension_major(self.index, docnos=self.docnos, stage=self.stage)
                     else:
-                        self._matrix = open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)
-        return self._matrix
+                        matrix, self._abs_max = open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)
+                    self._matrix = matrix
 
     def lookup_docnos(self, docids: np.ndarray) -> np.ndarray:
         """The docnos of these docids, as an object array."""
@@ -105,21 +124,22 @@ def portable_index(index: object) -> object:
 
 
 def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None, stage: str = 'PrunedRetriever',
-                    block: Optional[int] = None) -> np.ndarray:
+                    block: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
     """An in-memory ``(dims, docs)`` float32 C-contiguous copy of ``(docs, dims)`` vectors (a view when ``vecs`` is
-    already a Fortran-ordered float32 array), filled block by block; fails on a document with NaN or inf values."""
+    already a Fortran-ordered float32 array), filled block by block, and the largest absolute value of each
+    dimension; fails on a document with NaN or inf values."""
     docs, dims = vecs.shape
     block = block or BUILD_BLOCK
-    if vecs.dtype == np.float32 and vecs.flags.f_contiguous:
-        for start in range(0, docs, block):
-            _check_finite(vecs[start:start + block], start, docnos, stage, 'the array index')
-        return vecs.T
-    out = np.empty((dims, docs), dtype=np.float32)
+    view = vecs.dtype == np.float32 and vecs.flags.f_contiguous
+    out = vecs.T if view else np.empty((dims, docs), dtype=np.float32)
+    abs_max = np.zeros(dims)
     for start in range(0, docs, block):
         rows = np.asarray(vecs[start:start + block], dtype=np.float32)
         _check_finite(rows, start, docnos, stage, 'the array index')
-        out[:, start:start + len(rows)] = rows.T
-    return out
+        np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
+        if not view:
+            out[:, start:start + len(rows)] = rows.T
+    return out, abs_max
 
 
 def flex_layout_path(index: object) -> Path:
@@ -134,10 +154,17 @@ def flex_layout_path(index: object) -> Path:
     return default_cache_dir() / 'layouts' / f'{folder.name}-{key}.npy'
 
 
-def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever', verbose: bool = False) -> np.ndarray:
-    """The read-only memory-mapped layout of a FlexIndex, built first if it is missing or older than the index's
-    vectors. Every caller in this process gets the same array; concurrent builds (threads, or processes where
-    ``fcntl`` exists) wait for the first one and then open its file."""
+def record_path(path: Path) -> Path:
+    """The JSON record that describes the layout at ``path``."""
+    return path.with_suffix('.json')
+
+
+def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever',
+                     verbose: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """The read-only memory-mapped layout of a FlexIndex and the largest absolute value of each dimension, built
+    first if the layout is missing or was not built from the index's current vectors. Every caller in this process
+    gets the same array; concurrent builds (threads, or processes where ``fcntl`` exists) wait for the first one and
+    then open its file."""
     if not (Path(index.index_path) / 'pt_meta.json').is_file():
         raise ValueError(f'{stage}: {index!r} is not built (no pt_meta.json in {index.index_path}); index the '
                          'documents first, e.g. (encoder >> index.indexer()).index(docs)')
@@ -150,27 +177,35 @@ def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever', verbose: 
     with build_lock:
         with _REGISTRY_LOCK:
             opened = _OPEN.get(path)
-        if opened is not None and _is_valid(path, shape, source) and opened[0] == _identity(path):
-            return opened[1]
-        if not _is_valid(path, shape, source):
+        if opened is not None and opened[0] == _identity(path) and _check(path, shape, source) is None:
+            return opened[1], opened[2]
+        if _check(path, shape, source) is not None:
             with _exclusive(source):  # another process may be building it: wait, then look again
-                if not _is_valid(path, shape, source):
+                reason = _check(path, shape, source)
+                if reason is not None:
+                    if path.exists() or record_path(path).exists():
+                        warnings.warn(f'{stage}: rebuilding the dimension-major layout {path}: {reason}',
+                                      stacklevel=4)
                     for stale in path.parent.glob(f'.{path.name}.*.tmp'):  # from a killed build: no one writes it now
                         stale.unlink(missing_ok=True)
+                    record_path(path).unlink(missing_ok=True)
                     docnos, vecs, _ = index.payload()
-                    build_layout(vecs, path, docnos=docnos.fwd, stage=stage, source=str(index.index_path),
-                                 verbose=verbose)
+                    abs_max = build_layout(vecs, path, docnos=docnos.fwd, stage=stage, source=str(index.index_path),
+                                           verbose=verbose)
+                    _write_record(path, source, abs_max)
         matrix = np.load(path, mmap_mode='r')
+        abs_max = np.asarray(_read_record(path)['abs_max'], dtype=np.float64)
         with _REGISTRY_LOCK:
-            _OPEN[path] = (_identity(path), matrix)
-        return matrix
+            _OPEN[path] = (_identity(path), matrix, abs_max)
+        return matrix, abs_max
 
 
 def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = None, stage: str = 'PrunedRetriever',
-                 source: str = 'the index', block: Optional[int] = None, verbose: bool = False) -> Path:
+                 source: str = 'the index', block: Optional[int] = None, verbose: bool = False) -> np.ndarray:
     """Write the ``(dims, docs)`` float32 ``.npy`` layout of ``(docs, dims)`` vectors to ``path``, reading ``block``
     documents at a time (a memory-mapped source is read with plain file reads, so its pages do not pile up in this
-    process). The file appears under its name only once complete and flushed to disk.
+    process). The file appears under its name only once complete and flushed to disk. Returns the largest absolute
+    value of each dimension.
 
     Raises:
         ValueError: a document has a NaN or infinite value (named by its docno): it would score NaN, and a NaN score
@@ -180,6 +215,7 @@ def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = Non
     path.parent.mkdir(parents=True, exist_ok=True)
     docs, dims = vecs.shape
     block = block or BUILD_BLOCK
+    abs_max = np.zeros(dims)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
     try:
         with os.fdopen(fd, 'wb') as out:
@@ -192,6 +228,7 @@ def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = Non
                 for start in range(0, docs, block):
                     rows = read_rows(start, min(docs, start + block))
                     _check_finite(rows, start, docnos, stage, source)
+                    np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
                     columns = np.ascontiguousarray(rows.T)
                     for dim in range(dims):
                         os.pwrite(out.fileno(), columns[dim], header + (dim * docs + start) * 4)
@@ -204,7 +241,7 @@ def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = Non
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    return abs_max
 
 
 @contextlib.contextmanager
@@ -236,16 +273,47 @@ def _check_finite(rows: np.ndarray, start: int, docnos: Optional[object], stage:
                          'rebuild the index without it')
 
 
-def _identity(path: Path) -> Tuple[int, int]:
-    stat = path.stat()
-    return stat.st_ino, stat.st_mtime_ns
-
-
-def _is_valid(path: Path, shape: Tuple[int, int], source: Path) -> bool:
-    """A complete layout of this shape, written after the index's vectors were (a rebuilt index is newer)."""
+def _identity(path: Path) -> Optional[Tuple[int, int, int]]:
     try:
-        if path.stat().st_mtime_ns < source.stat().st_mtime_ns:
-            return False
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def fingerprint(source: Path) -> dict:
+    """Size, modification time and a SHA-1 of three ``SAMPLE_BYTES`` samples (start, middle, end) of a file: cheap
+    on a file of many GiB, and it tells apart a file replaced by other content even if its time was kept."""
+    stat = source.stat()
+    digest = hashlib.sha1()
+    with open(source, 'rb') as f:
+        for offset in sorted({0, max(0, stat.st_size // 2 - SAMPLE_BYTES // 2), max(0, stat.st_size - SAMPLE_BYTES)}):
+            f.seek(offset)
+            digest.update(f.read(SAMPLE_BYTES))
+    return {'size': stat.st_size, 'mtime_ns': stat.st_mtime_ns, 'sha1': digest.hexdigest()}
+
+
+def _write_record(path: Path, source: Path, abs_max: np.ndarray) -> None:
+    """The layout's record, written (atomically) after the layout is in place: a build killed before this leaves
+    a layout without a record, which is rebuilt."""
+    record = {'source': str(source), 'source_fingerprint': fingerprint(source), 'layout': list(_identity(path)),
+              'abs_max': [float(x) for x in abs_max]}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    with os.fdopen(fd, 'w') as out:
+        json.dump(record, out)
+    os.replace(tmp, record_path(path))
+
+
+def _read_record(path: Path) -> dict:
+    with open(record_path(path)) as f:
+        return json.load(f)
+
+
+def _check(path: Path, shape: Tuple[int, int], source: Path) -> Optional[str]:
+    """None for a complete layout of this shape whose record matches both it and the index's vectors; else why not."""
+    if not path.exists():
+        return 'there is none'
+    try:
         with open(path, 'rb') as f:
             version = np.lib.format.read_magic(f)
             read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
@@ -253,8 +321,20 @@ def _is_valid(path: Path, shape: Tuple[int, int], source: Path) -> bool:
             got_shape, fortran, dtype = read_header(f)
             complete = path.stat().st_size == f.tell() + shape[0] * shape[1] * 4
     except (OSError, ValueError):
-        return False
-    return complete and tuple(got_shape) == shape and not fortran and dtype == np.dtype('<f4')
+        return 'it is not a readable .npy file'
+    if not (complete and tuple(got_shape) == shape and not fortran and dtype == np.dtype('<f4')):
+        return f'it is incomplete or not a float32 {shape} matrix (a build was interrupted, or the index changed)'
+    try:
+        record = _read_record(path)
+        if len(record['abs_max']) != shape[0]:
+            raise ValueError('abs_max')
+    except (OSError, ValueError, KeyError, TypeError):
+        return f'its record {record_path(path).name} is missing or unreadable (a build was interrupted)'
+    if tuple(record['layout']) != _identity(path):
+        return f'its record {record_path(path).name} describes another file (a build was interrupted)'
+    if record['source_fingerprint'] != fingerprint(source):
+        return f'it was built from other vectors than {source} (size, modification time or content changed)'
+    return None
 
 
 @contextlib.contextmanager

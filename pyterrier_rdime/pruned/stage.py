@@ -8,10 +8,12 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer
 from .._frames import empty_frame
-from . import cost, kernels
+from . import cost, dense, kept
 from .layout import Layout, portable_index
 
 STRATEGIES = ('auto', 'pruned', 'dense')
+#: A query whose scores could reach this (half the float32 range) is refused: see ``_stack_queries``.
+SCORE_LIMIT = float(np.finfo(np.float32).max) / 2
 
 
 class PrunedRetriever(ConfigTransformer):
@@ -120,13 +122,11 @@ class PrunedRetriever(ConfigTransformer):
     def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
         """``PrunedRetriever(num_results=n) % k`` with ``k < n`` is the retriever with ``num_results=k``, sharing this
         one's matrix."""
-        if k < self.num_results:
-            fused = PrunedRetriever(index=self.index, num_results=k, docnos=self.docnos, strategy=self.strategy,
-                                    batch_size=self.batch_size, drop_query_vec=self.drop_query_vec,
-                                    verbose=self.verbose)
-            fused._layout = self._layout
-            return fused
-        return None
+        if k >= self.num_results:
+            return None
+        fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
+        fused._layout = self._layout
+        return fused
 
     def dim_major(self) -> np.ndarray:
         """The ``(dims, docs)`` float32 C-contiguous document matrix (opened or built on first use)."""
@@ -136,7 +136,7 @@ class PrunedRetriever(ConfigTransformer):
         """The path this retriever takes for these (already pruned) query vectors (n, dims)."""
         if self.strategy != 'auto':
             return self.strategy
-        return cost.choose_path(query_vecs, self.dim_major().nbytes, kernels.NUMBA_AVAILABLE)
+        return cost.choose_path(query_vecs, self.dim_major().nbytes, kept.NUMBA_AVAILABLE)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)
@@ -148,9 +148,9 @@ class PrunedRetriever(ConfigTransformer):
         query_vecs = self._stack_queries(inp)
         matrix = self.dim_major()
         if self.choose_strategy(query_vecs) == 'pruned':
-            scores, docids = kernels.search_pruned(matrix, query_vecs, self.num_results)
+            scores, docids = kept.search_pruned(matrix, query_vecs, self.num_results)
         else:
-            scores, docids = kernels.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
+            scores, docids = dense.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
         counts = np.array([len(d) for d in docids])
         flat_ids = np.concatenate(docids).astype(np.int64)
         out = inp.iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
@@ -165,12 +165,23 @@ class PrunedRetriever(ConfigTransformer):
         bad = [i for i, v in enumerate(values) if np.ndim(v) != 1 or np.size(v) != dims]
         if bad:
             row = bad[0]
-            raise ValueError(f'{self}: query_vec of qid={inp["qid"].iloc[row]!r} has shape {np.shape(values[row])}, '
-                             f'but the index holds {dims}-dimensional vectors; encode the queries with the model '
-                             'of the index')
+            raise ValueError(f'{type(self).__name__}: query_vec of qid={inp["qid"].iloc[row]!r} has shape '
+                             f'{np.shape(values[row])}, but the index holds {dims}-dimensional vectors; encode the '
+                             'queries with the model of the index')
         query_vecs = np.stack(values).astype(np.float32, copy=False)
+        name = type(self).__name__
         finite = np.isfinite(query_vecs).all(axis=1)
         if not finite.all():
-            raise ValueError(f'{self}: query_vec of qid={inp["qid"].iloc[int(np.argmin(finite))]!r} holds NaN or '
+            raise ValueError(f'{name}: query_vec of qid={inp["qid"].iloc[int(np.argmin(finite))]!r} holds NaN or '
                              'inf; check the encoder and the DIME / threshold stages before this one')
+        # |q . d| <= sum_j |q_j| max_d |d_j|: below half the float32 range no product or partial sum can overflow
+        # (the half covers rounding), so every score is finite on both paths
+        bound = np.abs(query_vecs).astype(np.float64) @ self._layout.abs_max()
+        safe = bound < SCORE_LIMIT
+        if not safe.all():
+            row = int(np.argmin(safe))
+            raise ValueError(f'{name}: query_vec of qid={inp["qid"].iloc[row]!r} (values up to '
+                             f'{np.abs(query_vecs[row]).max():.3g}) can score beyond float32 against this index: '
+                             f'sum |q_j| max |d_j| = {bound[row]:.3g} >= {SCORE_LIMIT:.3g}; normalise the query '
+                             'vectors (e.g. to unit length)')
         return query_vecs

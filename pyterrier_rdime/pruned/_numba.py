@@ -1,0 +1,185 @@
+"""The compiled pruned path (numba), imported only when it first runs: a fused parallel kernel that reads only the
+kept rows of a dimension-major ``(dims, docs)`` float32 matrix and keeps a running top-k per chunk of documents."""
+import math
+import os
+import threading
+from typing import Optional
+
+import numba
+import numpy as np
+
+from . import cost
+from .kept import kept_dims
+from .topk import Result, merge_heaps
+
+#: Documents per block of the score vector for one query: the block's scores (64 KiB) stay in the L2 cache while
+#: every kept row adds to them, and each row segment read is long enough (64 KiB) for the hardware prefetcher.
+BLOCK_DOCS = 16384
+#: Dimensions per tile for a batch: a tile of ``TILE_DIMS x block`` values is read from memory once and re-used from
+#: the cache by every query of the batch.
+TILE_DIMS = 16
+#: For a batch, the block is narrowed until a tile and the scores of every query, ``(TILE_DIMS + queries) x block``
+#: floats, fit in this many floats (768 KiB: most of a 1 MiB L2 cache).
+BATCH_CACHE_FLOATS = 196608
+#: Document blocks per thread: more, smaller chunks balance the work when another process takes a core.
+CHUNKS_PER_THREAD = 4
+
+# The OpenMP and TBB threading layers accept concurrent calls, numba's own workqueue layer aborts on them; the kernel
+# already uses every core, so concurrent calls from Python threads are simply served one after the other.
+_KERNEL_LOCK = threading.Lock()
+# GNU OpenMP cannot run in a process forked after it started (numba then terminates the child): a child forked after
+# the parallel kernel ran on that layer (multiprocessing's default on Linux) scores on one thread instead.
+_PARALLEL = {'layer': None, 'forked': False}
+
+
+def _after_fork_in_child() -> None:
+    if _PARALLEL['layer'] == 'omp':
+        _PARALLEL['forked'] = True
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pass: Optional[bool] = None) -> Result:
+    """The compiled path of :func:`.kept.search_pruned`. The documents are cut into chunks, the tasks of a parallel loop
+    (several per thread, for balance when another process takes a core); a chunk is scored block by block, each
+    block's scores held in the cache while the kept rows are added to them (eight rows per pass over the block), then
+    pushed into the chunk's top-k heap. A batch is scored either one query after the other (each streams only its
+    kept rows) or in one pass (``one_pass``, chosen by the cost model when None): blocks narrow enough for the scores
+    of every query to stay in the L2 cache, rows taken in tiles of ``TILE_DIMS`` dimensions that every query re-reads
+    from the cache, so the matrix is read from memory once per batch. The chunks' heaps are merged at the end."""
+    if one_pass is None:
+        one_pass = cost.batch_in_one_pass(query_vecs)
+    if len(query_vecs) > 1 and not one_pass:
+        results = [fused_top_k(dim_major, query_vec[None], k, one_pass=True) for query_vec in query_vecs]
+        return [r[0][0] for r in results], [r[1][0] for r in results]
+    n_dims, n_docs = dim_major.shape
+    k = min(k, n_docs)
+    n_queries = len(query_vecs)
+    dims, weights, starts = kept_dims(query_vecs)
+    block = BLOCK_DOCS
+    while n_queries > 1 and block > 1024 and block * (TILE_DIMS + n_queries) > BATCH_CACHE_FLOATS:
+        block //= 2
+    tile = n_dims if n_queries == 1 else TILE_DIMS
+    if _PARALLEL['forked']:
+        kernel, threads = _serial_kernel(), 1
+    else:
+        kernel, threads = _fused_kernel, numba.get_num_threads()
+    chunks = max(1, min(math.ceil(n_docs / block), CHUNKS_PER_THREAD * threads))
+    with _KERNEL_LOCK:
+        heap_s, heap_i = kernel(dim_major, dims, weights, starts, k, block, tile, chunks)
+        if _PARALLEL['layer'] is None and not _PARALLEL['forked']:
+            _PARALLEL['layer'] = numba.threading_layer()
+    return merge_heaps(heap_s, heap_i, k)
+
+
+_jit = numba.njit(cache=True, nogil=True, fastmath={'contract'})
+_parallel_jit = numba.njit(parallel=True, cache=True, nogil=True, fastmath={'contract'})
+_prange = numba.prange
+
+
+@_jit
+def _worse(s_a, i_a, s_b, i_b):
+    # heap order: the root is the worst kept document (lowest score, then highest docid)
+    return s_a < s_b or (s_a == s_b and i_a > i_b)
+
+
+@_jit
+def _replace_root(heap_s, heap_i, s, i):
+    k = heap_s.shape[0]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= k:
+            break
+        if child + 1 < k and _worse(heap_s[child + 1], heap_i[child + 1], heap_s[child], heap_i[child]):
+            child += 1
+        if _worse(heap_s[child], heap_i[child], s, i):
+            heap_s[pos] = heap_s[child]
+            heap_i[pos] = heap_i[child]
+            pos = child
+        else:
+            break
+    heap_s[pos] = s
+    heap_i[pos] = i
+
+
+@_jit
+def _push_block(heap_s, heap_i, scores, n, first_docid):
+    # docids grow within a chunk, so a document tying with the root loses (ties go to the lower docid)
+    bar = heap_s[0]
+    for t in range(n):
+        if scores[t] > bar:
+            _replace_root(heap_s, heap_i, scores[t], first_docid + t)
+            bar = heap_s[0]
+
+
+@_jit
+def _add_rows(acc, matrix, dims, weights, j, stop, b0, n):
+    # acc[:n] += weights[r] * matrix[dims[r], b0:b0 + n] for r in [j, stop): eight rows per pass over acc, so that
+    # the block of scores is read and written once per eight rows
+    while j + 8 <= stop:
+        r0, r1 = matrix[dims[j], b0:b0 + n], matrix[dims[j + 1], b0:b0 + n]
+        r2, r3 = matrix[dims[j + 2], b0:b0 + n], matrix[dims[j + 3], b0:b0 + n]
+        r4, r5 = matrix[dims[j + 4], b0:b0 + n], matrix[dims[j + 5], b0:b0 + n]
+        r6, r7 = matrix[dims[j + 6], b0:b0 + n], matrix[dims[j + 7], b0:b0 + n]
+        w0, w1, w2, w3 = weights[j], weights[j + 1], weights[j + 2], weights[j + 3]
+        w4, w5, w6, w7 = weights[j + 4], weights[j + 5], weights[j + 6], weights[j + 7]
+        for t in range(n):
+            acc[t] += (w0 * r0[t] + w1 * r1[t] + w2 * r2[t] + w3 * r3[t]
+                       + w4 * r4[t] + w5 * r5[t] + w6 * r6[t] + w7 * r7[t])
+        j += 8
+    if j + 4 <= stop:
+        r0, r1 = matrix[dims[j], b0:b0 + n], matrix[dims[j + 1], b0:b0 + n]
+        r2, r3 = matrix[dims[j + 2], b0:b0 + n], matrix[dims[j + 3], b0:b0 + n]
+        w0, w1, w2, w3 = weights[j], weights[j + 1], weights[j + 2], weights[j + 3]
+        for t in range(n):
+            acc[t] += w0 * r0[t] + w1 * r1[t] + w2 * r2[t] + w3 * r3[t]
+        j += 4
+    while j < stop:
+        r0, w0 = matrix[dims[j], b0:b0 + n], weights[j]
+        for t in range(n):
+            acc[t] += w0 * r0[t]
+        j += 1
+
+
+@_parallel_jit
+def _fused_kernel(matrix, dims, weights, starts, k, block, tile, chunks):
+    n_dims, n_docs = matrix.shape
+    n_queries = starts.shape[0] - 1
+    heap_s = np.full((chunks, n_queries, k), -np.inf, dtype=np.float32)
+    heap_i = np.full((chunks, n_queries, k), -1, dtype=np.int64)
+    per_chunk = (n_docs + chunks - 1) // chunks
+    per_chunk = (per_chunk + block - 1) // block * block
+    for c in _prange(chunks):
+        acc = np.empty((n_queries, block), dtype=np.float32)
+        cursor = np.empty(n_queries, dtype=np.int64)
+        lo = c * per_chunk
+        hi = min(n_docs, lo + per_chunk)
+        for b0 in range(lo, hi, block):
+            n = min(hi, b0 + block) - b0
+            acc[:, :n] = 0.0
+            cursor[:] = starts[:n_queries]
+            for tile_end in range(tile, n_dims + tile, tile):
+                for q in range(n_queries):
+                    j = cursor[q]
+                    stop = j
+                    while stop < starts[q + 1] and dims[stop] < tile_end:
+                        stop += 1
+                    _add_rows(acc[q], matrix, dims, weights, j, stop, b0, n)
+                    cursor[q] = stop
+            for q in range(n_queries):
+                _push_block(heap_s[c, q], heap_i[c, q], acc[q], n, b0)
+    return heap_s, heap_i
+
+
+_SERIAL = []
+
+
+def _serial_kernel():
+    """The kernel compiled without the parallel loop (for a forked child; not cached on disk, where it would share
+    the parallel kernel's entry)."""
+    if not _SERIAL:
+        _SERIAL.append(numba.njit(nogil=True, fastmath={'contract'})(_fused_kernel.py_func))
+    return _SERIAL[0]

@@ -1,0 +1,39 @@
+"""Top-k selection shared by every scoring path: higher score first, exact ties to the lower docid. Pure numpy."""
+from typing import List, Tuple
+
+import numpy as np
+
+Result = Tuple[List[np.ndarray], List[np.ndarray]]
+
+
+def top_k(scores: np.ndarray, k: int, offset: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """The ``k`` highest of a 1-D score array, descending, ties by lower index: ``(scores, indices + offset)``."""
+    idx = best_k(scores, np.arange(len(scores)), k)
+    return scores[idx], idx + offset
+
+
+def best_k(scores: np.ndarray, docids: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` best ``(score, docid)`` pairs (higher score, then lower docid), in that order."""
+    n = len(scores)
+    if n > k:
+        kth = np.partition(scores, n - k)[n - k]
+        above = np.flatnonzero(scores > kth)
+        ties = np.flatnonzero(scores == kth)
+        keep = np.concatenate([above, ties[np.argsort(docids[ties], kind='stable')[:k - len(above)]]])
+    else:
+        keep = np.arange(n)
+    return keep[np.lexsort((docids[keep], -scores[keep]))]
+
+
+def merge_heaps(heap_s: np.ndarray, heap_i: np.ndarray, k: int) -> Result:
+    """The best ``k`` of each query over the chunks' heaps ``(chunks, queries, k)`` (unfilled slots have docid -1),
+    descending, ties by lower docid."""
+    scores, docids = [], []
+    for q in range(heap_s.shape[1]):
+        s, i = heap_s[:, q].ravel(), heap_i[:, q].ravel()
+        filled = i >= 0
+        s, i = s[filled], i[filled]
+        order = best_k(s, i, k)
+        scores.append(s[order])
+        docids.append(i[order])
+    return scores, docids
