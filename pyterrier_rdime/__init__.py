@@ -12,8 +12,7 @@ from pyterrier_rdime.dime import (
     PrfDime,
     SwcDime,
 )
-from pyterrier_rdime.generate import LlmGenerator, smollm2_gguf_path
-from pyterrier_rdime.llm import LlmAnswers, read_answers_tsv
+from pyterrier_rdime.llm import LlmAnswers, LlmGenerator, read_answers_tsv, smollm2_gguf_path
 from pyterrier_rdime.pruned import PrunedRetriever
 from pyterrier_rdime.scorer import VectorScorer
 from pyterrier_rdime.threshold import DimensionThreshold, Rdime, TopK

@@ -1,24 +1,43 @@
 """Configuration of the package's transformers: repr, equality and hashing from their arguments, argument checks,
-and the default cache folder."""
+the default cache folder and whether the Hugging Face hub is offline."""
 import inspect
 import numbers
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, Sequence
+from typing import Any, Dict
 
 import numpy as np
 import pyterrier as pt
+
+# the argument checks live in the pure module (maths uses them too); stages and the runner import them from here
+from ._checks import (
+    check_bool,
+    check_choice,
+    check_fraction,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_topk,
+)
+
+__all__ = ['ConfigTransformer', 'default_cache_dir', 'hub_offline', 'check_bool', 'check_choice', 'check_fraction',
+           'check_int', 'check_nonnegative', 'check_positive', 'check_topk']
 
 
 class ConfigTransformer(pt.Transformer):
     """A transformer whose keyword-only constructor arguments, stored under their own names, are its identity:
     the repr lists the non-default ones, and two instances with the same arguments are equal (so that
-    ``pt.Experiment`` can share common pipeline prefixes)."""
+    ``pt.Experiment`` can share common pipeline prefixes). ``verbose`` shows in the repr but not in equality or
+    the hash: it changes what is printed, not what is computed."""
 
     def _config(self) -> Dict[str, Any]:
         params = inspect.signature(type(self).__init__).parameters
         return {name: getattr(self, name) for name in params if name != 'self'}
+
+    def _identity(self) -> Dict[str, Any]:
+        return {name: value for name, value in self._config().items() if name != 'verbose'}
 
     def __repr__(self) -> str:
         params = inspect.signature(type(self).__init__).parameters
@@ -29,11 +48,11 @@ class ConfigTransformer(pt.Transformer):
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        mine, theirs = self._config(), other._config()
+        mine, theirs = self._identity(), other._identity()
         return all(_same(mine[k], theirs[k]) for k in mine)
 
     def __hash__(self) -> int:
-        return hash((type(self),) + tuple(_hashable(v) for v in self._config().values()))
+        return hash((type(self),) + tuple(_hashable(v) for v in self._identity().values()))
 
 
 _SCALARS = (str, numbers.Number, bool, type(None))
@@ -73,56 +92,25 @@ def _short_repr(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + '...'
 
 
-# Argument checks shared by every stage (and the runner): each raises a ValueError that names the stage, the option,
-# the value given and what is accepted. ``hint`` adds the fix where the accepted range alone does not say it.
-
-def check_int(stage: str, name: str, value: object, minimum: int, hint: str = '') -> None:
-    """An integer (not a bool) >= ``minimum``."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        _fail(stage, name, f'an integer >= {minimum}', value, hint)
-
-
-def check_positive(stage: str, name: str, value: object, hint: str = '') -> None:
-    """A finite real number > 0."""
-    if not _is_real(value) or not np.isfinite(value) or value <= 0:
-        _fail(stage, name, 'a positive number', value, hint)
-
-
-def check_nonnegative(stage: str, name: str, value: object, hint: str = '') -> None:
-    """A finite real number >= 0."""
-    if not _is_real(value) or not np.isfinite(value) or value < 0:
-        _fail(stage, name, 'a non-negative number', value, hint)
-
-
-def check_fraction(stage: str, name: str, value: object, hint: str = '') -> None:
-    """A real number in (0, 1]."""
-    if not _is_real(value) or not 0 < value <= 1:
-        _fail(stage, name, 'a fraction in (0, 1]', value, hint)
-
-
-def check_choice(stage: str, name: str, value: object, choices: Sequence[str], hint: str = '') -> None:
-    """One of the strings ``choices``."""
-    if not isinstance(value, str) or value not in choices:
-        _fail(stage, name, f'one of {", ".join(map(repr, choices))}', value, hint)
-
-
-def check_bool(stage: str, name: str, value: object, hint: str = '') -> None:
-    """``True`` or ``False`` (not a truthy stand-in such as 1 or 'yes', which usually means a misplaced argument)."""
-    if not isinstance(value, (bool, np.bool_)):
-        _fail(stage, name, 'True or False', value, hint)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-
-def _fail(stage: str, name: str, accepted: str, value: object, hint: str) -> None:
-    raise ValueError(f'{stage}: {name} must be {accepted}, got {value!r}' + (f'; {hint}' if hint else ''))
-
-
 def default_cache_dir() -> Path:
     """Where indexes and generated answers are cached by default: ``$PYTERRIER_RDIME_CACHE`` if set, else
     ``$XDG_CACHE_HOME/pyterrier_rdime`` (``~/.cache/pyterrier_rdime``)."""
     if os.environ.get('PYTERRIER_RDIME_CACHE'):
         return Path(os.environ['PYTERRIER_RDIME_CACHE']).expanduser()
     return Path(os.environ.get('XDG_CACHE_HOME') or '~/.cache').expanduser() / 'pyterrier_rdime'
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub is off limits: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set to a true
+    value as huggingface_hub reads it (``1``, ``ON``, ``YES``, ``TRUE``), or the hub not answering within 3 seconds
+    (rather than after a minute of retries)."""
+    flag = os.environ.get('HF_HUB_OFFLINE') or os.environ.get('TRANSFORMERS_OFFLINE') or ''
+    return flag.upper() in ('1', 'ON', 'YES', 'TRUE') or not _hub_reachable()
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection(('huggingface.co', 443), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -191,11 +191,6 @@ def gather_vectors(inp: pd.DataFrame, column: str, feedback: Feedback, dims: int
     return out
 
 
-def query_columns(columns: Sequence[str]) -> list:
-    """PyTerrier's query-level columns: every column whose name starts with 'q'."""
-    return [c for c in columns if c.startswith('q')]
-
-
 def empty_frame(inp: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """The output of a stage for an empty input: no rows, the input's columns kept, new ones added."""
     return pd.DataFrame({c: inp[c] if c in inp.columns else pd.Series(dtype=object) for c in columns})

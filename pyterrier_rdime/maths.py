@@ -9,6 +9,8 @@ from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 
+from ._checks import check_choice, check_topk
+
 KERNELS = ('uniform', 'softmax', 'rbf', 'sigmoid', 'rank')
 
 #: A user kernel: ``kernel(query_vecs (n, p), doc_vecs (n, m, p)) -> (n, m)`` non-negative similarities.
@@ -57,7 +59,7 @@ def kernel_weights(
     elif kernel == 'rank':
         log_k = np.broadcast_to(-np.log(np.arange(1, m + 1, dtype=np.float64)), (n, m))
     else:
-        raise ValueError(f'unknown kernel {kernel!r}; expected one of {KERNELS} or a callable')
+        check_choice('kernel_weights', 'kernel', kernel, KERNELS, 'or a callable kernel(query_vecs, doc_vecs)')
 
     if log_k is not None:
         # exponentiate relative to the per-query maximum so that softmax with small tau cannot overflow
@@ -117,27 +119,28 @@ def oracle_dime(query_vecs: np.ndarray, doc_vecs: np.ndarray, labels: np.ndarray
     return corr
 
 
+def noise_variance(query_vecs: np.ndarray, importance: np.ndarray) -> np.ndarray:
+    """RDIME's plug-in noise variance ``eps2 = mean_j(q_j^2 - u_j)`` (n,): under ``q = theta + eps z``,
+    ``E[q_j^2] = theta_j^2 + eps^2`` and ``u_j`` estimates ``theta_j^2``. Can be <= 0 (sampling noise)."""
+    return np.mean(query_vecs * query_vecs - importance, axis=1)
+
+
 def rdime_threshold(query_vecs: np.ndarray, importance: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """RDIME: ``eps2 = mean_j(q_j^2 - u_j)`` and the kept set ``u_j > eps2`` (strict).
+    """RDIME: the kept set ``u_j > eps2`` (strict) with ``eps2`` from :func:`noise_variance`.
 
     Returns ``(keep (n, p) bool, eps2 (n,))``. A row of ``keep`` can be all False: the caller decides the fallback.
     """
-    eps2 = np.mean(query_vecs * query_vecs - importance, axis=1)
+    eps2 = noise_variance(query_vecs, importance)
     return importance > eps2[:, None], eps2
 
 
 def topk_count(dims: int, *, fraction: Optional[float] = None, count: Optional[int] = None) -> int:
     """Number of dimensions Top-k keeps out of ``dims``: ``round(fraction * dims)`` (at least 1) for a ``fraction``
-    in (0, 1], ``min(count, dims)`` for a ``count`` >= 1. Exactly one of the two."""
-    if (fraction is None) == (count is None):
-        raise ValueError(f'topk_count: give exactly one of fraction= and count=, got fraction={fraction!r}, '
-                         f'count={count!r}')
+    in (0, 1], ``min(count, dims)`` for a ``count`` >= 1. Exactly one of the two (checked as
+    :class:`~pyterrier_rdime.TopK` checks them)."""
+    check_topk('topk_count', fraction, count)
     if count is not None:
-        if count < 1:
-            raise ValueError(f'topk_count: count must be >= 1, got {count!r}')
         return int(min(count, dims))
-    if not 0 < fraction <= 1:
-        raise ValueError(f'topk_count: fraction must be in (0, 1], got {fraction!r}')
     return int(max(1, min(dims, round(fraction * dims))))
 
 
@@ -149,7 +152,7 @@ def topk_threshold(importance: np.ndarray, count: int) -> np.ndarray:
     return keep
 
 
-MODULATORS = ('hard', 'james-stein', 'wiener')
+MODULATOR_NAMES = ('hard', 'james-stein', 'wiener')
 
 
 def modulator_weights(theta2: np.ndarray, eps2: np.ndarray, modulator: str) -> np.ndarray:
@@ -177,8 +180,7 @@ def modulator_weights(theta2: np.ndarray, eps2: np.ndarray, modulator: str) -> n
 
     Returns float64 weights in [0, 1]; a row can be all zero (nothing kept): the caller decides the fallback.
     """
-    if modulator not in MODULATORS:
-        raise ValueError(f'unknown modulator {modulator!r}; expected one of {MODULATORS}')
+    check_choice('modulator_weights', 'modulator', modulator, MODULATOR_NAMES)
     theta2 = np.asarray(theta2, dtype=np.float64)
     eps2 = np.asarray(eps2, dtype=np.float64)[:, None]
     if modulator == 'wiener':
@@ -196,12 +198,12 @@ def modulator_weights(theta2: np.ndarray, eps2: np.ndarray, modulator: str) -> n
 def modulation_weights(query_vecs: np.ndarray, importance: np.ndarray, modulator: str = 'hard'
                        ) -> Tuple[np.ndarray, np.ndarray]:
     """Soft RDIME: the modulator's weights with RDIME's plug-in estimates, ``u`` (Kernel DIME, unbiased for
-    ``theta^2``: Theorem 2) for ``theta^2`` and ``eps2 = mean_j(q_j^2 - u_j)`` for ``eps^2``
-    (see :func:`modulator_weights`). ``'hard'`` is RDIME (:func:`rdime_threshold`) as 0/1 weights.
+    ``theta^2``: Theorem 2) for ``theta^2`` and :func:`noise_variance` for ``eps^2`` (see :func:`modulator_weights`).
+    ``'hard'`` is RDIME (:func:`rdime_threshold`) as 0/1 weights.
 
     Returns ``(weights (n, p) float64 in [0, 1], eps2 (n,))``, ``eps2`` as estimated (not clipped).
     """
-    eps2 = np.mean(query_vecs * query_vecs - importance, axis=1)
+    eps2 = noise_variance(query_vecs, importance)
     return modulator_weights(importance, eps2, modulator), eps2
 
 

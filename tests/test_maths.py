@@ -192,7 +192,7 @@ def test_callable_kernel_bad_output_is_an_error(bad):
 
 
 def test_unknown_kernel_name():
-    with pytest.raises(ValueError, match='unknown kernel'):
+    with pytest.raises(ValueError, match="kernel_weights: kernel must be one of .*, got 'cosine'"):
         weights('cosine', KQ, KD)
 
 

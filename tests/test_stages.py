@@ -776,8 +776,8 @@ def test_invalid_parameters_fail_at_construction(make):
 
 
 @pytest.mark.parametrize('make, message', [
-    (lambda: TopK(fraction=300), r"^TopK: fraction must be a fraction in \(0, 1\], got 300; .*TopK\(count=\.\.\.\)"),
-    (lambda: TopK(count=0.5), r"^TopK: count must be an integer >= 1, got 0\.5; .*TopK\(fraction=\.\.\.\)"),
+    (lambda: TopK(fraction=300), r"^TopK: fraction must be a fraction in \(0, 1\], got 300; .*use count=\.\.\."),
+    (lambda: TopK(count=0.5), r"^TopK: count must be an integer >= 1, got 0\.5; .*use fraction=\.\.\."),
     (lambda: TopK(fraction=0.5, count=3), r'^TopK: give fraction=.* or count=.*not both'),
     (lambda: KernelDime(num_docs=0), r'^KernelDime: num_docs must be an integer >= 1, got 0'),
     (lambda: KernelDime(kernel='cosine'), r"^KernelDime: kernel must be one of 'uniform', .*got 'cosine'; .*callable"),

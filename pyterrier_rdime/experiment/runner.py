@@ -9,8 +9,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import pandas as pd
 
 from .._config import check_choice, check_fraction, check_int, default_cache_dir
-from ..generate import LlmGenerator
-from ..llm import read_answers_tsv
+from ..llm import LlmGenerator, read_answers_tsv
 from . import evaluate as ev
 from .collection import Collection, load_collection
 from .encoders import DEFAULT_ENCODER, load_encoder

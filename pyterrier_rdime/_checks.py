@@ -1,0 +1,64 @@
+"""Argument checks shared by every stage, the maths and the runner (pure Python and numpy: :mod:`maths` uses them).
+
+Each raises a ValueError that names the stage (or function), the option, the value given and what is accepted.
+``hint`` adds the fix where the accepted range alone does not say it."""
+import numbers
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+def check_int(stage: str, name: str, value: object, minimum: int, hint: str = '') -> None:
+    """An integer (not a bool) >= ``minimum``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        _fail(stage, name, f'an integer >= {minimum}', value, hint)
+
+
+def check_positive(stage: str, name: str, value: object, hint: str = '') -> None:
+    """A finite real number > 0."""
+    if not _is_real(value) or not np.isfinite(value) or value <= 0:
+        _fail(stage, name, 'a positive number', value, hint)
+
+
+def check_nonnegative(stage: str, name: str, value: object, hint: str = '') -> None:
+    """A finite real number >= 0."""
+    if not _is_real(value) or not np.isfinite(value) or value < 0:
+        _fail(stage, name, 'a non-negative number', value, hint)
+
+
+def check_fraction(stage: str, name: str, value: object, hint: str = '') -> None:
+    """A real number in (0, 1]."""
+    if not _is_real(value) or not 0 < value <= 1:
+        _fail(stage, name, 'a fraction in (0, 1]', value, hint)
+
+
+def check_choice(stage: str, name: str, value: object, choices: Sequence[str], hint: str = '') -> None:
+    """One of the strings ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        _fail(stage, name, f'one of {", ".join(map(repr, choices))}', value, hint)
+
+
+def check_bool(stage: str, name: str, value: object, hint: str = '') -> None:
+    """``True`` or ``False`` (not a truthy stand-in such as 1 or 'yes', which usually means a misplaced argument)."""
+    if not isinstance(value, (bool, np.bool_)):
+        _fail(stage, name, 'True or False', value, hint)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _fail(stage: str, name: str, accepted: str, value: object, hint: str) -> None:
+    raise ValueError(f'{stage}: {name} must be {accepted}, got {value!r}' + (f'; {hint}' if hint else ''))
+
+
+def check_topk(stage: str, fraction: Optional[float], count: Optional[int]) -> None:
+    """Top-k's size: exactly one of a ``fraction`` of the dimensions in (0, 1] and a ``count`` >= 1."""
+    if (fraction is None) == (count is None):
+        raise ValueError(f'{stage}: give fraction= (a share of the dimensions) or count= (a number of dimensions), '
+                         f'not {"both" if count is not None else "neither"}; got fraction={fraction!r}, '
+                         f'count={count!r}')
+    if count is not None:
+        check_int(stage, 'count', count, 1, 'a number of dimensions; for a share of them use fraction=...')
+    else:
+        check_fraction(stage, 'fraction', fraction, 'a share of the dimensions; for a number of them use count=...')

@@ -1,0 +1,10 @@
+"""DIME scorers: PyTerrier stages that add the per-query dimension importance ``query_dime``."""
+from ._base import DimeScorer
+from .eclipse import EclipseDime
+from .kernel import FeedbackCutoff, KernelDime, PrfDime, SwcDime
+from .llm import LlmDime
+from .magnitude import MagnitudeDime
+from .oracle import OracleDime
+
+__all__ = ['DimeScorer', 'KernelDime', 'PrfDime', 'SwcDime', 'FeedbackCutoff', 'MagnitudeDime', 'LlmDime',
+           'EclipseDime', 'OracleDime']
