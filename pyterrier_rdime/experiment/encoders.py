@@ -1,8 +1,8 @@
 """Bi-encoders for experiments: the bundled MiniLM (offline), the paper's encoders by short name, any
 sentence-transformers path or hub name."""
-import os
-import socket
 from pathlib import Path
+
+from .._config import hub_offline
 
 #: Short names of the paper's encoders (768-d; they need the Hugging Face hub or its local cache): the
 #: sentence-transformers names the reference implementations load, through pyterrier-dr's ``SBertBiEncoder``
@@ -45,20 +45,6 @@ def resolve_encoder(name: str) -> str:
                            'the hub cannot be reached (offline). Use the bundled default encoder "minilm", a local '
                            'sentence-transformers folder, or download the model on a machine with network first.')
     return hub_id
-
-
-def hub_offline() -> bool:
-    """True when the Hugging Face hub is off limits: ``HF_HUB_OFFLINE`` is set, or the hub does not answer within
-    seconds (rather than after a minute of retries)."""
-    return os.environ.get('HF_HUB_OFFLINE', '0') not in ('0', '', 'false', 'False') or not _hub_reachable()
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    try:
-        with socket.create_connection(('huggingface.co', 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def load_encoder(name: str = DEFAULT_ENCODER, *, batch_size: int = 32, verbose: bool = False):
