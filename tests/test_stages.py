@@ -733,14 +733,14 @@ def test_llm_answers_file_with_a_byte_order_mark(tmp_path):
 def test_llm_answers_file_not_in_utf8_names_the_file_line_and_fix(tmp_path):
     path = tmp_path / 'answers.tsv'
     path.write_bytes('q1\tfirst answer\nq2\tcaf\xe9 au lait\n'.encode('latin-1'))
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: not UTF-8 text .*save the file as UTF-8"):
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: not UTF-8 .*iconv -f latin1 -t utf-8"):
         read_answers_tsv(path)
 
 
 def test_llm_answers_file_with_an_empty_qid(tmp_path):
     path = tmp_path / 'answers.tsv'
     path.write_text('q1\ta\n\tb\n', encoding='utf-8')
-    with pytest.raises(ValueError, match=':2: the qid before the tab is empty'):
+    with pytest.raises(ValueError, match=":2: qid '' is empty or holds whitespace"):
         read_answers_tsv(path)
 
 

@@ -14,6 +14,7 @@ from typing import Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 import pandas as pd
 import pyterrier as pt
 
+from .._tsv import read_qid_tsv
 from ..llm import read_answers_tsv
 
 REQUIRED_FILES = ('docs.jsonl', 'queries.tsv', 'qrels')
@@ -232,26 +233,10 @@ def _read_docs(path: Path) -> Iterator[Tuple[str, str]]:
 
 
 def _read_queries(path: Path) -> pd.DataFrame:
-    rows = []
-    first_line: Dict[str, int] = {}
-    for line_no, line in _lines(path):
-        qid, tab, query = line.partition('\t')
-        if not tab:
-            raise ValueError(f'{path}:{line_no}: no tab in {line[:80]!r}; {QUERIES_FORMAT}')
-        if not _is_token(qid):
-            raise ValueError(f'{path}:{line_no}: qid {qid!r} is empty or holds whitespace, so the qrels '
-                             '(whitespace-separated) could never judge it; write the qid without spaces, then a tab')
-        if not query.strip():
-            raise ValueError(f'{path}:{line_no}: qid {qid!r} has an empty query; write its text after the tab or '
-                             'remove the line')
-        if qid in first_line:
-            raise ValueError(f'{path}:{line_no}: qid {qid!r} is also on line {first_line[qid]}; give each query its '
-                             'own qid, or remove the repeated one')
-        first_line[qid] = line_no
-        rows.append((qid, query))
-    if not rows:
+    topics = read_qid_tsv(path, what='query', allow_empty=False)
+    if not topics:
         raise ValueError(f'{path} holds no queries; {QUERIES_FORMAT}')
-    return pd.DataFrame(rows, columns=['qid', 'query'])
+    return pd.DataFrame(list(topics.items()), columns=['qid', 'query'])
 
 
 def _read_qrels(path: Path) -> pd.DataFrame:

@@ -1,9 +1,6 @@
 """LLM answers for LLM DIME: a stage that adds the generated answer of each query as ``query_answer``."""
-import csv
-import io
 import math
 import os
-from pathlib import Path
 from typing import Dict, Mapping, Union
 
 import pandas as pd
@@ -11,35 +8,17 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_choice
 from .._frames import check_qids
+from .._tsv import read_qid_tsv
 
 
 def read_answers_tsv(path: Union[str, os.PathLike]) -> Dict[str, str]:
     """Read ``qid<TAB>answer`` lines (no header, UTF-8; a byte-order mark is skipped) into a dict.
 
-    An answer may contain further tabs; blank lines are skipped. A line without a tab, an empty qid, a qid given
-    twice or a file that is not UTF-8 is a ValueError naming the file and line.
+    An answer may contain further tabs, or be empty (no answer); blank lines are skipped. A line without a tab, a
+    qid that is empty or holds whitespace, a qid given twice or a file that is not UTF-8 is a ValueError naming the
+    file and line (see :func:`pyterrier_rdime._tsv.read_qid_tsv`, which also reads a collection's queries).
     """
-    data = Path(path).read_bytes()
-    try:
-        text = data.decode('utf-8-sig')
-    except UnicodeDecodeError as e:
-        line_no = data.count(b'\n', 0, e.start) + 1
-        raise ValueError(f'{path}:{line_no}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8, '
-                         f'e.g. iconv -f latin1 -t utf-8 {path} > answers.utf8.tsv') from None
-    answers: Dict[str, str] = {}
-    for line_no, row in enumerate(csv.reader(io.StringIO(text, newline=''), delimiter='\t',
-                                             quoting=csv.QUOTE_NONE), start=1):
-        if not row:
-            continue
-        if len(row) < 2:
-            raise ValueError(f'{path}:{line_no}: expected qid<TAB>answer, got {row!r}')
-        qid, answer = row[0], '\t'.join(row[1:])
-        if not qid:
-            raise ValueError(f'{path}:{line_no}: the qid before the tab is empty')
-        if qid in answers:
-            raise ValueError(f'{path}:{line_no}: qid {qid!r} has a second answer')
-        answers[qid] = answer
-    return answers
+    return read_qid_tsv(path, what='answer', allow_empty=True)
 
 
 class LlmAnswers(ConfigTransformer):
