@@ -1,5 +1,6 @@
 """Loading collection folders: the parsed frames, and a clear error (file:line, the offending value, the fix) for
 every malformed input. Tiny files in tmp_path; no encoder, no index."""
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import shared_collection
 
-from pyterrier_rdime.experiment.collection import iter_texts, load_collection, read_trec_run
+from pyterrier_rdime.experiment.collection import check_in_corpus, iter_texts, load_collection, read_trec_run
 
 DOCS = [{'docno': 'd0', 'text': 'dense retrieval'}, {'docno': 'd1', 'text': 'query pruning', 'title': 'ignored'},
         {'docno': 'd2', 'text': ''}]
@@ -101,9 +102,11 @@ def test_the_docs_iterator_checks_again_before_anything_is_built(tmp_path):
     with pytest.raises(ValueError, match=re.escape(f'{docs_path}:2: document \'d1\' has no "text"')):
         consumed.extend(collection.docs(None))
     assert [d['docno'] for d in consumed] == ['d0']
-    docs_path.write_text(''.join(json.dumps(d) + '\n' for d in DOCS[:2]))
-    with pytest.raises(ValueError, match=r'changed since the collection was loaded \(3 documents then, 2 now\)'):
-        list(collection.docs(None))
+    for edited in (DOCS[:2], [DOCS[0], {**DOCS[1], 'text': 'query pruning!'}, DOCS[2]]):
+        docs_path.write_text(''.join(json.dumps(d) + '\n' for d in edited))
+        with pytest.raises(ValueError, match=re.escape(f'{docs_path} changed since the collection was loaded; load '
+                                                       'the collection again')):
+            list(collection.docs(['d0']))
 
 
 @pytest.mark.parametrize('queries, fragments', [
@@ -144,3 +147,37 @@ def test_bad_runs(tmp_path, run, fragments):
     _fails(_folder(tmp_path, run=run), *fragments)
     with pytest.raises(ValueError, match=re.escape(fragments[0])):
         read_trec_run(str(tmp_path / 'coll' / 'first.run'))
+
+
+def test_a_run_naming_a_document_the_corpus_lacks_fails_at_load_time(tmp_path):
+    run = 'q1 Q0 d1 1 3.5 bm25\nq1 Q0 d7 2 3.0 bm25\nq2 Q0 d8 1 1.0 bm25\n'
+    message = _fails(_folder(tmp_path, run=run), "first.run: docno 'd7' (qid 'q1') is not in", 'nor are 1 other',
+                     'add the documents to docs.jsonl or remove them from the run')
+    assert str(tmp_path / 'coll' / 'docs.jsonl') in message
+
+
+def test_documents_are_looked_up_and_fingerprinted_by_content(tmp_path):
+    collection = load_collection(_folder(tmp_path))
+    assert collection.absent(['d2', 'x', 'd0', 'y']) == ['x', 'y']
+    expected = hashlib.sha256((tmp_path / 'coll' / 'docs.jsonl').read_bytes()).hexdigest()
+    assert collection.fingerprint == f'sha256:{expected}'
+    with pytest.raises(ValueError, match="the run names docno 'x' \\(and 1 more\\), which is not in the corpus of "
+                                         f"collection '{re.escape(str(tmp_path / 'coll'))}'"):
+        check_in_corpus(collection, ['d0', 'x', 'y'], 'the run')
+    with pytest.raises(ValueError, match="the documents to encode names docno 'x'"):
+        next(iter_texts(collection, ['d0', 'x']))
+
+
+def test_the_cache_key_is_the_folder_name_not_its_path(tmp_path):
+    (tmp_path / 'a').mkdir()
+    (tmp_path / 'b').mkdir()
+    first = load_collection(_folder(tmp_path / 'a'))
+    second = load_collection(_folder(tmp_path / 'b', docs='{"docno": "x", "text": "other content"}\n'))
+    assert first.slug == second.slug == f'coll-{hashlib.sha1(b"coll").hexdigest()[:8]}'
+    assert load_collection('irds:vaswani').slug == f'vaswani-{hashlib.sha1(b"irds:vaswani").hexdigest()[:8]}'
+
+
+def test_irds_documents_are_looked_up_in_its_docstore():
+    collection = load_collection('irds:vaswani')
+    assert collection.absent(['1', 'nope', '11429']) == ['nope']
+    assert collection.fingerprint == 'irds:vaswani'

@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 import pyterrier as pt
@@ -35,7 +35,11 @@ class Collection:
         qrels: ``qid, docno, label``.
         docs: ``docs(docnos=None)`` iterates ``{'docno', 'text'}`` dicts, of all documents or of the given ones.
             For a folder, every line is checked again while iterating: a bad line raises ``ValueError`` naming
-            ``docs.jsonl:<line>`` at that point, and so does a file whose document count changed since loading.
+            ``docs.jsonl:<line>`` at that point, and so does a file whose content changed since loading (checked
+            when the iteration ends, so that nothing built from it is finalised).
+        absent: ``absent(docnos)`` lists those of ``docnos`` that the corpus does not hold (in their order).
+        fingerprint: what the documents' content is keyed by in caches: for a folder, ``sha256:`` of
+            ``docs.jsonl``'s bytes; for ir_datasets, its id (a dataset's documents never change under its id).
         run: a supplied first-stage run (``qid, docno, score, rank``), if the collection ships one.
         answers: LLM answers (qid -> text) for LLM DIME, if the collection ships them.
         dropped_queries: qids of queries that were dropped because they have no judgments.
@@ -45,6 +49,8 @@ class Collection:
     topics: pd.DataFrame
     qrels: pd.DataFrame
     docs: Callable[[Optional[Sequence[str]]], Iterator[Dict[str, str]]] = field(repr=False)
+    absent: Callable[[Sequence[str]], List[str]] = field(repr=False)
+    fingerprint: str
     run: Optional[pd.DataFrame] = None
     answers: Optional[Dict[str, str]] = None
     dropped_queries: tuple = ()
@@ -52,18 +58,16 @@ class Collection:
 
     @property
     def slug(self) -> str:
-        """A file-name-safe, unique key of the collection for caches."""
-        base = re.sub(r'[^A-Za-z0-9_.-]+', '_', self.name.replace('irds:', '')).strip('_')[-60:]
-        digest = hashlib.sha1(_identity(self.name).encode()).hexdigest()[:8]
-        return f'{base}-{digest}'
+        """A file-name-safe key of the collection for cache folders: the ir_datasets id, or the folder's name (not
+        its path, so that a collection and its cache copied elsewhere keep their key). Two folders of the same name
+        share the key; every cached artefact records :attr:`fingerprint` and is checked against it on use."""
+        identity = self.name if self.name.startswith('irds:') else Path(self.name).resolve().name
+        base = re.sub(r'[^A-Za-z0-9_.-]+', '_', identity.replace('irds:', '')).strip('_')[-60:]
+        return f'{base}-{hashlib.sha1(identity.encode()).hexdigest()[:8]}'
 
     @property
     def graded(self) -> bool:
         return bool(self.qrels['label'].max() > 1)
-
-
-def _identity(name: str) -> str:
-    return name if name.startswith('irds:') else str(Path(name).resolve())
 
 
 def load_collection(name: Union[str, os.PathLike]) -> Collection:
@@ -139,7 +143,12 @@ def _load_irds(name: str) -> Collection:
         for doc in source:
             yield {'docno': doc.doc_id, 'text': _doc_text(doc)}
 
-    return Collection(name=name, topics=topics, qrels=qrels, docs=docs, num_docs=num_docs)
+    def absent(docnos: Sequence[str]) -> List[str]:
+        found = irds.docs_store().get_many(list(dict.fromkeys(docnos)))
+        return [d for d in docnos if d not in found]
+
+    return Collection(name=name, topics=topics, qrels=qrels, docs=docs, absent=absent, fingerprint=name,
+                      num_docs=num_docs)
 
 
 def _doc_text(doc) -> str:
@@ -162,30 +171,48 @@ def _load_folder(path: Path) -> Collection:
     run = read_trec_run(runs[0]) if runs else None
     answers = read_answers_tsv(path / 'llm_answers.tsv') if (path / 'llm_answers.tsv').is_file() else None
     docs_path = path / 'docs.jsonl'
-    num_docs = sum(1 for _ in _read_docs(docs_path))
-    if num_docs == 0:
+    loaded = hashlib.sha256()
+    docnos = frozenset(docno for docno, _ in _read_docs(docs_path, loaded))
+    if not docnos:
         raise ValueError(f'{docs_path} holds no documents; {DOCS_FORMAT}')
+    fingerprint = f'sha256:{loaded.hexdigest()}'
+    if run is not None:
+        _check_run_docnos(run, runs[0], docnos, docs_path)
 
-    def docs(docnos: Optional[Sequence[str]] = None) -> Iterator[Dict[str, str]]:
-        wanted = None if docnos is None else set(docnos)
-        count = 0
-        for docno, text in _read_docs(docs_path):
-            count += 1
+    def docs(wanted: Optional[Sequence[str]] = None) -> Iterator[Dict[str, str]]:
+        wanted = None if wanted is None else set(wanted)
+        now = hashlib.sha256()
+        for docno, text in _read_docs(docs_path, now):
             if wanted is None or docno in wanted:
                 yield {'docno': docno, 'text': text}
-        if count != num_docs:
-            # Indexes are cached by document count: a file edited after loading must not pass for the loaded one.
-            raise ValueError(f'{docs_path} changed since the collection was loaded ({num_docs} documents then, '
-                             f'{count} now); load the collection again')
+        if f'sha256:{now.hexdigest()}' != fingerprint:
+            # Caches are keyed by the content loaded: a file edited since must not pass for it.
+            raise ValueError(f'{docs_path} changed since the collection was loaded; load the collection again')
 
-    return Collection(name=str(path), topics=topics, qrels=qrels, docs=docs, run=run, answers=answers,
-                      num_docs=num_docs)
+    def absent(wanted: Sequence[str]) -> List[str]:
+        return [d for d in wanted if d not in docnos]
+
+    return Collection(name=str(path), topics=topics, qrels=qrels, docs=docs, absent=absent, fingerprint=fingerprint,
+                      run=run, answers=answers, num_docs=len(docnos))
 
 
-def _lines(path: Path) -> Iterator[Tuple[int, str]]:
-    """The non-blank lines of a UTF-8 file, without line ends, with their 1-based line numbers."""
+def _check_run_docnos(run: pd.DataFrame, run_path: Path, docnos: frozenset, docs_path: Path) -> None:
+    """A run naming a document the corpus lacks fails at load time, before anything is encoded."""
+    unknown = run.loc[~run['docno'].isin(docnos), ['qid', 'docno']]
+    if len(unknown):
+        qid, docno = unknown.iloc[0]
+        raise ValueError(f'{run_path}: docno {docno!r} (qid {qid!r}) is not in {docs_path}, nor are '
+                         f'{unknown["docno"].nunique() - 1} other docnos of the run; the run and the corpus do not '
+                         'match: add the documents to docs.jsonl or remove them from the run')
+
+
+def _lines(path: Path, digest=None) -> Iterator[Tuple[int, str]]:
+    """The non-blank lines of a UTF-8 file, without line ends, with their 1-based line numbers; every byte read
+    goes into the hashlib object ``digest`` when one is given."""
     with open(path, 'rb') as f:
         for line_no, raw in enumerate(f, start=1):
+            if digest is not None:
+                digest.update(raw)
             try:
                 line = raw.decode('utf-8')
             except UnicodeDecodeError as e:
@@ -204,9 +231,9 @@ def _is_token(value: str) -> bool:
     return len(value.split()) == 1 and value.split()[0] == value
 
 
-def _read_docs(path: Path) -> Iterator[Tuple[str, str]]:
+def _read_docs(path: Path, digest=None) -> Iterator[Tuple[str, str]]:
     first_line: Dict[str, int] = {}
-    for line_no, line in _lines(path):
+    for line_no, line in _lines(path, digest):
         try:
             doc = json.loads(line)
         except json.JSONDecodeError as e:
@@ -297,13 +324,22 @@ def read_trec_run(path: Union[str, os.PathLike]) -> pd.DataFrame:
     return pt.model.add_ranks(run.reset_index(drop=True))
 
 
+def check_in_corpus(collection: Collection, docnos: Sequence[str], source: str) -> None:
+    """Fails, naming the first missing docno and the collection, when the corpus lacks documents of ``docnos``
+    (taken from ``source``, e.g. a run file): before anything is encoded, rather than giving a missing document
+    another one's vector or failing after the others were encoded."""
+    missing = collection.absent(list(dict.fromkeys(docnos)))
+    if missing:
+        more = f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''
+        raise ValueError(f'{source} names docno {missing[0]!r}{more}, which is not in the corpus of collection '
+                         f'{collection.name!r}; the ranking and the corpus do not match: use the run made for this '
+                         'corpus, or add the documents to it')
+
+
 def iter_texts(collection: Collection, docnos: Optional[Iterable[str]]) -> Iterator[Dict[str, str]]:
-    """Documents of ``collection`` (all, or those in ``docnos``); raises if any requested docno is missing."""
-    wanted = None if docnos is None else sorted(set(docnos))
-    seen = 0
-    for doc in collection.docs(wanted):
-        seen += 1
-        yield doc
-    if wanted is not None and seen < len(wanted):
-        raise ValueError(f'collection {collection.name!r}: {len(wanted) - seen} of the {len(wanted)} documents of '
-                         'the first-stage ranking are not in the corpus; the run and the corpus do not match')
+    """Documents of ``collection`` (all, or those in ``docnos``, in corpus order); every requested docno is checked
+    to be in the corpus first."""
+    wanted = None if docnos is None else list(dict.fromkeys(docnos))
+    if wanted is not None:
+        check_in_corpus(collection, wanted, 'the documents to encode')
+    yield from collection.docs(wanted)

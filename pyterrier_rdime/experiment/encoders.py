@@ -1,6 +1,9 @@
 """Bi-encoders for experiments: the bundled MiniLM (offline), the paper's encoders by short name, any
-sentence-transformers path or hub name."""
+sentence-transformers path or hub name, and the content key under which an encoder's vectors are cached."""
+import functools
+import hashlib
 from pathlib import Path
+from typing import Tuple
 
 from .._config import hub_offline
 
@@ -14,6 +17,12 @@ PAPER_ENCODERS = {
     'ance': 'sentence-transformers/msmarco-roberta-base-ance-firstp',
 }
 DEFAULT_ENCODER = 'minilm'
+
+#: The files of a model folder that decide its vectors: configurations, vocabularies, tokenizers, weights and custom
+#: code. Documentation, licences and desktop clutter (README.md, desktop.ini) change no vector.
+_MODEL_SUFFIXES = ('.json', '.txt', '.model', '.safetensors', '.bin', '.pt', '.pth', '.py', '.tiktoken')
+#: Alternative runtimes' copies that sentence-transformers does not load.
+_SKIPPED_FOLDERS = ('onnx', 'openvino')
 
 
 def bundled_minilm_path() -> Path:
@@ -45,6 +54,39 @@ def resolve_encoder(name: str) -> str:
                            'the hub cannot be reached (offline). Use the bundled default encoder "minilm", a local '
                            'sentence-transformers folder, or download the model on a machine with network first.')
     return hub_id
+
+
+def encoder_fingerprint(name: str) -> str:
+    """What an encoder's cached vectors are keyed by: a digest of the content of the model folder ``name`` resolves
+    to (its configuration, tokenizer and weights files; see ``_MODEL_SUFFIXES``), so that the same model in another
+    virtual environment, on another machine or in another folder has the same key, and a changed or fine-tuned
+    model in the same folder has another. A hub id that is not downloaded yet is keyed by the id itself."""
+    resolved = Path(resolve_encoder(name))
+    if not resolved.is_dir():
+        return 'hub:' + str(resolved)
+    files = sorted(f for f in resolved.rglob('*') if f.is_file() and f.suffix in _MODEL_SUFFIXES
+                   and not any(part.startswith('.') or part in _SKIPPED_FOLDERS
+                               for part in f.relative_to(resolved).parts))
+    if not files:
+        raise ValueError(f'encoder {name!r}: {resolved} holds no model files ({", ".join(_MODEL_SUFFIXES)}); pass '
+                         'a sentence-transformers model folder')
+    listing = tuple((f.relative_to(resolved).as_posix(), str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns)
+                    for f in files)
+    return _content_digest(listing)
+
+
+@functools.lru_cache(maxsize=16)
+def _content_digest(listing: Tuple[Tuple[str, str, int, int], ...]) -> str:
+    """sha256 over the relative names and contents of the files; memoised on their sizes and modification times,
+    since hashing a 440 MB model takes seconds."""
+    digest = hashlib.sha256()
+    for relative, path, _, _ in listing:
+        digest.update(relative.encode() + b'\0')
+        with open(path, 'rb') as f:
+            for chunk in iter(lambda: f.read(1 << 22), b''):
+                digest.update(chunk)
+        digest.update(b'\0')
+    return digest.hexdigest()[:16]
 
 
 def load_encoder(name: str = DEFAULT_ENCODER, *, batch_size: int = 32, verbose: bool = False):

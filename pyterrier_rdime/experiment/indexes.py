@@ -4,13 +4,13 @@ import contextlib
 import ctypes
 import hashlib
 import itertools
-import json
 import logging
 import os
 import re
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -18,14 +18,12 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from .collection import Collection, iter_texts, read_trec_run
-from .encoders import hub_offline, resolve_encoder
+from .._config import check_int
+from .collection import Collection, check_in_corpus, iter_texts, read_trec_run
+from .encoders import encoder_fingerprint, hub_offline
+from .fingerprint import TEXT_HASHES, read_fingerprint, text_hash, text_hashes, write_fingerprint
 
 logger = logging.getLogger(__name__)
-
-#: The marker written into a cached index that holds the whole corpus, so that a cached run need not read the
-#: corpus again to count it.
-COMPLETE_MARKER = 'rdime_complete.json'
 
 #: ``--retriever`` choices for full dense retrieval: name -> what it is.
 RETRIEVERS = {
@@ -39,58 +37,140 @@ RETRIEVERS = {
 
 
 def encoder_slug(name: str) -> str:
-    """A cache key of the encoder: its name and a digest of what it resolves to (local folders are often all
-    called 'model')."""
-    resolved = resolve_encoder(name)
-    digest = hashlib.sha1(resolved.encode()).hexdigest()[:8]
+    """The cache folder name of an encoder: its name and a digest of its content (:func:`encoder_fingerprint`), so
+    that local folders, often all called 'model', do not share one, and a copied cache is found again."""
+    digest = hashlib.sha1(encoder_fingerprint(name).encode()).hexdigest()[:8]
     return re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[-60:] + f'-{digest}'
+
+
+def dense_index_path(collection: Collection, encoder_name: str, cache_dir: Union[str, Path]) -> Path:
+    """Where :func:`dense_index` caches the FlexIndex of ``collection`` encoded with ``encoder_name``."""
+    return Path(cache_dir) / collection.slug / f'{encoder_slug(encoder_name)}.flex'
+
+
+@dataclass
+class _Cached:
+    """The vectors of a cached index that may be reused: their docids in it, docnos and text hashes."""
+    index: object = None
+    docids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    docnos: List[str] = field(default_factory=list)
+    hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    current: bool = False  # built from the collection's present content: every vector valid, none of a removed doc
+    complete: bool = False  # and holds every document of the corpus
 
 
 def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Union[str, Path],
                 docnos: Optional[Sequence[str]] = None, *, batch_size: int = 32, verbose: bool = True):
-    """A FlexIndex of ``collection`` encoded with ``model``, cached under ``cache_dir``. With ``docnos`` only those
-    documents are needed: a cached index that holds them all is reused, otherwise only the missing ones are encoded
-    and added. ``docnos=None`` needs the whole corpus (a marker file records that it is complete)."""
+    """A FlexIndex of ``collection`` encoded with ``model`` (named ``encoder_name``), cached under ``cache_dir``.
+
+    With ``docnos`` only those documents are needed: a cached index that holds them all is reused, otherwise only the
+    missing ones are encoded and added. ``docnos=None`` needs the whole corpus. The cache records what it was built
+    from (:func:`dense_index_path`, :data:`FINGERPRINT`): the encoder's content and the collection's, and the hash
+    of each document's text. When the collection changed, the vectors of unchanged documents are kept, changed and
+    new ones encoded, removed ones dropped, and one line says so; when the encoder changed, or the cache has no
+    fingerprint, everything is encoded again. A docno the corpus lacks is an error naming it, before any encoding.
+    A killed run leaves the cached index as it was (the new one is written beside it and moved into place).
+    """
     from pyterrier_dr import FlexIndex
-    path = Path(cache_dir) / collection.slug / f'{encoder_slug(encoder_name)}.flex'
-    old_docnos: List[str] = []
-    old_vecs = None
-    if (path / 'pt_meta.json').is_file():
-        index = FlexIndex(str(path), verbose=False)
-        if (path / COMPLETE_MARKER).is_file():
-            return index
-        lookup, old_vecs, _ = index.payload()
-        old_docnos = [str(d) for d in lookup.fwd[np.arange(len(index))]]
-        if docnos is not None and set(docnos) <= set(old_docnos):
-            return index
-    have = set(old_docnos)
-    wanted = None if docnos is None else [d for d in dict.fromkeys(docnos) if d not in have]
-    logger.info('encoding %s documents of %s into %s', 'all' if wanted is None else len(wanted), collection.name, path)
+    check_int('dense_index', 'batch_size (--batch-size)', batch_size, 1)
+    needed = None if docnos is None else list(dict.fromkeys(str(d) for d in docnos))
+    if needed is not None:
+        check_in_corpus(collection, needed, 'the ranking to re-score')
+    path = dense_index_path(collection, encoder_name, cache_dir)
+    encoder = encoder_fingerprint(encoder_name)
+    cached = _cached_vectors(path, collection, encoder)
+    held = set(cached.docnos)
+    if cached.current and (cached.complete or (needed is not None and held.issuperset(needed))):
+        return cached.index
+    wanted = None if needed is None else [d for d in needed if d not in held]
+    if wanted is not None:
+        total = len(wanted)
+    else:
+        total = collection.num_docs - len(held) if collection.num_docs is not None else None
+    logger.info('encoding %s documents of %s into %s', 'all the' if total is None else total, collection.name, path)
+    vectors = cached.index.payload(return_docnos=False)[0] if cached.index is not None else None
+    new_hashes: List[np.ndarray] = []
 
     def records() -> Iterator[dict]:
-        """Streams the cached vectors, then the new ones a batch at a time (bounded memory, a progress bar that
+        """Streams the reused vectors, then the new ones a batch at a time (bounded memory, a progress bar that
         moves with every batch)."""
-        for docno, vec in zip(old_docnos, old_vecs if old_vecs is not None else []):
-            yield {'docno': docno, 'doc_vec': np.asarray(vec)}
-        new_docs = (doc for doc in iter_texts(collection, wanted) if doc['docno'] not in have)
-        total = len(wanted) if wanted is not None else collection.num_docs
+        for docid, docno in zip(cached.docids, cached.docnos):
+            yield {'docno': docno, 'doc_vec': np.asarray(vectors[docid])}
+        new_docs = (doc for doc in iter_texts(collection, wanted) if doc['docno'] not in held)
         with pt.tqdm(total=total, desc='encoding documents', unit='doc', disable=not verbose) as progress:
             for chunk in iter(lambda: list(itertools.islice(new_docs, batch_size)), []):
-                vecs = model.encode_docs([doc['text'] for doc in chunk])
-                for doc, vec in zip(chunk, vecs):
+                texts = [doc['text'] for doc in chunk]
+                new_hashes.append(text_hashes(texts))
+                for doc, vec in zip(chunk, model.encode_docs(texts)):
                     yield {'docno': doc['docno'], 'doc_vec': vec}
                 progress.update(len(chunk))
 
     start = time.time()
-    tmp = path.with_name(path.name + '.tmp')
-    shutil.rmtree(tmp, ignore_errors=True)
-    FlexIndex(str(tmp), verbose=False).indexer(mode='overwrite').index(records())
-    if docnos is None:
-        (tmp / COMPLETE_MARKER).write_text(json.dumps({'collection': collection.name, 'encoder': encoder_name}))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pt.io.finalized_directory(str(path)) as tmp:
+        FlexIndex(tmp, verbose=False).indexer(mode='overwrite').index(records())
+        hashes = np.concatenate([cached.hashes] + new_hashes)
+        np.save(Path(tmp) / TEXT_HASHES, hashes)
+        write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, encoder=encoder,
+                          encoder_name=encoder_name, complete=needed is None, num_docs=len(hashes))
+        shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
     logger.info('encoded the documents in %.0f s', time.time() - start)
     return FlexIndex(str(path), verbose=False)
+
+
+def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached:
+    """What of the index cached at ``path`` is still valid for ``collection`` and the encoder ``encoder``."""
+    from pyterrier_dr import FlexIndex
+    if not (path / 'pt_meta.json').is_file():
+        return _Cached()
+    recorded = read_fingerprint(path)
+    index = FlexIndex(str(path), verbose=False)
+    hashes = np.load(path / TEXT_HASHES) if (path / TEXT_HASHES).is_file() else None
+    if recorded is None or hashes is None or len(hashes) != len(index):
+        logger.warning('%s: no record of what this cached index was built from; encoding again (adopt_index() '
+                       'records it for an index known to match)', path)
+        return _Cached()
+    if recorded.get('encoder') != encoder:
+        logger.warning('%s: built with other encoder files (content %s, now %s); encoding again', path,
+                       recorded.get('encoder'), encoder)
+        return _Cached()
+    docnos = [str(d) for d in index.payload(return_dvecs=False)[0].fwd[np.arange(len(index))]]
+    if recorded.get('docs') == collection.fingerprint:
+        return _Cached(index, np.arange(len(docnos)), docnos, hashes, True, bool(recorded.get('complete')))
+    now = {doc['docno']: text_hash(doc['text']) for doc in collection.docs(docnos)}
+    keep = np.array([now.get(d) == int(h) for d, h in zip(docnos, hashes)], dtype=bool)
+    logger.warning('%s: the documents of %s changed since this index was built (%d of its %d documents changed, %d '
+                   'removed); keeping the %d other vectors', path, collection.name, len(now) - keep.sum(),
+                   len(docnos), len(docnos) - len(now), keep.sum())
+    docids = np.flatnonzero(keep)
+    return _Cached(index, docids, [docnos[i] for i in docids], hashes[docids])
+
+
+def adopt_index(folder: Union[str, Path], collection: Collection, encoder_name: str,
+                cache_dir: Union[str, Path]) -> Path:
+    """Moves a FlexIndex that was encoded from ``collection`` with ``encoder_name`` without a fingerprint (by hand,
+    or by a version before fingerprints) into :func:`dense_index`'s cache, recording what it was built from, and
+    returns its new path. Its documents must be exactly those of the collection now, encoded with these encoder
+    files: that is taken on trust. Whether it holds the whole corpus is read from its documents."""
+    from pyterrier_dr import FlexIndex
+    folder = Path(folder)
+    if not (folder / 'pt_meta.json').is_file():
+        raise ValueError(f'adopt_index: {folder} is not a pyterrier-dr FlexIndex (no pt_meta.json)')
+    index = FlexIndex(str(folder), verbose=False)
+    docnos = [str(d) for d in index.payload(return_dvecs=False)[0].fwd[np.arange(len(index))]]
+    check_in_corpus(collection, docnos, f'the index {folder}')
+    texts = {doc['docno']: doc['text'] for doc in collection.docs(docnos)}
+    np.save(folder / TEXT_HASHES, text_hashes(texts[d] for d in docnos))
+    write_fingerprint(folder, collection=collection.name, docs=collection.fingerprint,
+                      encoder=encoder_fingerprint(encoder_name), encoder_name=encoder_name,
+                      complete=collection.num_docs == len(docnos), num_docs=len(docnos))
+    target = dense_index_path(collection, encoder_name, cache_dir)
+    if target.resolve() != folder.resolve():
+        if target.exists():
+            raise ValueError(f'adopt_index: {target} exists already; remove it first to adopt {folder}')
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(folder), str(target))
+    return target
 
 
 def existing_index(spec: str):
@@ -243,6 +323,7 @@ def first_stage_results(collection: Collection, first_stage: str, depth: int, ca
     else:
         raise ValueError(f"--first-stage {first_stage!r} is not 'auto', 'bm25' or an existing TREC run file")
     run = run[run['rank'] < depth]
+    check_in_corpus(collection, run['docno'], f'the first-stage run {source}')
     results = run.merge(collection.topics, on='qid')
     if results.empty:
         raise ValueError(f'the first-stage run {source} shares no qid with the queries of {collection.name}')

@@ -1,0 +1,45 @@
+"""What a cached artefact was built from, recorded beside it and checked before it is used: the collection's
+documents (:attr:`Collection.fingerprint`), the encoder's content (:func:`encoder_fingerprint`) and, for a dense
+index, a hash of each document's text, so that a changed corpus re-encodes only the documents that changed."""
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Optional, Union
+
+import numpy as np
+
+#: The sidecar file of a cached artefact: a JSON object of what it was built from.
+FINGERPRINT = 'rdime_fingerprint.json'
+#: A dense index's per-document text hashes (uint64, in the index's docid order).
+TEXT_HASHES = 'rdime_text_hashes.npy'
+VERSION = 1
+
+
+def text_hash(text: str) -> int:
+    """A 64-bit hash of a text (blake2b of its UTF-8 bytes): what a cached vector was encoded from."""
+    return int.from_bytes(hashlib.blake2b(text.encode('utf-8', 'surrogatepass'), digest_size=8).digest(), 'little')
+
+
+def text_hashes(texts: Iterable[str]) -> np.ndarray:
+    """:func:`text_hash` of each text, as uint64."""
+    return np.fromiter((text_hash(t) for t in texts), dtype=np.uint64)
+
+
+def read_fingerprint(folder: Union[str, Path]) -> Optional[dict]:
+    """The fingerprint recorded in ``folder``; ``None`` when there is none or it cannot be read (a cache written
+    before fingerprints, or by hand), which callers treat as built from unknown content."""
+    path = Path(folder) / FINGERPRINT
+    try:
+        recorded = json.loads(path.read_text(encoding='utf-8'))
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) and recorded.get('version') == VERSION else None
+
+
+def write_fingerprint(folder: Union[str, Path], **fields) -> None:
+    """Records ``fields`` in ``folder``, atomically (a killed process leaves the old file or the new one)."""
+    path = Path(folder) / FINGERPRINT
+    tmp = path.with_name(f'.{FINGERPRINT}.{os.getpid()}.tmp')
+    tmp.write_text(json.dumps({'version': VERSION, **fields}, indent=1), encoding='utf-8')
+    os.replace(tmp, path)

@@ -1,0 +1,179 @@
+"""The runner's caches are keyed by content and checked on use: a changed corpus re-encodes only what changed and gives
+the vectors of a from-scratch build; another encoder's files, or a cache without a record, are encoded again; a copied
+cache (another folder, machine or virtual environment) is reused. Tiny collections in tmp_path, the bundled MiniLM."""
+import json
+import logging
+import shutil
+
+import numpy as np
+import pytest
+
+from pyterrier_rdime.experiment import encoders
+from pyterrier_rdime.experiment.collection import load_collection
+from pyterrier_rdime.experiment.encoders import encoder_fingerprint, load_encoder
+from pyterrier_rdime.experiment.fingerprint import FINGERPRINT, TEXT_HASHES, read_fingerprint
+from pyterrier_rdime.experiment.indexes import adopt_index, dense_index, dense_index_path
+
+TEXTS = ['dense retrieval with neural encoders', 'pruning embedding dimensions at query time',
+         'bm25 is a lexical ranking function', 'the cat sat on the mat', 'query expansion with feedback']
+
+
+@pytest.fixture(scope='module')
+def model():
+    return load_encoder('minilm')
+
+
+@pytest.fixture
+def encoded(model, monkeypatch):
+    """The texts the model encodes from now on."""
+    texts = []
+    original = model.encode_docs
+    monkeypatch.setattr(model, 'encode_docs', lambda batch, batch_size=None: texts.extend(batch) or original(batch))
+    return texts
+
+
+def _write(folder, docs):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / 'docs.jsonl').write_text(''.join(json.dumps({'docno': d, 'text': t}) + '\n' for d, t in docs.items()))
+    (folder / 'queries.tsv').write_text('q1\tdense retrieval\n')
+    (folder / 'qrels').write_text('q1 0 d0 1\n')
+    return folder
+
+
+def _vectors(index):
+    docnos, vecs, _ = index.payload()
+    return {str(docnos.fwd[i]): np.array(vecs[i]) for i in range(len(index))}
+
+
+def _from_scratch(tmp_path, folder, model, docnos=None):
+    return _vectors(dense_index(load_collection(folder), model, 'minilm', tmp_path / 'scratch', docnos, verbose=False))
+
+
+def _assert_same_vectors(got, expected):
+    assert list(got) == list(expected)
+    for docno in expected:
+        np.testing.assert_allclose(got[docno], expected[docno], atol=1e-6, err_msg=docno)
+
+
+@pytest.mark.parametrize('edit, re_encoded', [
+    (lambda docs: docs.update(d5='a new document about caches'), ['a new document about caches']),
+    (lambda docs: docs.update(d1='pruning the dimensions of the query'), ['pruning the dimensions of the query']),
+    (lambda docs: docs.pop('d2'), []),
+])
+def test_a_changed_corpus_gives_the_vectors_of_a_from_scratch_build(tmp_path, model, encoded, edit, re_encoded,
+                                                                   caplog):
+    docs = {f'd{i}': t for i, t in enumerate(TEXTS)}
+    folder = _write(tmp_path / 'coll', docs)
+    cache = tmp_path / 'cache'
+    dense_index(load_collection(folder), model, 'minilm', cache, None, verbose=False)
+    encoded.clear()
+    edit(docs)
+    _write(folder, docs)
+    with caplog.at_level(logging.WARNING, logger='pyterrier_rdime'):
+        index = dense_index(load_collection(folder), model, 'minilm', cache, None, verbose=False)
+    assert encoded == re_encoded
+    assert len([r for r in caplog.records if 'changed since this index was built' in r.message]) == 1
+    assert read_fingerprint(index.index_path)['complete']
+    expected = _from_scratch(tmp_path, folder, model)
+    _assert_same_vectors(dict(sorted(_vectors(index).items())), dict(sorted(expected.items())))
+
+
+def test_a_partial_index_re_encodes_a_changed_document_it_needs(tmp_path, model, encoded):
+    docs = {f'd{i}': t for i, t in enumerate(TEXTS)}
+    folder = _write(tmp_path / 'coll', docs)
+    cache = tmp_path / 'cache'
+    dense_index(load_collection(folder), model, 'minilm', cache, ['d0', 'd1', 'd2'], verbose=False)
+    docs['d1'] = 'an edited passage'
+    docs['d2'] = 'another edited passage, not needed now'
+    _write(folder, docs)
+    encoded.clear()
+    index = dense_index(load_collection(folder), model, 'minilm', cache, ['d1', 'd0', 'd3'], verbose=False)
+    assert sorted(encoded) == ['an edited passage', 'the cat sat on the mat']
+    got = _vectors(index)
+    assert sorted(got) == ['d0', 'd1', 'd3']  # d2's stale vector is gone, not kept for a later run
+    expected = _from_scratch(tmp_path, folder, model, ['d0', 'd1', 'd3'])
+    _assert_same_vectors(dict(sorted(got.items())), dict(sorted(expected.items())))
+    encoded.clear()
+    dense_index(load_collection(folder), model, 'minilm', cache, ['d3', 'd1'], verbose=False)
+    assert encoded == []
+
+
+def test_an_unknown_docno_fails_before_encoding_naming_it_and_the_collection(tmp_path, model, encoded):
+    folder = _write(tmp_path / 'coll', {'d0': TEXTS[0], 'd1': TEXTS[1]})
+    collection = load_collection(folder)
+    with pytest.raises(ValueError, match=rf"docno 'd9' \(and 1 more\), which is not in the corpus of collection "
+                                         rf"'{folder}'"):
+        dense_index(collection, model, 'minilm', tmp_path / 'cache', ['d0', 'd9', 'd1', 'x'], verbose=False)
+    assert encoded == []
+    assert not list((tmp_path / 'cache').rglob('*.flex'))
+
+
+def test_a_copied_cache_is_reused_in_another_folder_and_environment(tmp_path, model, encoded, monkeypatch):
+    folder = _write(tmp_path / 'here' / 'coll', {f'd{i}': t for i, t in enumerate(TEXTS)})
+    built = dense_index(load_collection(folder), model, 'minilm', tmp_path / 'here' / 'cache', None, verbose=False)
+    vectors = _vectors(built)
+    shutil.copytree(tmp_path / 'here', tmp_path / 'there')
+    # another virtual environment: the bundled model's files at another path
+    copy = tmp_path / 'venv2' / 'model'
+    shutil.copytree(encoders.bundled_minilm_path(), copy)
+    (copy / 'README.md').write_text('documentation changes no vector')
+    monkeypatch.setattr(encoders, 'bundled_minilm_path', lambda: copy)
+    encoded.clear()
+    index = dense_index(load_collection(tmp_path / 'there' / 'coll'), model, 'minilm', tmp_path / 'there' / 'cache',
+                        None, verbose=False)
+    assert encoded == []
+    assert index.index_path.is_relative_to(tmp_path / 'there')
+    _assert_same_vectors(_vectors(index), vectors)
+
+
+def test_other_encoder_files_are_encoded_again(tmp_path, model, encoded, monkeypatch):
+    folder = _write(tmp_path / 'coll', {'d0': TEXTS[0], 'd1': TEXTS[1]})
+    before = encoder_fingerprint('minilm')
+    path = dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', None, verbose=False).index_path
+    copy = tmp_path / 'tuned'
+    shutil.copytree(encoders.bundled_minilm_path(), copy)
+    config = json.loads((copy / 'config.json').read_text())
+    (copy / 'config.json').write_text(json.dumps({**config, 'note': 'fine-tuned'}))
+    monkeypatch.setattr(encoders, 'bundled_minilm_path', lambda: copy)
+    assert encoder_fingerprint('minilm') != before
+    assert dense_index_path(load_collection(folder), 'minilm', tmp_path / 'cache') != path
+    # the same folder name, copied by hand, is still refused by its record
+    shutil.copytree(path, dense_index_path(load_collection(folder), 'minilm', tmp_path / 'cache'))
+    encoded.clear()
+    dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', None, verbose=False)
+    assert encoded == TEXTS[:2]
+
+
+def test_a_cache_without_a_record_is_encoded_again_unless_adopted(tmp_path, model, encoded, caplog):
+    import pyterrier_dr
+    folder = _write(tmp_path / 'coll', {f'd{i}': t for i, t in enumerate(TEXTS)})
+    collection = load_collection(folder)
+    old = tmp_path / 'old.flex'
+    (model >> pyterrier_dr.FlexIndex(str(old), verbose=False).indexer()).index(collection.docs(None))
+    path = dense_index_path(collection, 'minilm', tmp_path / 'cache')
+    shutil.copytree(old, path)
+    encoded.clear()
+    with caplog.at_level(logging.WARNING, logger='pyterrier_rdime'):
+        dense_index(collection, model, 'minilm', tmp_path / 'cache', ['d0', 'd1'], verbose=False)
+    assert encoded == TEXTS[:2] and 'no record of what this cached index was built from' in caplog.text
+    shutil.rmtree(path)
+    assert adopt_index(old, collection, 'minilm', tmp_path / 'cache') == path
+    assert not old.exists() and (path / FINGERPRINT).is_file() and (path / TEXT_HASHES).is_file()
+    encoded.clear()
+    index = dense_index(collection, model, 'minilm', tmp_path / 'cache', None, verbose=False)
+    assert encoded == [] and len(index) == 5 and read_fingerprint(path)['complete']
+
+
+def test_the_progress_bar_counts_only_the_documents_to_encode(tmp_path, model, monkeypatch):
+    import pyterrier as pt
+    folder = _write(tmp_path / 'coll', {f'd{i}': t for i, t in enumerate(TEXTS)})
+    dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', ['d0', 'd1', 'd2'], verbose=False)
+    bars = []
+    original = pt.tqdm
+
+    def recorded(*args, **kwargs):
+        bars.append(original(*args, **kwargs))
+        return bars[-1]
+    monkeypatch.setattr(pt, 'tqdm', recorded)
+    dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', None, verbose=True)
+    assert [(bar.n, bar.total) for bar in bars] == [(2, 2)]
