@@ -60,6 +60,42 @@ def _raise_irregular(values: np.ndarray, ids: np.ndarray, column: str, stage: ob
     raise ValueError(f'{stage}: column {column!r} cannot be stacked into a matrix of real numbers')
 
 
+def numeric_column(frame: pd.DataFrame, column: str, stage: object, fix: str) -> np.ndarray:
+    """``frame[column]`` as float64 (NaN where missing). A value that is not a real number (text, a list, a complex
+    number) is a ValueError naming ``stage``, the column, the first offending row by its qid and docno, and ``fix``
+    (numpy would only say "could not convert string to float")."""
+    values = frame[column].to_numpy()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('error', _COMPLEX_WARNING)
+            if values.dtype.kind in 'biuf':
+                return values.astype(np.float64)
+            return np.array([np.nan if v is None or v is pd.NA else v for v in values], dtype=np.float64)
+    except (ValueError, TypeError, _COMPLEX_WARNING):
+        pass
+    for row, value in enumerate(values):
+        if not _is_number(value):
+            where = ', '.join(f'{c}={frame[c].iloc[row]!r}' for c in ('qid', 'docno') if c in frame.columns)
+            raise ValueError(f'{stage}: column {column!r} holds {value!r} ({type(value).__name__}) at {where}, not a '
+                             f'number; {fix}')
+    raise ValueError(f'{stage}: column {column!r} cannot be read as numbers; {fix}')
+
+
+def _is_number(value: object) -> bool:
+    """What ``np.float64`` reads as a real number (numeric text too), or a missing value."""
+    if value is None or value is pd.NA:
+        return True
+    if np.ndim(value) != 0:
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('error', _COMPLEX_WARNING)
+            np.float64(value)
+        return True
+    except (ValueError, TypeError, _COMPLEX_WARNING):
+        return False
+
+
 def per_row(vectors: np.ndarray, codes: np.ndarray) -> np.ndarray:
     """A column of per-row vectors from per-query ``vectors`` (n, p): row ``i`` holds ``vectors[codes[i]]``. The rows
     of a query share one array (as pyterrier-dr's query encoder does); no per-row Python loop."""
@@ -142,7 +178,8 @@ def select_feedback(inp: pd.DataFrame, groups: QueryGroups, slots: int, stage: o
     ``slots`` lowest-scored ones, never taking any of the ``skip_top`` highest. The padded width is at most the size
     of the largest query, whatever ``slots`` asks for. A NaN score is an error naming ``stage``: it cannot be
     ranked."""
-    scores = inp['score'].to_numpy(dtype=np.float64)
+    scores = numeric_column(inp, 'score', stage, 'the first stage must give numeric scores: convert the column '
+                            "(inp.assign(score=pd.to_numeric(inp['score'])))")
     nan = np.isnan(scores)
     if nan.any():
         bad = int(np.argmax(nan))

@@ -35,9 +35,11 @@ def kernel_weights(
     - ``'sigmoid'``: ``K = 1 / (1 + exp(-q.d_i / tau))``.
     - ``'rank'``: ``K = 1 / (i + 1)``: the inverse-variance weights of the paper's appendix when, following the
       Probability Ranking Principle, the noise variance of a feedback document grows linearly with its rank.
-    - a callable ``kernel(query_vecs, doc_vecs) -> (n, m)`` of non-negative similarities.
+    - a callable ``kernel(query_vecs, doc_vecs) -> (n, m)`` of finite non-negative similarities (normalised by
+      their per-query maximum first, so any finite scale works).
 
-    A query with no real slot gets all-zero weights.
+    A query with no real slot, or whose callable kernel gives every real slot 0, gets all-zero weights: the caller
+    decides what that means (:class:`~pyterrier_rdime.KernelDime` raises).
     """
     doc_mask = np.asarray(doc_mask, dtype=bool)
     n, m = doc_mask.shape
@@ -48,6 +50,10 @@ def kernel_weights(
             raise ValueError(f'kernel {kernel!r} returned shape {k.shape}; expected (n_queries, n_docs) = {(n, m)}')
         if not np.all(np.isfinite(k[doc_mask])) or np.any(k[doc_mask] < 0):
             raise ValueError(f'kernel {kernel!r} returned negative or non-finite similarities; kernels must be >= 0')
+        # relative to the per-query maximum, so that large finite similarities (1e308) cannot overflow the sum
+        k = np.where(doc_mask, k, 0.0)
+        top = k.max(axis=1, keepdims=True) if m else np.zeros((n, 1))
+        k = np.divide(k, top, out=np.zeros_like(k), where=top > 0)
     elif kernel == 'uniform':
         log_k = np.zeros((n, m))
     elif kernel == 'softmax':

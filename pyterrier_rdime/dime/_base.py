@@ -12,7 +12,8 @@ from .._frames import QueryGroups, empty_frame, group_queries, per_row, stack_ve
 
 class DimeScorer(ConfigTransformer):
     """Base of the DIME scorers: adds ``query_dime``, the importance vector of each query (float32, like
-    ``query_vec``).
+    ``query_vec``; float64 when a value would fall below float32's normal range, ~1e-38, as with vectors scaled to
+    ~1e-30: float32 would flush the importance to 0, and every query would lose its signal).
 
     With ``keep_ranking=True`` (default; the re-ranking setting) every input row is kept, so that a following
     threshold and scorer re-score the same candidates. With ``keep_ranking=False`` (the full-retrieval setting, like
@@ -35,7 +36,7 @@ class DimeScorer(ConfigTransformer):
         query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
         importance = self._importance(inp, groups, query_vecs)
         self._check_float32(importance, query_vecs, inp, groups)
-        importance = importance.astype(np.float32)
+        importance = importance.astype(_output_dtype(importance))
         if self.keep_ranking:
             return inp.assign(query_dime=per_row(importance, groups.codes))[columns]
         out = inp.iloc[groups.first_rows].reset_index(drop=True)
@@ -71,3 +72,11 @@ class DimeScorer(ConfigTransformer):
                           'using magnitude importance u = q * q for them', stacklevel=3)
             importance = np.where(missing[:, None], maths.magnitude_dime(query_vecs), importance)
         return importance
+
+
+def _output_dtype(importance: np.ndarray) -> type:
+    """float32, unless float32 would flush a non-zero importance value towards 0 (below its smallest normal
+    number, where it loses precision and then becomes 0)."""
+    magnitude = np.abs(importance)
+    tiny = (magnitude > 0) & (magnitude < np.finfo(np.float32).tiny)
+    return np.float64 if tiny.any() else np.float32

@@ -21,6 +21,9 @@ class EclipseDime(DimeScorer):
         check_int(stage, 'num_neg', num_neg, 1)
         check_nonnegative(stage, 'alpha', alpha)
         check_nonnegative(stage, 'beta', beta)
+        if alpha == 0 and beta == 0:
+            raise ValueError(f'{stage}: alpha and beta are both 0, so every importance would be 0 (no signal); give '
+                             'the positives (alpha) or the negatives (beta) a positive weight')
         check_bool(stage, 'keep_ranking', keep_ranking)
         self.num_pos = num_pos
         self.num_neg = num_neg

@@ -53,7 +53,16 @@ class KernelDime(DimeScorer):
     def _importance(self, inp, groups, query_vecs):
         feedback = select_feedback(inp, groups, self.num_docs, self)
         doc_vecs = gather_vectors(inp, 'doc_vec', feedback, query_vecs.shape[1], self)
-        weights = maths.kernel_weights(self.kernel, query_vecs, doc_vecs, feedback.mask, tau=self.tau)
+        try:
+            weights = maths.kernel_weights(self.kernel, query_vecs, doc_vecs, feedback.mask, tau=self.tau)
+        except ValueError as e:  # a callable kernel's output: name the stage
+            raise ValueError(f'{self}: {e}') from None
+        unweighted = feedback.mask.any(axis=1) & ~(weights.sum(axis=1) > 0)
+        if unweighted.any():  # only a callable kernel can give every feedback document 0: u = 0 would be no signal
+            qid = inp['qid'].iloc[groups.first_rows[int(np.argmax(unweighted))]]
+            raise ValueError(f'{self}: the kernel gives every feedback document of qid={qid!r} similarity 0, so its '
+                             'importance would be all zero; a kernel must give some feedback document a positive '
+                             'similarity')
         return maths.kernel_dime(query_vecs, doc_vecs, weights)
 
 

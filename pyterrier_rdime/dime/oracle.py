@@ -4,7 +4,7 @@ import pandas as pd
 
 from .. import maths
 from .._config import check_bool
-from .._frames import gather_vectors, select_feedback
+from .._frames import gather_vectors, numeric_column, select_feedback
 from ._base import DimeScorer
 
 
@@ -27,6 +27,7 @@ class OracleDime(DimeScorer):
             raise ValueError(f'{stage}: qrels must be a DataFrame with columns qid, docno, label; missing '
                              f'{sorted(missing)}')
         check_bool(stage, 'keep_ranking', keep_ranking)
+        _check_labels(qrels, stage)
         self.qrels = qrels
         self.keep_ranking = keep_ranking
 
@@ -44,3 +45,23 @@ class OracleDime(DimeScorer):
         undefined = np.isnan(importance).any(axis=1)
         return self._magnitude_fallback(np.nan_to_num(importance), query_vecs, undefined, inp, groups,
                                         'no oracle correlation (fewer than two judged candidates, or one label only)')
+
+
+def _check_labels(qrels: pd.DataFrame, stage: str) -> None:
+    """Labels must be finite numbers, one per judged (qid, docno): a text label would fail only at transform time
+    with numpy's bare "could not convert", and a NaN or a second, different label would be dropped silently."""
+    labels = numeric_column(qrels, 'label', stage, 'labels are relevance grades: convert the column '
+                            "(qrels.assign(label=pd.to_numeric(qrels['label'])))")
+    finite = np.isfinite(labels)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        raise ValueError(f"{stage}: qrels label is {labels[row]} at qid={qrels['qid'].iloc[row]!r}, "
+                         f"docno={qrels['docno'].iloc[row]!r}; every judgment needs a finite label: fix or drop "
+                         "those rows (qrels.dropna(subset=['label']))")
+    keys = qrels[['qid', 'docno']].astype(str).assign(label=labels)
+    conflicting = keys.drop_duplicates().duplicated(['qid', 'docno'])
+    if conflicting.any():
+        qid, docno = keys.drop_duplicates()[conflicting].iloc[0][['qid', 'docno']]
+        given = sorted(map(float, keys.loc[(keys['qid'] == qid) & (keys['docno'] == docno), 'label'].unique()))
+        raise ValueError(f'{stage}: qrels judge qid={qid!r}, docno={docno!r} twice with different labels {given}; '
+                         'keep one judgment per query and document')
