@@ -12,6 +12,7 @@ DATA = SHARED / 'data'
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+os.environ.setdefault('PT_TEST_TRANSFORMER_REPORTS', '0')  # pt.testing.transformer_test_class: no report files
 _home = Path(tempfile.mkdtemp(prefix='rdime-tests-'))
 os.environ['PYTERRIER_HOME'] = str(_home / 'pyterrier')
 if (SHARED / 'irds').is_dir():
@@ -19,6 +20,13 @@ if (SHARED / 'irds').is_dir():
 os.environ['IR_DATASETS_HOME'] = str(_home / 'irds')
 # the package's default cache folder (answer caches, pruned layouts): never the user's ~/.cache
 os.environ['PYTERRIER_RDIME_CACHE'] = str(_home / 'rdime-cache')
+
+
+@pytest.fixture(autouse=True)
+def offline_documentation(monkeypatch):
+    """pt.schematic looks classes up in PyTerrier's online documentation index; pretend it is empty."""
+    import pyterrier as pt
+    monkeypatch.setattr(pt.documentation, '_cached_objects_inv', {}, raising=False)
 
 
 def pytest_unconfigure(config):

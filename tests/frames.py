@@ -45,3 +45,50 @@ def one_row_per_query(frame, column):
 def assert_vec(actual, expected, atol=1e-6):
     assert isinstance(actual, np.ndarray) and actual.dtype == np.float32 and actual.ndim == 1
     np.testing.assert_allclose(actual, expected, rtol=0, atol=atol)
+
+
+Q2 = (1, 0, -1, 2)
+
+
+E1, E2, E3 = (1, 1, 1, 2), (3, 1, -1, 0), (-50, -50, -50, -50)
+
+
+DC = (100, 100, 100, 100)
+
+
+# q1: top-2 by score are D2 (7) and D1 (5), DC (1) is not feedback -> worked example 3
+# q2: top-2 are E2 (0.9) and E1 (0.3); mean = [2, 1, 0, 1] -> u = [2, 0, 0, 2]; eps2 = (6 - 4) / 4 = 0.5 -> {0, 3}
+INTERLEAVED = [('q2', Q2, 'e3', E3, 0.1), ('q1', Q, 'dC', DC, 1.0), ('q1', Q, 'dA', D1, 5.0),
+               ('q2', Q2, 'e1', E1, 0.3), ('q1', Q, 'dB', D2, 7.0), ('q2', Q2, 'e2', E2, 0.9)]
+
+
+def interleaved():
+    return results(INTERLEAVED, index=[10, 3, 7, 0, 5, 1])
+
+
+class FakeEncoder:
+    """Stands in for a pyterrier-dr bi-encoder: encode_docs(texts) -> (n, p) array."""
+    table = {'answer a': (1, 1, 0, 2), 'answer b': (0, 1, 1, 0)}
+
+    def __init__(self):
+        self.calls = []
+
+    def encode_docs(self, texts):
+        self.calls.append(list(texts))
+        return np.array([self.table[t] for t in texts], dtype=np.float32)
+
+    def __repr__(self):
+        return 'FakeEncoder()'
+
+
+def topk_input(dime=(0.9, 4.2, 8.4, 0.4)):
+    """A one-query frame with the worked example's query_dime, for the threshold stages."""
+    return queries([('q', Q)], query_dime=[vec(dime)])
+
+
+def flatten(transformer):
+    """The stages of a (compiled) pipeline, in order."""
+    parts = getattr(transformer, '_transformers', None)
+    if parts is None:
+        return [transformer]
+    return [t for part in parts for t in flatten(part)]

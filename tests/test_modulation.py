@@ -6,7 +6,6 @@ only where a paired confidence bound excludes zero), the ``eps2 <= 0`` and empty
 
 Model (paper, Section 3): q = theta + eps * z and d_i = theta + sigma_i * z_i, z, z_i ~ N(0, I_p) independent.
 """
-import os
 
 import numpy as np
 import pandas as pd
@@ -14,8 +13,6 @@ import pyterrier as pt
 import pytest
 
 from pyterrier_rdime import PrfDime, Rdime, VectorScorer, maths
-
-os.environ.setdefault('PT_TEST_TRANSFORMER_REPORTS', '0')
 
 Z = 4.0  # width of every confidence bound below, in standard errors (two-sided level ~ 6e-5 per check)
 Q = [1.0, 2.0, 3.0, 4.0]
@@ -34,12 +31,6 @@ def vec(values):
 
 def frame(q=Q, u=U1, qid='q'):
     return pd.DataFrame({'qid': [qid], 'query': ['text'], 'query_vec': [vec(q)], 'query_dime': [vec(u)]})
-
-
-@pytest.fixture(autouse=True)
-def offline_documentation(monkeypatch):
-    """pt.schematic looks classes up in PyTerrier's online documentation index; pretend it is empty."""
-    monkeypatch.setattr(pt.documentation, '_cached_objects_inv', {}, raising=False)
 
 
 # ----------------------------------------------------------------------------------------------------------------
