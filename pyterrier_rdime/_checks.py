@@ -62,3 +62,16 @@ def check_topk(stage: str, fraction: Optional[float], count: Optional[int]) -> N
         check_int(stage, 'count', count, 1, 'a number of dimensions; for a share of them use fraction=...')
     else:
         check_fraction(stage, 'fraction', fraction, 'a share of the dimensions; for a number of them use count=...')
+
+
+def check_prompt(stage: str, prompt: object) -> None:
+    """A ``str.format`` template with a ``{query}`` field (and no other field)."""
+    if not isinstance(prompt, str):
+        raise ValueError(f'{stage}: prompt must be a string template with a {{query}} field, got {prompt!r}')
+    try:
+        filled = prompt.format(query='\0')
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f'{stage}: prompt {prompt!r} is not a valid template ({type(e).__name__}: {e}); use one '
+                         '{query} field and write {{ and }} for literal braces') from e
+    if '\0' not in filled:
+        raise ValueError(f'{stage}: prompt {prompt!r} has no {{query}} field')

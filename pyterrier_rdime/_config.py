@@ -19,11 +19,12 @@ from ._checks import (
     check_int,
     check_nonnegative,
     check_positive,
+    check_prompt,
     check_topk,
 )
 
 __all__ = ['ConfigTransformer', 'default_cache_dir', 'hub_offline', 'check_bool', 'check_choice', 'check_fraction',
-           'check_int', 'check_nonnegative', 'check_positive', 'check_topk']
+           'check_int', 'check_nonnegative', 'check_positive', 'check_prompt', 'check_topk']
 
 
 class ConfigTransformer(pt.Transformer):

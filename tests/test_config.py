@@ -1,5 +1,8 @@
 """Configuration of every stage (_config, _checks): invalid arguments fail at construction naming the stage, repr,
-equality and hash, schematic labels, compile() in pipelines, and PyTerrier's own transformer checks."""
+equality and hash, schematic labels, compile() in pipelines, PyTerrier's own transformer checks; the hub-offline
+rule and what importing the package loads."""
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -12,6 +15,7 @@ from pyterrier_rdime import (
     KernelDime,
     LlmAnswers,
     LlmDime,
+    LlmGenerator,
     MagnitudeDime,
     OracleDime,
     PrfDime,
@@ -19,8 +23,11 @@ from pyterrier_rdime import (
     SwcDime,
     TopK,
     VectorScorer,
+    _config,
+    maths,
 )
 from pyterrier_rdime.dime import FeedbackCutoff
+from pyterrier_rdime.experiment import encoders
 
 
 @pytest.mark.parametrize('make', [
@@ -207,3 +214,41 @@ TestVectorScorerInspect = pt.testing.transformer_test_class(lambda: VectorScorer
 
 
 TestLlmAnswersInspect = pt.testing.transformer_test_class(lambda: LlmAnswers(answers=ANSWERS))
+
+
+def test_verbose_is_not_part_of_equality_or_the_hash():
+    quiet, loud = LlmGenerator(cache=False), LlmGenerator(cache=False, verbose=True)
+    assert quiet == loud and hash(quiet) == hash(loud)
+    assert repr(loud) == 'LlmGenerator(cache=False, verbose=True)'  # but it shows, like every non-default
+    assert LlmGenerator(cache=False, max_new_tokens=3) != loud
+
+
+@pytest.mark.parametrize('kwargs', [{'fraction': 2}, {'count': 0}, {'fraction': 0.5, 'count': 2}])
+def test_topk_and_topk_count_share_one_check(kwargs):
+    with pytest.raises(ValueError) as stage:
+        TopK(**kwargs)
+    with pytest.raises(ValueError) as function:
+        maths.topk_count(4, **kwargs)
+    assert str(stage.value).startswith('TopK: ')
+    assert str(stage.value).removeprefix('TopK: ') == str(function.value).removeprefix('topk_count: ')
+
+
+@pytest.mark.parametrize('flag, reachable, offline', [
+    ('1', True, True), ('YES', True, True), ('true', True, True), ('on', True, True),  # as huggingface_hub reads it
+    ('0', True, False), ('no', True, False), ('', True, False),
+    ('0', False, True),  # not set, but the hub does not answer
+])
+def test_one_rule_decides_whether_the_hub_is_offline(monkeypatch, flag, reachable, offline):
+    monkeypatch.setenv('HF_HUB_OFFLINE', flag)
+    monkeypatch.delenv('TRANSFORMERS_OFFLINE', raising=False)
+    monkeypatch.setattr(_config, '_hub_reachable', lambda: reachable)
+    assert _config.hub_offline() is offline
+    assert encoders.hub_offline is _config.hub_offline  # the runner uses the same rule
+
+
+def test_importing_the_package_loads_nothing_heavy():
+    code = ('import sys, pyterrier_rdime; '
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'numba', 'scipy', 'torch', 'transformers', "
+            "'sentence_transformers', 'faiss', 'pyterrier_dr', 'sklearn'}))")
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == '[]', out.stdout + out.stderr

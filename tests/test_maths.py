@@ -267,6 +267,15 @@ def test_topk_count_needs_one_valid_size(kwargs):
         maths.topk_count(4, **kwargs)
 
 
+def test_noise_variance_is_the_one_eps2_of_rdime_and_the_modulators():
+    q, u = arr([[1, 2, 3, 4]]), arr([[0.95, 2.1, 5.7, 6.2]])  # worked example 3
+    eps2 = maths.noise_variance(q, u)
+    np.testing.assert_allclose(eps2, [(30 - 14.95) / 4])  # mean(q^2) = 30 / 4, mean(u) = 14.95 / 4
+    np.testing.assert_array_equal(maths.rdime_threshold(q, u)[1], eps2)
+    for modulator in maths.MODULATOR_NAMES:
+        np.testing.assert_array_equal(maths.modulation_weights(q, u, modulator)[1], eps2)
+
+
 def test_topk_threshold_largest_first():
     keep = maths.topk_threshold(arr([[0.9, 4.2, 8.4, 0.4], [4.0, 3.0, 2.0, 1.0]]), 2)
     assert keep.dtype == bool

