@@ -12,7 +12,7 @@ from pyterrier_rdime.experiment import encoders
 from pyterrier_rdime.experiment.collection import load_collection
 from pyterrier_rdime.experiment.encoders import encoder_fingerprint, load_encoder
 from pyterrier_rdime.experiment.fingerprint import FINGERPRINT, TEXT_HASHES, read_fingerprint
-from pyterrier_rdime.experiment.indexes import adopt_index, dense_index, dense_index_path
+from pyterrier_rdime.experiment.indexes import adopt_index, bm25, dense_index, dense_index_path
 
 TEXTS = ['dense retrieval with neural encoders', 'pruning embedding dimensions at query time',
          'bm25 is a lexical ranking function', 'the cat sat on the mat', 'query expansion with feedback']
@@ -177,3 +177,22 @@ def test_the_progress_bar_counts_only_the_documents_to_encode(tmp_path, model, m
     monkeypatch.setattr(pt, 'tqdm', recorded)
     dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', None, verbose=True)
     assert [(bar.n, bar.total) for bar in bars] == [(2, 2)]
+
+
+def test_the_bm25_index_is_built_again_for_changed_documents(tmp_path, caplog):
+    docs = {f'd{i}': t for i, t in enumerate(TEXTS)}
+    folder = _write(tmp_path / 'coll', docs)
+    collection = load_collection(folder)
+    before = bm25(collection, tmp_path / 'cache', 10)(collection.topics)
+    assert before['docno'].tolist() == ['d0']
+    assert read_fingerprint(tmp_path / 'cache' / collection.slug / 'pisa')['docs'] == collection.fingerprint
+    docs['d5'] = 'dense retrieval, dense retrieval and more dense retrieval'
+    _write(folder, docs)
+    collection = load_collection(folder)
+    with caplog.at_level(logging.WARNING, logger='pyterrier_rdime'):
+        after = bm25(collection, tmp_path / 'cache', 10)(collection.topics)
+    assert 'built from other documents than those of' in caplog.text
+    scratch = bm25(collection, tmp_path / 'scratch', 10)(collection.topics)
+    assert after['docno'].tolist() == scratch['docno'].tolist() == ['d5', 'd0']
+    np.testing.assert_allclose(after['score'], scratch['score'])
+    assert [p.name for p in (tmp_path / 'cache' / collection.slug).iterdir()] == ['pisa']

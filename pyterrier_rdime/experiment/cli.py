@@ -6,6 +6,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -13,7 +14,8 @@ from typing import List, Optional, Sequence
 RUNNER_MODULES = {'pyterrier_dr': 'pyterrier-dr', 'pyterrier_pisa': 'pyterrier-pisa', 'ir_datasets': 'ir-datasets',
                   'sentence_transformers': 'sentence-transformers', 'statsmodels': 'statsmodels',
                   'scipy': 'scipy', 'matplotlib': 'matplotlib', 'tabulate': 'tabulate'}
-INSTALL = "pip install torch  # the build for your machine, first\npip install 'pyterrier-rdime[experiment]'"
+INSTALL = ("pip install torch --index-url https://download.pytorch.org/whl/cpu  # or the torch build for your "
+           "machine, first\npip install 'pyterrier-rdime[experiment]'")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,14 +95,17 @@ def check_writable(option: str, folder: Path) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command: exit 0 on success, 1 when some outputs could not be written, 2 with one line for an error the
+    user can fix (an option, a file, a cache, the environment), 70 with a traceback for a bug."""
+    args = _parser().parse_args(argv)  # --help works without the runner's packages
     missing = missing_runner_packages()
     if missing:
         print(f'rdime-experiment: error: the runner needs {", ".join(missing)}, not installed. Install the runner '
               f'with:\n{INSTALL}', file=sys.stderr)
         return 2
-    args = _parser().parse_args(argv)
     _quiet_libraries(verbose=not args.quiet)
     from .._config import check_int, default_cache_dir
+    from .arguments import check_arguments
     from .runner import check_options, run_experiment
     start = time.time()
     out = Path(args.out)
@@ -113,6 +118,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     num_results=args.num_results, dimes=_split(args.dimes), ks=ks, modulators=_split(args.modulators),
                     test=args.test, retriever=args.retriever, max_queries=args.max_queries)
     try:
+        check_arguments(args)
         check_options(**settings)
         check_writable('--out', out)
         check_writable('--cache', cache)
@@ -123,8 +129,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
             llm_generator=args.llm_generator, workers=args.workers, parallel_backend=backend,
             verbose=not args.quiet, **settings)
-    except (ValueError, RuntimeError, ImportError, FileNotFoundError) as e:
-        return _error(str(e))
+    except KeyboardInterrupt:
+        return _error('interrupted; every cache holds only what was complete, so the same command carries on', 130)
+    except Exception as e:  # the user's errors get one line, bugs their traceback
+        return _failure(e)
     result.timings['total'] = time.time() - start
     report = result.to_markdown()
     problems = result.save(out)
@@ -139,9 +147,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def _error(message: str) -> int:
-    print(f'rdime-experiment: error: {message}', file=sys.stderr)
-    return 2
+def _error(message: str, status: int = 2) -> int:
+    print(f'rdime-experiment: error: {message.removeprefix("rdime-experiment: ")}', file=sys.stderr)
+    return status
+
+
+def _failure(error: Exception) -> int:
+    from .arguments import user_error
+    message = user_error(error)
+    if message is not None:
+        return _error(message)
+    traceback.print_exc()
+    print('rdime-experiment: internal error: this is a bug in pyterrier-rdime (or a library it uses), not a problem '
+          'with the input; please report it with the command and the traceback above', file=sys.stderr)
+    return 70
 
 
 def _parallel_backend(workers: int, ray_address: Optional[str]) -> str:

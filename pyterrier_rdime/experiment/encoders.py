@@ -50,9 +50,10 @@ def resolve_encoder(name: str) -> str:
     except Exception:
         pass
     if hub_offline():
-        raise RuntimeError(f'encoder {name!r} ({hub_id}) is not a local folder, not in the Hugging Face cache, and '
-                           'the hub cannot be reached (offline). Use the bundled default encoder "minilm", a local '
-                           'sentence-transformers folder, or download the model on a machine with network first.')
+        raise ConnectionError(f'--encoder {name!r} ({hub_id}) is not a local folder, not in the Hugging Face cache, '
+                              'and the hub cannot be reached (offline). Use the bundled default encoder "minilm", a '
+                              'local sentence-transformers folder, or download the model on a machine with network '
+                              'first.')
     return hub_id
 
 

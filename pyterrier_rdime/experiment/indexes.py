@@ -173,25 +173,34 @@ def adopt_index(folder: Union[str, Path], collection: Collection, encoder_name: 
     return target
 
 
-def existing_index(spec: str):
-    """An existing pyterrier-dr FlexIndex: a local folder, or a Hugging Face repository (``owner/name``) loaded with
-    pyterrier-dr's own ``FlexIndex.from_hf``. A hub id fails at once, with the fix, when the hub cannot be
-    reached."""
-    from pyterrier_dr import FlexIndex
+def check_index_spec(spec: str) -> None:
+    """Fails, with the fix, when ``--index`` is neither a FlexIndex folder nor a Hugging Face repository id that can
+    be downloaded now: checked before any model loads."""
     local = Path(spec).expanduser()
     if local.exists():
         if not (local / 'pt_meta.json').is_file():
             raise ValueError(f'--index {spec}: {local} is not a pyterrier-dr FlexIndex (no pt_meta.json); build one '
                              'with (model >> FlexIndex(path).indexer()).index(docs), or pass a Hugging Face '
                              'repository id such as macavaney/msmarco-passage.tasb.flex')
-        return FlexIndex(str(local), verbose=False)
+        return
     if not re.fullmatch(r'[\w.-]+/[\w.-]+(@[\w.-]+)?', spec):
         raise ValueError(f'--index {spec!r} is neither an existing folder nor a Hugging Face repository id '
                          '(owner/name)')
     if hub_offline():
-        raise RuntimeError(f'--index {spec!r}: the Hugging Face hub cannot be reached (offline), so the prebuilt '
-                           'index cannot be downloaded. Run on a machine with network, or download it there and '
-                           'pass the local folder.')
+        raise ConnectionError(f'--index {spec!r}: the Hugging Face hub cannot be reached (offline), so the prebuilt '
+                              'index cannot be downloaded. Run on a machine with network, or download it there and '
+                              'pass the local folder.')
+
+
+def existing_index(spec: str):
+    """An existing pyterrier-dr FlexIndex: a local folder, or a Hugging Face repository (``owner/name``) loaded with
+    pyterrier-dr's own ``FlexIndex.from_hf``. A hub id fails at once, with the fix, when the hub cannot be
+    reached."""
+    from pyterrier_dr import FlexIndex
+    check_index_spec(spec)
+    local = Path(spec).expanduser()
+    if local.exists():
+        return FlexIndex(str(local), verbose=False)
     return FlexIndex.from_hf(spec, verbose=False)
 
 
@@ -269,12 +278,16 @@ def pisa_output_silenced():
 
 def bm25(collection: Collection, cache_dir: Union[str, Path], depth: int) -> pt.Transformer:
     """PISA BM25 (k1 0.9, b 0.4, porter2) over the collection, the index built once under ``cache_dir``. The index
-    is cached only when it holds every document the collection yields."""
+    is cached only when it holds every document the collection yields, and records what it was built from
+    (:data:`FINGERPRINT`): one built from other documents is built again, with one line that says so."""
     import pyterrier_pisa
     path = Path(cache_dir) / collection.slug / 'pisa'
-    if not (path / 'pt_meta.json').is_file():
-        tmp = path.with_name('pisa.tmp')
-        shutil.rmtree(tmp, ignore_errors=True)
+    built = (path / 'pt_meta.json').is_file()
+    current = built and (read_fingerprint(path) or {}).get('docs') == collection.fingerprint
+    if built and not current:
+        logger.warning('%s: built from other documents than those of %s now (or no record of them); building it '
+                       'again', path, collection.name)
+    if not current:
         logger.info('building the PISA BM25 index of %s', collection.name)
         count, failure = itertools.count(), []
 
@@ -287,20 +300,23 @@ def bm25(collection: Collection, cache_dir: Union[str, Path], depth: int) -> pt.
                     yield doc
             except Exception as e:
                 failure.append(e)
-        pisa = pyterrier_pisa.PisaIndex(str(tmp), stemmer='porter2', text_field='text')
-        with pisa_output_silenced():
-            pisa.index(counted())
-            indexed = pisa.num_docs() if not failure else None
-        yielded = next(count)
-        if failure or indexed != yielded:
-            shutil.rmtree(tmp, ignore_errors=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with pt.io.finalized_directory(str(path)) as tmp:
+            pisa = pyterrier_pisa.PisaIndex(tmp, stemmer='porter2', text_field='text')
+            with pisa_output_silenced():
+                pisa.index(counted())
+                indexed = pisa.num_docs() if not failure else None
+                if not failure:
+                    pisa.bm25(num_results=depth)  # the first retriever compresses the index: inside the build
+            yielded = next(count)
             if failure:
                 raise failure[0]
-            raise RuntimeError(f'PISA indexed {indexed} of the {yielded} documents of {collection.name}; nothing was '
-                               'cached')
-        shutil.rmtree(path, ignore_errors=True)
-        tmp.rename(path)
-    with pisa_output_silenced():  # the first retriever compresses the index, loudly
+            if indexed != yielded:
+                raise RuntimeError(f'PISA indexed {indexed} of the {yielded} documents of {collection.name}; nothing '
+                                   'was cached')
+            write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, num_docs=yielded)
+            shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
+    with pisa_output_silenced():
         return pyterrier_pisa.PisaIndex(str(path), stemmer='porter2', text_field='text').bm25(num_results=depth)
 
 

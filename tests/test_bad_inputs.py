@@ -1,0 +1,260 @@
+"""The bad-input table of the runner, the command line, the collection files and the caches: each input with the
+error or behaviour it must give. Command-line errors are one line naming the option and the fix, exit 2, before any
+model loads; only a bug shows a traceback (exit 70). (The library stages' table is in test_bad_inputs_stages.py;
+the collection files' line-by-line table in test_collection.py.)"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pyterrier_rdime.experiment import runner
+from pyterrier_rdime.experiment.cli import main
+from pyterrier_rdime.experiment.collection import load_collection
+from pyterrier_rdime.experiment.encoders import load_encoder
+from pyterrier_rdime.experiment.fingerprint import read_fingerprint
+from pyterrier_rdime.experiment.indexes import dense_index, dense_index_path
+from pyterrier_rdime.experiment.runner import run_experiment
+
+TEXTS = ['dense retrieval with neural encoders', 'pruning embedding dimensions at query time',
+         'bm25 is a lexical ranking function', 'the cat sat on the mat', 'query expansion with feedback',
+         'statistics of risk estimation', 'hard thresholding of noisy signals']
+
+
+def _collection(folder, texts=TEXTS, judged=4, run=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / 'docs.jsonl').write_text(''.join(json.dumps({'docno': f'd{i}', 'text': t}) + '\n'
+                                               for i, t in enumerate(texts)))
+    (folder / 'queries.tsv').write_text('1\tdense retrieval\n2\tnoisy signal thresholding\n')
+    (folder / 'qrels').write_text(''.join(f'{q} 0 d{i} {int(i % 2 == 0)}\n' for q in (1, 2) for i in range(judged)))
+    if run is not None:
+        (folder / 'first.run').write_text(run)
+    return folder
+
+
+@pytest.fixture(scope='module')
+def model():
+    return load_encoder('minilm')
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Every case of the command-line table fails before a model loads."""
+    def loaded(*args, **kwargs):
+        raise AssertionError('a model was loaded before the options were checked')
+    monkeypatch.setattr(runner, 'load_encoder', loaded)
+
+
+def _main(capsys, argv):
+    status = main(argv)
+    err = capsys.readouterr().err
+    return status, err
+
+
+@pytest.mark.parametrize('options, message', [
+    (['--batch-size', '0'], 'rdime-experiment: error: --batch-size must be an integer >= 1, got 0; the number of '
+                            'texts encoded at once'),
+    (['--batch-size', '-1'], '--batch-size must be an integer >= 1, got -1'),
+    (['--rel', '0'], '--rel must be an integer >= 1, got 0; the lowest label that counts as relevant'),
+    (['--rel', '-1'], '--rel must be an integer >= 1, got -1'),
+    (['--answers', 'missing.tsv'], '--answers missing.tsv: no such file'),
+    (['--llm-generator', '{tmp}/no/such/model'], "--llm-generator '{tmp}/no/such/model': no such folder or file, "
+                                                 'nor a Hugging Face model name'),
+    (['--llm-generator', '{tmp}/notes.txt'], '--llm-generator {tmp}/notes.txt: a file but not a .gguf model'),
+    (['--llm-generator', 'someone/not-downloaded'], "--llm-generator 'someone/not-downloaded': no such folder or "
+                                                    'file and, as a Hugging Face model name, not in the local cache'),
+    (['--index', '{tmp}/no/such/index'], "--index '{tmp}/no/such/index' is neither an existing folder nor a Hugging "
+                                         'Face repository id'),
+    (['--index', '{tmp}'], 'is not a pyterrier-dr FlexIndex (no pt_meta.json)'),
+    (['--index', 'someone/some.flex'], "--index 'someone/some.flex': the Hugging Face hub cannot be reached"),
+    (['--cache', '{tmp}/notes.txt/cache'], '--cache {tmp}/notes.txt/cache: cannot write there'),
+    (['--out', '{tmp}/notes.txt'], '--out {tmp}/notes.txt: exists and is not a folder'),
+    (['--workers', '0'], '--workers must be an integer >= 1, got 0'),
+    (['--ray-address', 'auto'], '--ray-address spreads --workers over the cluster; pass --workers 2 or more'),
+    (['--first-stage', '{tmp}/no.run'], "--first-stage '{tmp}/no.run' is not 'auto', 'bm25' or an existing TREC run"),
+    (['--retriever', 'annoy', '--mode', 'retrieve'], "--retriever must be one of 'numpy'"),
+    (['--depth', '0'], '--depth must be an integer >= 1, got 0'),
+    (['--ks', '0.5,x'], '--ks'),
+])
+def test_a_bad_option_is_one_line_before_any_model_loads(tmp_path, capsys, no_model, monkeypatch, options,
+                                                         message):
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    (tmp_path / 'notes.txt').write_text('not a model')
+    folder = _collection(tmp_path / 'coll')
+    options = [o.replace('{tmp}', str(tmp_path)) for o in options]
+    status, err = _main(capsys, [str(folder), '--cache', str(tmp_path / 'c'), '--out', str(tmp_path / 'o')]
+                        + options + ['--quiet'])
+    assert status == 2, err
+    assert message.replace('{tmp}', str(tmp_path)) in err
+    assert err.count('\n') == 1 and err.startswith('rdime-experiment: error: ') and 'Traceback' not in err
+    assert 'error: rdime-experiment:' not in err
+
+
+@pytest.mark.parametrize('files, message', [
+    ({'first.run': '1 Q0 d1 1 2.0 bm25\n1 Q0 d99 2 1.0 bm25\n'}, "first.run: docno 'd99' (qid '1') is not in"),
+    ({'docs.jsonl': '{"docno": "d0", "text": "a"}\n{"docno": "d0", "text": "b"}\n'},
+     "docs.jsonl:2: docno 'd0' is also on line 1"),
+    ({'qrels': '1 0 d0 yes\n'}, "qrels:1: label 'yes' of qid '1', docno 'd0' is not an integer"),
+    ({'queries.tsv': '1 dense retrieval\n'}, "queries.tsv:1: no tab in '1 dense retrieval'"),
+    ({'llm_answers.tsv': '1\n'}, 'llm_answers.tsv:1:'),
+])
+def test_a_bad_collection_file_is_one_line_before_any_model_loads(tmp_path, capsys, no_model, files, message):
+    folder = _collection(tmp_path / 'coll')
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    status, err = _main(capsys, [str(folder), '--cache', str(tmp_path / 'c'), '--out', str(tmp_path / 'o'),
+                                 '--quiet'])
+    assert status == 2 and message in err and err.count('\n') == 1, err
+
+
+def test_a_run_file_naming_an_unknown_docno_fails_before_encoding(tmp_path, capsys, monkeypatch):
+    folder = _collection(tmp_path / 'coll')
+    (tmp_path / 'bad.run').write_text('1 Q0 d1 1 2.0 bm25\n1 Q0 d42 2 1.0 bm25\n2 Q0 d2 1 1.0 bm25\n')
+    status, err = _main(capsys, [str(folder), '--first-stage', str(tmp_path / 'bad.run'), '--cache',
+                                 str(tmp_path / 'c'), '--out', str(tmp_path / 'o'), '--quiet'])
+    assert status == 2, err
+    assert f"the first-stage run {tmp_path / 'bad.run'} names docno 'd42', which is not in the corpus of collection " \
+           f"'{folder}'" in err
+    assert not list((tmp_path / 'c').rglob('*.flex*'))  # nothing encoded, no partial index left
+
+
+@pytest.mark.parametrize('error, status, shown', [
+    (TypeError('unsupported operand'), 70, ['Traceback', 'TypeError: unsupported operand',
+                                            'internal error: this is a bug in pyterrier-rdime']),
+    (PermissionError(13, 'Permission denied', '/x/cache'), 2,
+     ["error: [Errno 13] Permission denied: '/x/cache'; check that path, its permissions and the free space"]),
+    (MemoryError(), 2, ['error: out of memory; lower --batch-size or --workers']),
+    (KeyboardInterrupt(), 130, ['error: interrupted; every cache holds only what was complete']),
+    (ImportError("the FAISS retrievers need faiss: pip install faiss-cpu"), 2, ['need faiss: pip install faiss-cpu']),
+])
+def test_only_a_bug_shows_a_traceback(tmp_path, capsys, monkeypatch, error, status, shown):
+    def failing(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(runner, 'run_experiment', failing)
+    got, err = _main(capsys, [str(_collection(tmp_path / 'coll')), '--cache', str(tmp_path / 'c'), '--out',
+                              str(tmp_path / 'o'), '--quiet'])
+    assert got == status, err
+    for fragment in shown:
+        assert fragment in err
+    assert ('Traceback' in err) == (status == 70)
+
+
+def test_a_value_error_inside_another_library_is_a_bug_not_the_users(tmp_path, capsys, monkeypatch):
+    def failing(*args, **kwargs):
+        pd.DataFrame({'a': [1, 2]}).set_axis(['x', 'y', 'z'], axis=0)  # pandas' own ValueError: a bug of ours
+    monkeypatch.setattr(runner, 'run_experiment', failing)
+    status, err = _main(capsys, [str(_collection(tmp_path / 'coll')), '--cache', str(tmp_path / 'c'), '--out',
+                                 str(tmp_path / 'o'), '--quiet'])
+    assert status == 70 and 'Traceback' in err and 'this is a bug' in err
+
+
+def test_help_works_without_the_runner_packages_and_the_install_lines_are_shown(tmp_path):
+    """The runner's packages hidden from a fresh interpreter: --help still prints; a run names the install lines."""
+    script = textwrap.dedent('''
+        import importlib.abc, importlib.util, sys
+        HIDDEN = {'pyterrier_dr', 'pyterrier_pisa', 'ir_datasets', 'sentence_transformers', 'statsmodels', 'scipy',
+                  'matplotlib', 'tabulate', 'torch', 'transformers'}
+        class Hide(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split('.')[0] in HIDDEN:
+                    raise ModuleNotFoundError(name)
+        sys.meta_path.insert(0, Hide())
+        find_spec = importlib.util.find_spec
+        importlib.util.find_spec = lambda name, *a: None if name.split('.')[0] in HIDDEN else find_spec(name, *a)
+        from pyterrier_rdime.experiment.cli import main
+        sys.exit(main(sys.argv[1:]))
+    ''')
+    helped = subprocess.run([sys.executable, '-c', script, '--help'], capture_output=True, text=True, cwd=tmp_path)
+    assert helped.returncode == 0 and 'usage: rdime-experiment' in helped.stdout, helped.stderr
+    ran = subprocess.run([sys.executable, '-c', script, 'irds:vaswani'], capture_output=True, text=True, cwd=tmp_path)
+    assert ran.returncode == 2
+    assert ran.stderr.endswith("pip install torch --index-url https://download.pytorch.org/whl/cpu  # or the torch "
+                               "build for your machine, first\npip install 'pyterrier-rdime[experiment]'\n")
+
+
+def test_a_stale_index_is_never_used_the_issue_scenario(tmp_path, model):
+    """Retrieve once; append a judged document and retrieve again: it is retrievable, as from scratch. Re-rank a run
+    that ranks it first: its own vector, as from scratch."""
+    folder = _collection(tmp_path / 'coll')
+    settings = dict(dimes=['prf'], ks=[0.5], num_results=8, verbose=False)
+    run_experiment(folder, mode='retrieve', cache_dir=tmp_path / 'cache', **settings)
+    with open(folder / 'docs.jsonl', 'a') as f:
+        f.write(json.dumps({'docno': 'd7', 'text': 'noisy signal thresholding, hard thresholding of noise'}) + '\n')
+    with open(folder / 'qrels', 'a') as f:
+        f.write('2 0 d7 1\n')
+    again = run_experiment(folder, mode='retrieve', cache_dir=tmp_path / 'cache', **settings)
+    scratch = run_experiment(folder, mode='retrieve', cache_dir=tmp_path / 'scratch', **settings)
+    pd.testing.assert_frame_equal(again.perquery, scratch.perquery, atol=1e-6)
+    assert read_fingerprint(dense_index_path(load_collection(folder), 'minilm', tmp_path / 'cache'))['complete']
+    (tmp_path / 'new-first.run').write_text('2 Q0 d7 1 9.0 t\n2 Q0 d5 2 8.0 t\n2 Q0 d6 3 7.0 t\n'
+                                            '1 Q0 d0 1 9.0 t\n1 Q0 d1 2 8.0 t\n')
+    rerank = dict(first_stage=str(tmp_path / 'new-first.run'), depth=3, **settings)
+    pd.testing.assert_frame_equal(run_experiment(folder, cache_dir=tmp_path / 'cache', **rerank).perquery,
+                                  run_experiment(folder, cache_dir=tmp_path / 'scratch2', **rerank).perquery,
+                                  atol=1e-6)
+    vectors = dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', ['d7'], verbose=False)
+    np.testing.assert_allclose(vectors.vec_loader()(pd.DataFrame({'qid': ['2'], 'docno': ['d7']}))['doc_vec'][0],
+                               model.encode_docs([json.loads((folder / 'docs.jsonl').read_text().splitlines()[-1])
+                                                  ['text']])[0], atol=1e-6)
+
+
+_KILLED_BUILD = textwrap.dedent('''
+    import sys, time
+    from pathlib import Path
+    from pyterrier_rdime.experiment.collection import load_collection
+    from pyterrier_rdime.experiment.encoders import load_encoder
+    from pyterrier_rdime.experiment.indexes import dense_index
+    folder, cache, started = sys.argv[1:4]
+    model = load_encoder('minilm')
+    encode = model.encode_docs
+    batches = []
+    def slow(texts, batch_size=None):
+        batches.append(texts)
+        if len(batches) == 2:
+            Path(started).write_text('encoding')
+            time.sleep(600)
+        return encode(texts)
+    model.encode_docs = slow
+    dense_index(load_collection(folder), model, 'minilm', cache, None, batch_size=2, verbose=False)
+''')
+
+
+@pytest.mark.parametrize('first', [None, ['d0', 'd1']], ids=['while-encoding', 'while-extending'])
+def test_sigkill_while_building_the_index_leaves_the_cache_correct(tmp_path, model, first):
+    """A process killed mid-encoding (on an empty cache, or extending an index) leaves no partial index: the cached
+    one is as it was, and the next run gives the vectors of a from-scratch build."""
+    folder = _collection(tmp_path / 'coll')
+    cache = tmp_path / 'cache'
+    path = dense_index_path(load_collection(folder), 'minilm', cache)
+    if first is not None:
+        dense_index(load_collection(folder), model, 'minilm', cache, first, verbose=False)
+    before = sorted(os.listdir(path)) if first is not None else None
+    started = tmp_path / 'started'
+    child = subprocess.Popen([sys.executable, '-c', _KILLED_BUILD, str(folder), str(cache), str(started)])
+    try:
+        for _ in range(1200):
+            if started.exists() or child.poll() is not None:
+                break
+            subprocess.run(['sleep', '0.1'])
+        assert started.exists(), 'the child never reached its second batch'
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    if first is None:
+        assert not path.exists()
+    else:
+        assert sorted(os.listdir(path)) == before and len(dense_index(load_collection(folder), model, 'minilm',
+                                                                      cache, first, verbose=False)) == 2
+    index = dense_index(load_collection(folder), model, 'minilm', cache, None, verbose=False)
+    scratch = dense_index(load_collection(folder), model, 'minilm', tmp_path / 'scratch', None, verbose=False)
+    got = dict(zip(index.payload()[0].fwd[np.arange(7)], index.np_vecs()))
+    expected = dict(zip(scratch.payload()[0].fwd[np.arange(7)], scratch.np_vecs()))
+    assert sorted(got) == sorted(expected)
+    for docno in expected:
+        np.testing.assert_allclose(got[docno], expected[docno], atol=1e-6)
