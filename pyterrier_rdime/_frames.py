@@ -75,10 +75,14 @@ def numeric_column(frame: pd.DataFrame, column: str, stage: object, fix: str) ->
         pass
     for row, value in enumerate(values):
         if not _is_number(value):
-            where = ', '.join(f'{c}={frame[c].iloc[row]!r}' for c in ('qid', 'docno') if c in frame.columns)
-            raise ValueError(f'{stage}: column {column!r} holds {value!r} ({type(value).__name__}) at {where}, not a '
-                             f'number; {fix}')
+            raise ValueError(f'{stage}: column {column!r} holds {value!r} ({type(value).__name__}) at '
+                             f'{_row_ids(frame, row)}, not a number; {fix}')
     raise ValueError(f'{stage}: column {column!r} cannot be read as numbers; {fix}')
+
+
+def _row_ids(frame: pd.DataFrame, row: int) -> str:
+    """``qid=..., docno=...`` of a row, to name it in an error."""
+    return ', '.join(f'{c}={frame[c].iloc[row]!r}' for c in ('qid', 'docno') if c in frame.columns)
 
 
 def _is_number(value: object) -> bool:
@@ -110,6 +114,28 @@ def check_same_dims(stage: object, dims: int, other_dims: int, column: str, wher
     if other_dims != dims:
         raise ValueError(f'{stage}: query_vec has {dims} dimensions but {column}{where} has {other_dims}; '
                          'encode queries and documents with the same model')
+
+
+def query_vectors(inp: pd.DataFrame, column: str, groups: 'QueryGroups', stage: object) -> np.ndarray:
+    """The per-query vectors of the query-level ``column`` (n, p), float64, after checking that every row of a query
+    holds the same vector: a stage uses one vector per query, and rows that disagree (frames of two runs concatenated,
+    a column overwritten row by row) would otherwise be scored with the first row's vector, silently."""
+    vectors = stack_vectors(inp, column, groups.first_rows, stage, 'qid')
+    values = inp[column].to_numpy()
+    firsts = values[groups.first_rows][groups.codes]
+    shared = np.fromiter((a is b for a, b in zip(values, firsts)), dtype=bool, count=len(values))
+    if not shared.all():  # the rows of a query usually share one array; compare the others by value
+        rows = np.flatnonzero(~shared)
+        others = stack_vectors(inp, column, rows, stage, 'qid')
+        check_same_dims(stage, vectors.shape[1], others.shape[1], column)
+        differ = (others != vectors[groups.codes[rows]]).any(axis=1)
+        if differ.any():
+            row = int(rows[np.argmax(differ)])
+            first = int(groups.first_rows[groups.codes[row]])
+            raise ValueError(f'{stage}: column {column!r} differs between rows of one query ({_row_ids(inp, first)} '
+                             f'and {_row_ids(inp, row)}), but a query has one {column}; give every row of a query the '
+                             'same vector (or give the rows of different queries different qids)')
+    return vectors
 
 
 class QueryGroups(NamedTuple):

@@ -4,7 +4,7 @@ import pandas as pd
 import pyterrier as pt
 
 from ._config import ConfigTransformer
-from ._frames import check_same_dims, empty_frame, group_queries, stack_vectors
+from ._frames import check_same_dims, empty_frame, group_queries, query_vectors, stack_vectors
 
 
 class VectorScorer(ConfigTransformer):
@@ -34,7 +34,7 @@ class VectorScorer(ConfigTransformer):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
         groups = group_queries(inp, self)
-        query_vecs64 = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
+        query_vecs64 = query_vectors(inp, 'query_vec', groups, self)
         doc_vecs64 = stack_vectors(inp, 'doc_vec', np.arange(len(inp)), self, 'docno')
         query_vecs, doc_vecs = query_vecs64.astype(np.float32), doc_vecs64.astype(np.float32)
         check_same_dims(self, query_vecs.shape[1], doc_vecs.shape[1], 'doc_vec')

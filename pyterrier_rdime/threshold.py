@@ -7,7 +7,7 @@ import pyterrier as pt
 
 from . import maths
 from ._config import ConfigTransformer, check_choice, check_topk
-from ._frames import check_same_dims, empty_frame, group_queries, per_row, stack_vectors
+from ._frames import check_same_dims, empty_frame, group_queries, per_row, query_vectors
 
 FALLBACKS = ('full', 'top1')
 
@@ -25,8 +25,8 @@ class DimensionThreshold(ConfigTransformer):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
         groups = group_queries(inp, self)
-        query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
-        importance = stack_vectors(inp, 'query_dime', groups.first_rows, self, 'qid')
+        query_vecs = query_vectors(inp, 'query_vec', groups, self)
+        importance = query_vectors(inp, 'query_dime', groups, self)
         check_same_dims(self, query_vecs.shape[1], importance.shape[1], 'query_dime')
         keep, extra = self._keep(query_vecs, importance)  # a 0/1 mask, or soft weights in [0, 1] (Rdime)
         pruned = maths.modulate(query_vecs, keep).astype(np.float32)

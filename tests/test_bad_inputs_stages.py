@@ -169,6 +169,16 @@ def cases(tmp) -> list:
              r"LlmDime\(\): column 'query_answer_vec' at qid='1' holds <U1 values, not real numbers; .*"),
         Case('missing doc_vec in the scorer', lambda: VectorScorer()(example(doc_vec=[None, vec(D2)])), ValueError,
              r"VectorScorer\(\): column 'doc_vec' at docno='d1' holds None, not a 1-D vector; .*"),
+        *[Case(f'query_vec differs between the rows of a query in {type(stage).__name__}',
+               lambda stage=stage: stage(example(query_vec=[vec(Q), vec(D1)], query_dime=[vec(Q)] * 2)), ValueError,
+               rf"{re.escape(repr(stage))}: column 'query_vec' differs between rows of one query \(qid='q1', "
+               r"docno='d1' and qid='q1', docno='d2'\), but a query has one query_vec; .*")
+          for stage in (PrfDime(), Rdime(), TopK(), VectorScorer())],
+        Case('query_dime differs between the rows of a query', lambda: Rdime()(example(query_dime=[vec(Q), vec(D1)])),
+             ValueError, r"Rdime\(\): column 'query_dime' differs between rows of one query .*"),
+        Case('equal vectors in separate arrays are one query vector',  # scores Q.D2 and Q.D1
+             lambda: VectorScorer()(example(query_vec=[vec(Q), vec(Q)])),
+             check=lambda out: np.testing.assert_allclose(out['score'], [1 + 3 + 12, 0.9 + 4.2 + 8.4 + 0.4])),
         Case('answers file with a space in a qid', lambda: read_answers_tsv(file_with(tmp, b'q1\ta\nq 2\tb\n')),
              ValueError, r".*answers\.tsv:2: qid 'q 2' is empty or holds whitespace, .*write the qid without spaces"),
         Case('answers file with a qid twice', lambda: LlmAnswers.from_tsv(file_with(tmp, b'q1\ta\n\nq1\tb\n')),

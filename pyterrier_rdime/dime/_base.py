@@ -7,7 +7,7 @@ import pyterrier as pt
 
 from .. import maths
 from .._config import ConfigTransformer
-from .._frames import QueryGroups, empty_frame, group_queries, per_row, stack_vectors
+from .._frames import QueryGroups, empty_frame, group_queries, per_row, query_vectors
 
 
 class DimeScorer(ConfigTransformer):
@@ -33,7 +33,7 @@ class DimeScorer(ConfigTransformer):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
         groups = group_queries(inp, self)
-        query_vecs = stack_vectors(inp, 'query_vec', groups.first_rows, self, 'qid')
+        query_vecs = query_vectors(inp, 'query_vec', groups, self)
         importance = self._importance(inp, groups, query_vecs)
         self._check_float32(importance, query_vecs, inp, groups)
         importance = importance.astype(_output_dtype(importance))
