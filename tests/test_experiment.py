@@ -17,8 +17,9 @@ from pyterrier_rdime.experiment import cli
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection
 from pyterrier_rdime.experiment.encoders import load_encoder, resolve_encoder
-from pyterrier_rdime.experiment.evaluate import significance
-from pyterrier_rdime.experiment.indexes import COMPLETE_MARKER, dense_index, existing_index, first_stage_results
+from pyterrier_rdime.experiment.fingerprint import read_fingerprint
+from pyterrier_rdime.experiment.indexes import dense_index, existing_index, first_stage_results
+from pyterrier_rdime.experiment.parity import significance
 from pyterrier_rdime.experiment.report import ExperimentResult
 from pyterrier_rdime.experiment.runner import check_options, run_experiment
 
@@ -73,9 +74,10 @@ def test_table_has_the_papers_structure(dl19):
     assert result.measures == ['nDCG@10', 'AP']
     systems = set(result.table['system'])
     assert systems == {'Baseline'} | {f'{d}/{t}' for d in ('prf', 'swc', 'llm')
-                                      for t in ('k=0.4', 'k=0.6', 'k=0.8', 'RDIME')}
+                                      for t in ('k=0.4', 'k=0.6', 'k=0.8', 'RDIME', 'CV Top-k')}
     table = result.paper_table('nDCG@10')
-    assert list(table.columns) == ['DIME', 'k=0.4', 'k=0.6', 'k=0.8', 'RDIME (kept)', 'Δ% vs best Top-k']
+    assert list(table.columns) == ['DIME', 'k=0.4', 'k=0.6', 'k=0.8', 'RDIME (kept)', 'Δ% vs best Top-k',
+                                   'best Top-k, tuned on test (k)', 'CV Top-k (mean k)']
     assert list(table['DIME']) == ['PRF (M=2)', 'SWC (M=10, τ=0.1)', 'LLM', 'Baseline']
     kept = result.kept[result.kept['threshold'] == 'RDIME']
     assert len(kept) == 3 * NUM_QUERIES and kept['kept_frac'].between(0, 1, inclusive='right').all()
@@ -130,7 +132,7 @@ def test_saved_outputs_and_cli(dl19, cache, tmp_path, capsys):
     _, result = dl19
     assert result.save(tmp_path / 'saved') == []
     for name in ('results.md', 'results.csv', 'perquery.csv', 'results.json', 'significance.csv',
-                 'kept_fraction.csv', 'kept_fraction.png'):
+                 'kept_fraction.csv', 'kept_fraction.png', 'sweep.csv', 'cv.csv', 'sweep.png'):
         assert (tmp_path / 'saved' / name).stat().st_size > 0
     assert json.loads((tmp_path / 'saved' / 'results.json').read_text())['settings']['num_queries'] == NUM_QUERIES
     assert pd.read_csv(tmp_path / 'saved' / 'kept_fraction.csv')['kept_frac'].between(0, 1).all()
@@ -172,7 +174,8 @@ def test_significance_marks_and_delta_against_hand_computed_values():
     perquery = pd.DataFrame([{'system': s, 'qid': q, 'measure': 'nDCG@10', 'value': v}
                              for s, vs in values.items() for q, v in zip(qids, vs)])
     aggregate = perquery.groupby(['system', 'measure'], sort=False)['value'].mean().reset_index()
-    sig = significance(aggregate, perquery, ['prf'], ['RDIME'], 't').set_index('comparison')
+    sig = significance(aggregate, perquery, ['prf'], ['RDIME'], 't').set_index('comparison').rename(
+        index={'best Top-k (k=0.8, tuned on the test queries)': 'best Top-k (k=0.8)'})
     # RDIME - best Top-k (k=0.8): differences [0,0,0,0,0,.1]: mean 1/60, sd sqrt(1/600)
     t_topk = (1 / 60) / (math.sqrt(1 / 600) / math.sqrt(6))
     p_topk = 2 * stats.t.sf(t_topk, df=5)
@@ -210,7 +213,7 @@ def test_identical_systems_are_never_significant():
 
 def test_no_topk_column(mini, tmp_path):
     result = run_experiment(mini, dimes=['prf'], ks=[], first_stage='bm25', depth=4, cache_dir=tmp_path,
-                            verbose=False)
+                            sweep=False, verbose=False)
     assert set(result.table['system']) == {'Baseline', 'prf/RDIME'}
     row = result.paper_table('nDCG@10').iloc[0]
     assert row['Δ% vs best Top-k'] == 'n/a'
@@ -221,9 +224,12 @@ def test_soft_rdime_columns_and_their_marks(mini, tmp_path):
     result = run_experiment(mini, dimes=['prf'], ks=[0.5], modulators=['james-stein', 'wiener'],
                             first_stage='bm25', depth=4, cache_dir=tmp_path, verbose=False)
     table = result.paper_table('nDCG@10')
-    assert list(table.columns)[-2:] == ['RDIME-JS', 'RDIME-Wiener']
+    assert list(table.columns)[-4:] == ['RDIME-JS', 'RDIME-Wiener', 'best Top-k, tuned on test (k)',
+                                        'CV Top-k (mean k)']
     sig = result.significance
-    assert set(sig.loc[sig['system'] == 'prf/RDIME-JS', 'comparison']) == {'best Top-k (k=0.5)', 'Baseline', 'RDIME'}
+    best = sig.loc[(sig['system'] == 'prf/RDIME') & sig['comparison'].str.startswith('best Top-k'), 'comparison']
+    assert set(sig.loc[sig['system'] == 'prf/RDIME-JS', 'comparison']) == {'CV Top-k', best.iloc[0], 'Baseline',
+                                                                           'RDIME'}
     kept = result.kept.set_index(['threshold', 'qid'])
     assert (kept.loc['RDIME-JS', 'kept_frac'] == kept.loc['RDIME', 'kept_frac']).all()
     assert (kept.loc['RDIME-Wiener', 'mean_weight'] < 1).all() and (kept.loc['RDIME', 'mean_weight'] == 1).all()
@@ -256,7 +262,10 @@ def test_oracle_correlates_over_every_judged_document(tmp_path, model):
     (['--modulators', 'soft'], "--modulators must be one of 'james-stein', 'wiener', got 'soft'"),
     (['--mode', 'dense'], "--mode must be one of 'rerank', 'retrieve', got 'dense'"),
     (['--feedback', 'bm25'], "--feedback must be one of 'dense', 'first-stage', got 'bm25'"),
-    (['--test', 'z'], "--test must be one of 't', 'wilcoxon', got 'z'"),
+    (['--test', 'z'], "--test must be one of 't', 'wilcoxon', 'auto', got 'z'"),
+    (['--alternative', 'up'], "--alternative must be one of 'two-sided', 'greater', 'less', got 'up'"),
+    (['--margin', '0'], '--margin must be a fraction of the Baseline in (0, 1), got 0.0'),
+    (['--folds', '1'], '--folds must be an integer >= 2, got 1'),
     (['--retriever', 'torch'], '--retriever \'torch\' applies to --mode retrieve'),
     (['--first-stage', '/no/such.run'], "is not 'auto', 'bm25' or an existing TREC run file"),
     (['--workers', '0'], '--workers must be an integer >= 1'),
@@ -289,9 +298,9 @@ def test_a_relevance_level_no_judgment_reaches_is_an_error(mini, tmp_path):
 def test_hub_encoder_and_hub_index_fail_fast_offline(monkeypatch):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     start = time.time()
-    with pytest.raises(RuntimeError, match='not in the Hugging Face cache'):
+    with pytest.raises(ConnectionError, match='not in the Hugging Face cache'):
         resolve_encoder('tasb')
-    with pytest.raises(RuntimeError, match='the Hugging Face hub cannot be reached'):
+    with pytest.raises(ConnectionError, match='the Hugging Face hub cannot be reached'):
         existing_index('macavaney/msmarco-passage.tasb.flex')
     assert time.time() - start < 10
 
@@ -359,7 +368,7 @@ def test_dense_index_adds_only_missing_documents(tmp_path, model):
 def test_a_complete_index_is_reused_without_reading_the_corpus(tmp_path, model):
     collection = load_collection(_mini_collection(tmp_path))
     index = dense_index(collection, model, 'minilm', tmp_path, None, verbose=False)
-    assert len(index) == 7 and (index.index_path / COMPLETE_MARKER).is_file()
+    assert len(index) == 7 and read_fingerprint(index.index_path)['complete']
 
     def no_reading(docnos=None):
         raise AssertionError('the corpus was read again')

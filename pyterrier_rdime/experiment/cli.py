@@ -20,18 +20,22 @@ INSTALL = ("pip install torch --index-url https://download.pytorch.org/whl/cpu  
 
 def _parser() -> argparse.ArgumentParser:
     from .indexes import RETRIEVERS
+    from .parity import ALTERNATIVES, DEFAULT_MARGIN
     from .runner import DEFAULT_DIMES, DEFAULT_KS
+    from .sweep import CV_FOLDS, CV_SEED
     from .systems import DIME_NAMES, MODULATORS
     p = argparse.ArgumentParser(
         prog='rdime-experiment',
         description='RDIME vs Top-k dimension pruning (and Baseline) for each DIME, in the reference '
                     "implementations' protocol, evaluated with pt.Experiment; prints the paper-style tables and saves "
                     'them with per-query results, kept fractions and a boxplot.')
-    p.add_argument('collection', nargs='?', default='irds:vaswani',
-                   help='irds:<ir_datasets id> or a folder with docs.jsonl, queries.tsv, qrels (default: %(default)s)')
+    p.add_argument('collection', nargs='*', default=['irds:vaswani'],
+                   help='irds:<ir_datasets id> or a folder with docs.jsonl, queries.tsv, qrels (default: '
+                        'irds:vaswani); several make a grid: one cell per collection and encoder, in '
+                        '<out>/<collection>/<encoder>')
     p.add_argument('--encoder', default='minilm',
                    help="'minilm' (bundled, offline), 'tasb', 'contriever', 'ance', a sentence-transformers folder or "
-                        'a hub id (default: %(default)s)')
+                        'a hub id (default: %(default)s); a comma-separated list makes a grid')
     p.add_argument('--mode', default='rerank', help="'rerank' the first stage, or 'retrieve': full dense retrieval "
                                                     'over the whole corpus (default: %(default)s)')
     p.add_argument('--first-stage', default='auto',
@@ -55,7 +59,19 @@ def _parser() -> argparse.ArgumentParser:
                    help='ir_measures names, comma-separated (default: nDCG@10,AP; plus R@1000,RR@10 in retrieve mode)')
     p.add_argument('--rel', type=int, default=None,
                    help="relevance level of the binary measures (default: ir_measures' 1; 2 = TREC DL convention)")
-    p.add_argument('--test', default='t', help="'t' (paired t-test, default) or 'wilcoxon'; Holm-corrected")
+    p.add_argument('--test', default='t',
+                   help="'t' (paired t-test, default), 'wilcoxon', or 'auto' (per comparison: Shapiro-Wilk on the "
+                        'paired differences, then t or Wilcoxon, as the reference implementations); Holm-corrected')
+    p.add_argument('--alternative', default='two-sided',
+                   help=f'{", ".join(ALTERNATIVES)}: RDIME against the other system (default: %(default)s)')
+    p.add_argument('--margin', type=float, default=DEFAULT_MARGIN,
+                   help='equivalence margin of the TOST verdicts, a fraction of the Baseline of each measure (default: '
+                        '%(default)s, i.e. ±5 %%)')
+    p.add_argument('--sweep', action=argparse.BooleanOptionalAction, default=True,
+                   help='the Top-k sweep (fractions 0.1 … 1.0, from the vectors in hand) with its plot, and the '
+                        'cross-validated Top-k chosen from it (default: on)')
+    p.add_argument('--folds', type=int, default=CV_FOLDS,
+                   help=f'folds of queries of the cross-validated Top-k (fixed seed {CV_SEED}; default: %(default)s)')
     p.add_argument('--answers', default=None, metavar='TSV', help="LLM answers (qid<TAB>answer) for the LLM row "
                                                                   "(default: the collection's llm_answers.tsv)")
     p.add_argument('--llm-generator', default=None, metavar='MODEL',
@@ -116,7 +132,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _error(f'--ks {args.ks!r}: expected comma-separated fractions in (0, 1], e.g. 0.4,0.6,0.8')
     settings = dict(mode=args.mode, first_stage=args.first_stage, feedback=args.feedback, depth=args.depth,
                     num_results=args.num_results, dimes=_split(args.dimes), ks=ks, modulators=_split(args.modulators),
-                    test=args.test, retriever=args.retriever, max_queries=args.max_queries)
+                    test=args.test, retriever=args.retriever, max_queries=args.max_queries, sweep=args.sweep,
+                    folds=args.folds, margin=args.margin, alternative=args.alternative)
+    encoders = _split(args.encoder)
     try:
         check_arguments(args)
         check_options(**settings)
@@ -124,8 +142,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_writable('--cache', cache)
         check_int('rdime-experiment', '--workers', args.workers, 1)
         backend = _parallel_backend(args.workers, args.ray_address)
+        if len(args.collection) > 1 or len(encoders) > 1:
+            return _grid(args, encoders, settings, out, cache, backend, start)
         result = run_experiment(
-            args.collection, encoder=args.encoder, rel=args.rel, measures=_split(args.measures) or None,
+            args.collection[0], encoder=args.encoder, rel=args.rel, measures=_split(args.measures) or None,
             index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
             llm_generator=args.llm_generator, workers=args.workers, parallel_backend=backend,
             verbose=not args.quiet, **settings)
@@ -143,8 +163,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               + '\n  '.join(problems), file=sys.stderr)
         return 1
     print(f'results in {out.resolve()} (results.md, results.csv, perquery.csv, significance.csv, '
-          'kept_fraction.csv/png)')
+          'kept_fraction.csv/png, sweep.csv/png, cv.csv)')
     return 0
+
+
+def _grid(args, encoders: List[str], settings: dict, out: Path, cache: Path, backend: str, start: float) -> int:
+    """Several collections and/or encoders: one cell each, then the combined outputs. The errors of checking every
+    cell before any work propagate to :func:`main`; a cell's own failure is reported here."""
+    from .grid import run_grid
+    grid = run_grid(args.collection, encoders, out, rel=args.rel, measures=_split(args.measures) or None,
+                    index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
+                    llm_generator=args.llm_generator, workers=args.workers, parallel_backend=backend,
+                    verbose=not args.quiet, **settings)
+    finished = [c for c in grid.cells if c.result is not None]
+    if finished and (out / 'grid.md').is_file():
+        print((out / 'grid.md').read_text(encoding='utf-8'))
+    print(', '.join(f'{c.name}: {c.status}' for c in grid.cells) + f' ({time.time() - start:.0f} s)')
+    for problem in grid.problems:
+        print(f'rdime-experiment: could not write {problem}', file=sys.stderr)
+    if grid.failed:
+        print('rdime-experiment: failed cells (the others are complete; re-run the same command to retry only '
+              'these):\n  ' + '\n  '.join(f'{c.name}: {c.error}' for c in grid.failed), file=sys.stderr)
+        return 1
+    print(f'results in {out.resolve()} (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf; '
+          'each cell in <collection>/<encoder>/)')
+    return 1 if grid.problems else 0
 
 
 def _error(message: str, status: int = 2) -> int:

@@ -1,15 +1,11 @@
-"""Evaluation of the grid: the measures, one per-query ``pt.Experiment``, and the paired significance tests."""
-import math
+"""Evaluation of the grid: the measures and one per-query ``pt.Experiment`` (the paired comparisons are in
+:mod:`.parity`)."""
 from typing import Dict, Optional, Sequence, Tuple
 
 import ir_measures
-import numpy as np
 import pandas as pd
 import pyterrier as pt
-from scipy import stats
 
-ALPHA = 0.05
-TESTS = ('t', 'wilcoxon')
 DEFAULT_MEASURES = ('nDCG@10', 'AP')
 #: Added by default in retrieve mode, where the ranking is deep enough (as the author's dime-library reports them).
 DEEP_MEASURES = ('R@1000', 'RR@10')
@@ -54,47 +50,3 @@ def evaluate(frames: Dict[str, pd.DataFrame], topics: pd.DataFrame, qrels: pd.Da
     perquery = perquery.rename(columns={'name': 'system'})
     aggregate = perquery.groupby(['system', 'measure'], sort=False)['value'].mean().reset_index()
     return aggregate, perquery
-
-
-def paired_p_value(a: np.ndarray, b: np.ndarray, test: str) -> float:
-    """Two-sided paired test of ``a`` against ``b``; NaN when it is undefined (identical systems, < 2 queries)."""
-    if len(a) < 2 or np.array_equal(a, b):
-        return math.nan
-    with np.errstate(invalid='ignore', divide='ignore'):
-        if test == 't':
-            return float(stats.ttest_rel(a, b).pvalue)
-        return float(stats.wilcoxon(a, b).pvalue)
-
-
-def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequence[str], columns: Sequence[str],
-                 test: str = 't') -> pd.DataFrame:
-    """Paired tests of each RDIME column (``RDIME`` and any soft one) of each DIME against the best Top-k of that DIME
-    for the measure (``best Top-k (k=…)``), against ``Baseline``, and for a soft column against ``RDIME``; Holm
-    corrected over the comparisons of a measure (statsmodels), alpha 0.05; a NaN p-value is not significant.
-
-    Returns ``measure, dime, system, comparison, other, p_value, p_holm, significant``.
-    """
-    from statsmodels.stats.multitest import multipletests
-    rows = []
-    for measure in dict.fromkeys(aggregate['measure']):
-        means = aggregate[aggregate['measure'] == measure].set_index('system')['value']
-        scores = perquery[perquery['measure'] == measure].pivot(index='qid', columns='system', values='value')
-        for dime in dimes:
-            topks = [s for s in means.index if s.startswith(f'{dime}/k=')]
-            others = [(f'best Top-k ({max(topks, key=lambda s: means[s]).split("/")[1]})',
-                       max(topks, key=lambda s: means[s]))] if topks else []
-            others.append(('Baseline', 'Baseline'))
-            for column in columns:
-                system = f'{dime}/{column}'
-                for label, other in others + ([('RDIME', f'{dime}/RDIME')] if column != 'RDIME' else []):
-                    pair = scores[[system, other]].dropna()
-                    rows.append({'measure': measure, 'dime': dime, 'system': system, 'comparison': label,
-                                 'other': other, 'p_value': paired_p_value(pair[system].to_numpy(),
-                                                                           pair[other].to_numpy(), test)})
-    result = pd.DataFrame(rows, columns=['measure', 'dime', 'system', 'comparison', 'other', 'p_value'])
-    result['p_holm'] = np.nan
-    for _, group in result.groupby('measure', sort=False):
-        result.loc[group.index, 'p_holm'] = multipletests(group['p_value'].fillna(1.0), alpha=ALPHA,
-                                                          method='holm')[1]
-    result['significant'] = result['p_holm'] < ALPHA
-    return result

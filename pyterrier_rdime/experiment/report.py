@@ -1,16 +1,21 @@
-"""What the runner measured, laid out as the paper's tables, and saved to disk."""
+"""What the runner measured, laid out as the paper's tables with the honest comparators, and saved to disk."""
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import pandas as pd
 
-from .evaluate import ALPHA
+from . import figures
+from .parity import ALPHA
 
 #: Significance marks of the paper table: comparison label -> mark.
-MARKS = {'best Top-k': '†', 'Baseline': '‡', 'RDIME': '§'}
+MARKS = {'CV Top-k': '¶', 'best Top-k': '†', 'Baseline': '‡', 'RDIME': '§'}
+TEST_NAMES = {'t': 'paired t-test', 'wilcoxon': 'Wilcoxon signed-rank test',
+              'auto': 'per comparison: Shapiro–Wilk on the paired differences, then paired t-test or Wilcoxon'}
+SWEEP_COLUMNS = ['dime', 'fraction', 'system', 'qid', 'measure', 'value']
+CV_COLUMNS = ['dime', 'measure', 'fold', 'fraction', 'queries']
 
 
 @dataclass
@@ -19,15 +24,18 @@ class ExperimentResult:
 
     Attributes:
         measures: measure names, in table order.
-        table: one row per system and measure: ``dime, threshold, system, measure, value`` (mean over queries).
+        table: one row per system and measure: ``dime, threshold, system, measure, value`` (mean over queries);
+            ``<dime>/CV Top-k`` is the cross-validated Top-k.
         perquery: ``system, qid, measure, value``.
         kept: per query and pruned system: ``dime, threshold, qid, kept_frac, fallback, mean_weight``.
-        significance: ``measure, dime, system, comparison, other, p_value, p_holm, significant`` (paired test, Holm
-            over the comparisons of a measure, alpha 0.05; a NaN p-value is not significant).
+        significance: the comparisons of :func:`~pyterrier_rdime.experiment.parity.significance` (test and
+            alternative used, Holm-corrected p, mean difference with its 95 % CI, TOST p, verdict).
         labels: DIME name -> row label.
-        settings: the run's settings (collection, encoder, protocol, test, ...).
+        settings: the run's settings (collection, encoder, protocol, test, margin, folds, ...).
         notes: what the reader must know (feedback source, relevance level, skipped rows, dropped queries).
         timings: seconds per phase.
+        sweep: the Top-k sweep per query: ``dime, fraction, system, qid, measure, value``.
+        cv: the fraction cross-validation chose per fold: ``dime, measure, fold, fraction, queries``.
     """
     measures: List[str]
     table: pd.DataFrame
@@ -38,15 +46,19 @@ class ExperimentResult:
     settings: Dict[str, object]
     notes: List[str] = field(default_factory=list)
     timings: Dict[str, float] = field(default_factory=dict)
+    sweep: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SWEEP_COLUMNS))
+    cv: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CV_COLUMNS))
 
     def paper_table(self, measure: str) -> pd.DataFrame:
         """The paper's layout for one measure: rows DIME, columns the Top-k fractions, RDIME (mean kept fraction),
-        Δ% of RDIME over the best Top-k, then any soft-RDIME column; a Baseline row. Marks: ``*`` best Top-k,
-        ``†`` significantly different from the best Top-k, ``‡`` from Baseline, ``§`` (soft RDIME) from RDIME."""
+        Δ% of RDIME over the best of those Top-k, any soft-RDIME column, then the honest comparators: the best Top-k
+        of the sweep tuned on the test queries and the cross-validated Top-k (with its mean chosen fraction); a
+        Baseline row. Marks: ``*`` best Top-k column; RDIME significantly different from ``¶`` CV Top-k, ``†`` the
+        test-tuned best Top-k, ``‡`` Baseline, ``§`` (soft RDIME) RDIME."""
         values = self.table[self.table['measure'] == measure]
         columns = list(dict.fromkeys(values.loc[values['dime'] != '', 'threshold']))
         ks = [c for c in columns if c.startswith('k=')]
-        soft = [c for c in columns if not c.startswith('k=') and c != 'RDIME']
+        soft = [c for c in columns if not c.startswith('k=') and c not in ('RDIME', 'CV Top-k')]
         baseline = values.loc[values['threshold'] == 'Baseline', 'value'].iloc[0]
         rows = []
         for dime, label in self.labels.items():
@@ -56,22 +68,66 @@ class ExperimentResult:
             best_k = max(ks, key=lambda k: mine[k]) if ks else None
             row = {'DIME': label}
             row.update({k: f'{mine[k]:.4f}' + ('*' if k == best_k else '') for k in ks})
-            row['RDIME (kept)'] = f'{mine["RDIME"]:.4f}{self._marks(measure, dime, "RDIME")} ' \
+            row['RDIME (kept)'] = f'{mine["RDIME"]:.4f}{self.marks(measure, dime, "RDIME")} ' \
                                   f'({self.mean_kept(dime, "RDIME"):.2f})'
             row['Δ% vs best Top-k'] = (f'{100 * (mine["RDIME"] - mine[best_k]) / mine[best_k]:+.2f}'
                                        if best_k and mine[best_k] else 'n/a')
             for column in soft:
-                row[column] = f'{mine[column]:.4f}{self._marks(measure, dime, column)}'
+                row[column] = f'{mine[column]:.4f}{self.marks(measure, dime, column)}'
+            best = self.test_best(measure, dime)
+            row['best Top-k, tuned on test (k)'] = f'{best[1]:.4f} ({best[0].split("/")[1]})' if best else 'n/a'
+            row['CV Top-k (mean k)'] = (f'{mine["CV Top-k"]:.4f} ({self.mean_cv_fraction(dime, measure):.2f})'
+                                        if 'CV Top-k' in mine.index else 'n/a')
             rows.append(row)
+        empty = {c: '' for c in soft + ['best Top-k, tuned on test (k)', 'CV Top-k (mean k)']}
         rows.append({'DIME': 'Baseline', **{k: '–' for k in ks}, 'RDIME (kept)': f'{baseline:.4f} (1.00)',
-                     'Δ% vs best Top-k': '', **{c: '' for c in soft}})
+                     'Δ% vs best Top-k': '', **empty})
         return pd.DataFrame(rows)
+
+    def parity_table(self, measure: str) -> pd.DataFrame:
+        """RDIME (and any soft column) against each comparator for one measure: the paired mean difference with its
+        95 % CI, the test used and its Holm-corrected p, TOST's Holm-corrected p at the margin, and the verdict."""
+        sig = self.significance[self.significance['measure'] == measure]
+        return pd.DataFrame({
+            'DIME': sig['dime'].map(self.labels).fillna(sig['dime']),
+            'system': sig['system'].str.split('/').str[-1],
+            'vs': sig['comparison'],
+            'Δ mean [95 % CI]': [f'{r.mean_diff:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]' for r in sig.itertuples()],
+            'test': sig['test'],
+            'p (Holm)': sig['p_holm'].map(lambda p: f'{p:.3g}'),
+            f'TOST p (Holm), ±{sig["margin"].iloc[0]:.4f}' if len(sig) else 'TOST p (Holm)':
+                sig['tost_p_holm'].map(lambda p: f'{p:.3g}'),
+            'verdict': sig['verdict']})
 
     def mean_kept(self, dime: str, threshold: str) -> float:
         kept = self.kept
         return float(kept.loc[(kept['dime'] == dime) & (kept['threshold'] == threshold), 'kept_frac'].mean())
 
-    def _marks(self, measure: str, dime: str, threshold: str) -> str:
+    def mean_cv_fraction(self, dime: str, measure: str) -> float:
+        """The fraction cross-validation chose, averaged over the queries (each fold's choice, weighted by its
+        held-out queries); NaN without CV Top-k."""
+        chosen = self.cv[(self.cv['dime'] == dime) & (self.cv['measure'] == measure)]
+        return float(np.average(chosen['fraction'], weights=chosen['queries'])) if len(chosen) else float('nan')
+
+    def sweep_means(self) -> pd.DataFrame:
+        """``dime, fraction, measure, value``: the sweep's mean over queries per fraction."""
+        return self.sweep.groupby(['dime', 'fraction', 'measure'], sort=False)['value'].mean().reset_index()
+
+    def test_best(self, measure: str, dime: str) -> Optional[Tuple[str, float]]:
+        """``(system, value)`` of the best Top-k of ``dime`` tuned on the test queries (among the sweep and the
+        Top-k columns), the comparator RDIME was tested against; None without Top-k."""
+        sig = self.significance
+        hit = sig[(sig['measure'] == measure) & (sig['system'] == f'{dime}/RDIME')
+                  & sig['comparison'].str.startswith('best Top-k')]
+        if hit.empty:
+            return None
+        system = hit['other'].iloc[0]
+        pool = pd.concat([self.table[['system', 'measure', 'value']],
+                          self.sweep_means().assign(system=lambda f: f['dime'] + '/k=' + f['fraction'].astype(str))])
+        return system, float(pool.loc[(pool['system'] == system) & (pool['measure'] == measure), 'value'].iloc[0])
+
+    def marks(self, measure: str, dime: str, threshold: str) -> str:
+        """The significance marks (:data:`MARKS`) of ``<dime>/<threshold>`` for ``measure``."""
         sig = self.significance
         hit = sig[(sig['measure'] == measure) & (sig['system'] == f'{dime}/{threshold}') & sig['significant']]
         return ''.join(mark for label, mark in MARKS.items() if hit['comparison'].str.startswith(label).any())
@@ -83,18 +139,32 @@ class ExperimentResult:
                  f'{s["num_queries"]} queries.', '']
         for measure in self.measures:
             lines += [f'## {measure}', '', self.paper_table(measure).to_markdown(index=False, disable_numparse=True),
-                      '']
-        test = 'paired t-test' if s.get('test', 't') == 't' else 'Wilcoxon signed-rank test'
-        lines += ['`*` best Top-k of the row; `†` significantly different from that best Top-k, `‡` from Baseline, '
-                  f'`§` (soft RDIME) from RDIME ({test}, two-sided, Holm-corrected per measure, α = {ALPHA}); '
-                  '(kept) = mean fraction of dimensions RDIME kept per query.', '']
+                      '', self.parity_table(measure).to_markdown(index=False, disable_numparse=True), '']
+        lines += [self.footnote(), '']
         lines += [f'- {note}' for note in self.notes]
         return '\n'.join(lines) + '\n'
 
+    def footnote(self) -> str:
+        """What the marks, the comparators and the verdicts mean, for this run's settings."""
+        s = self.settings
+        test = TEST_NAMES[s.get('test', 't')]
+        margin = s.get('margin')
+        folds = f'{s.get("folds")} folds of queries, seed {s.get("cv_seed")}' if s.get('sweep') else 'no sweep'
+        return (f'`*` best Top-k column of the row; RDIME significantly different from `¶` CV Top-k, `†` the best '
+                f'Top-k tuned on the test queries, `‡` Baseline, `§` (soft RDIME) RDIME ({test}, '
+                f'{s.get("alternative", "two-sided")}, Holm-corrected per measure, α = {ALPHA}); (kept) = mean '
+                'fraction of dimensions RDIME kept per query. "best Top-k, tuned on test" is the best fraction of the '
+                'sweep and the Top-k columns chosen on the very queries it is scored on (no user can choose so); '
+                f'"CV Top-k" chooses the fraction on the other folds ({folds}) and scores it on the held-out fold. '
+                + (f'Verdicts: equivalent when TOST shows the difference within ±{100 * margin:g} % of the Baseline '
+                   '(Holm-corrected p < α); different when the significance test rejects equality and equivalence is '
+                   'not shown; inconclusive otherwise (the queries cannot tell).' if margin else ''))
+
     def save(self, out_dir: Union[str, Path]) -> List[str]:
-        """Writes results.csv (long table), perquery.csv, significance.csv, kept_fraction.csv, results.json,
-        results.md and kept_fraction.png (boxplot of RDIME's per-query kept fraction per DIME), the plain files
-        first. Returns the problems met (an output that could not be written), so that the others still are."""
+        """Writes results.csv (long table), perquery.csv, significance.csv, kept_fraction.csv, sweep.csv (per query),
+        cv.csv, results.json, results.md, kept_fraction.png (boxplot of RDIME's per-query kept fraction per DIME) and
+        sweep.png, the plain files first. Returns the problems met (an output that could not be written), so that
+        the others still are."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         problems = []
@@ -103,10 +173,13 @@ class ExperimentResult:
             ('perquery.csv', lambda p: self.perquery.to_csv(p, index=False)),
             ('significance.csv', lambda p: self.significance.to_csv(p, index=False)),
             ('kept_fraction.csv', lambda p: self.kept.to_csv(p, index=False)),
+            ('sweep.csv', lambda p: self.sweep.to_csv(p, index=False)),
+            ('cv.csv', lambda p: self.cv.to_csv(p, index=False)),
             ('results.json', lambda p: p.write_text(json.dumps(self._payload(), indent=2, default=_json_default),
                                                     encoding='utf-8')),
             ('results.md', lambda p: p.write_text(self.to_markdown(), encoding='utf-8')),
             ('kept_fraction.png', self.boxplot),
+            ('sweep.png', self.sweep_plot),
         ]
         for name, write in writers:
             try:
@@ -115,29 +188,59 @@ class ExperimentResult:
                 problems.append(f'{out / name}: {type(e).__name__}: {e}')
         return problems
 
+    @classmethod
+    def load(cls, out_dir: Union[str, Path]) -> 'ExperimentResult':
+        """The result that :meth:`save` wrote to ``out_dir`` (the grid reads finished cells back this way)."""
+        out = Path(out_dir)
+        payload = json.loads((out / 'results.json').read_text(encoding='utf-8'))
+
+        def table(name):
+            return pd.read_csv(out / name, dtype={'qid': str, 'dime': str, 'threshold': str}, keep_default_na=False,
+                               na_values=[''])
+        results = pd.DataFrame(payload['results']).fillna({'dime': ''})
+        return cls(payload['measures'], results, table('perquery.csv'), table('kept_fraction.csv'),
+                   pd.DataFrame(payload['significance']), payload['labels'], payload['settings'], payload['notes'],
+                   payload['timings'], table('sweep.csv'), pd.DataFrame(payload['cv'], columns=CV_COLUMNS))
+
     def _payload(self) -> dict:
-        return {'settings': self.settings, 'notes': self.notes, 'timings': self.timings,
-                'results': self.table.to_dict(orient='records'),
+        return {'measures': self.measures, 'labels': self.labels, 'settings': self.settings, 'notes': self.notes,
+                'timings': self.timings, 'results': self.table.to_dict(orient='records'),
                 'significance': self.significance.to_dict(orient='records'),
                 'kept_fraction_mean': self.kept.groupby(['dime', 'threshold'])['kept_frac'].mean().reset_index()
-                .to_dict(orient='records')}
+                .to_dict(orient='records'),
+                'sweep_mean': self.sweep_means().to_dict(orient='records'),
+                'cv': self.cv.to_dict(orient='records')}
+
+    def _title(self) -> str:
+        return f'{Path(str(self.settings["collection"])).name}, {Path(str(self.settings["encoder"])).name}'
 
     def boxplot(self, path: Union[str, Path]) -> None:
-        """The paper's appendix figure: RDIME's per-query kept fraction, one box per DIME."""
-        # a bare Figure: no pyplot state, so a notebook's inline backend is left alone
-        from matplotlib.figure import Figure
-        rdime = self.kept[self.kept['threshold'] == 'RDIME']
-        names = [d for d in self.labels if d in set(rdime['dime'])]
-        fig = Figure(figsize=(1.6 * max(len(names), 2) + 1, 3.5))
-        ax = fig.subplots()
-        ax.boxplot([rdime.loc[rdime['dime'] == d, 'kept_frac'] for d in names], showmeans=True)
-        ax.set_xticks(range(1, len(names) + 1), [self.labels[d] for d in names], fontsize=8)
-        ax.set_ylabel('fraction of dimensions kept')
-        ax.set_ylim(0, 1.02)
-        ax.set_title(f'RDIME per-query kept fraction — {Path(str(self.settings["collection"])).name}, '
-                     f'{Path(str(self.settings["encoder"])).name}', fontsize=9)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        """The paper's appendix figure: RDIME's per-query kept fraction, one box per DIME, Top-k lines for reference."""
+        figures.kept_boxplot(self.kept, self.labels, f'RDIME per-query kept fraction — {self._title()}', path)
+
+    def sweep_plot(self, path: Union[str, Path]) -> None:
+        """Each measure against the kept fraction: the Top-k sweep per DIME, RDIME and CV Top-k as points, Baseline
+        as a line (the figure a DIME user reads first)."""
+        curves = self.sweep_means()
+        if curves.empty:  # no sweep: the Top-k columns are the curve
+            topk = self.table[self.table['threshold'].str.startswith('k=')]
+            curves = topk.assign(fraction=topk['threshold'].str[2:].astype(float))
+        values = self.table.set_index(['system', 'measure'])['value']
+        points = []
+        for dime in self.labels:
+            rdime = self.kept.loc[(self.kept['dime'] == dime) & (self.kept['threshold'] == 'RDIME'), 'kept_frac']
+            if rdime.empty:
+                continue
+            low, high = np.percentile(rdime, figures.SPREAD)
+            for measure in self.measures:
+                points.append({'dime': dime, 'measure': measure, 'system': 'RDIME', 'kept': rdime.mean(), 'low': low,
+                               'high': high, 'value': values[f'{dime}/RDIME', measure]})
+                if (f'{dime}/CV Top-k', measure) in values.index:
+                    points.append({'dime': dime, 'measure': measure, 'system': 'CV Top-k',
+                                   'kept': self.mean_cv_fraction(dime, measure),
+                                   'value': values[f'{dime}/CV Top-k', measure]})
+        baseline = pd.Series({m: values['Baseline', m] for m in self.measures})
+        figures.sweep_plot(curves, pd.DataFrame(points), baseline, self.labels, self._title(), path)
 
 
 def _json_default(value):

@@ -11,6 +11,8 @@ import pandas as pd
 from .._config import check_choice, check_fraction, check_int, default_cache_dir
 from ..llm import LlmGenerator, read_answers_tsv
 from . import evaluate as ev
+from . import parity
+from . import sweep as sw
 from .collection import Collection, load_collection
 from .encoders import DEFAULT_ENCODER, load_encoder
 from .indexes import (
@@ -48,16 +50,22 @@ class Options:
     depth: int
     num_results: int
     max_queries: Optional[int]
+    sweep: List[float]
+    folds: int
+    margin: float
+    alternative: str
 
 
 def check_options(*, mode: str = 'rerank', first_stage: str = 'auto', dimes: Sequence[str] = DEFAULT_DIMES,
                   ks: Sequence[float] = DEFAULT_KS,
                   modulators: Sequence[str] = (), feedback: str = 'dense', retriever: str = 'numpy',
                   test: str = 't', depth: int = 100, num_results: int = 1000,
-                  max_queries: Optional[int] = None) -> Options:
+                  max_queries: Optional[int] = None, sweep: bool = True, folds: int = sw.CV_FOLDS,
+                  margin: float = parity.DEFAULT_MARGIN, alternative: str = 'two-sided') -> Options:
     """Validates the options of :func:`run_experiment`; each error names the option and the fix."""
     for option, value, choices in (('--mode', mode, MODES), ('--feedback', feedback, FEEDBACKS),
-                                   ('--retriever', retriever, tuple(RETRIEVERS)), ('--test', test, ev.TESTS)):
+                                   ('--retriever', retriever, tuple(RETRIEVERS)), ('--test', test, parity.TESTS),
+                                   ('--alternative', alternative, parity.ALTERNATIVES)):
         check_choice(STAGE, option, value, choices)
     if not dimes:
         raise ValueError(f'{STAGE}: --dimes is empty; choose among {", ".join(DIME_NAMES)}')
@@ -71,6 +79,10 @@ def check_options(*, mode: str = 'rerank', first_stage: str = 'auto', dimes: Seq
     check_int(STAGE, '--num-results', num_results, 1)
     if max_queries is not None:
         check_int(STAGE, '--max-queries', max_queries, 1)
+    check_int(STAGE, '--folds', folds, 2, 'cross-validation needs at least 2 folds of queries')
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
+        raise ValueError(f'{STAGE}: --margin must be a fraction of the Baseline in (0, 1), got {margin!r}; e.g. '
+                         f'{parity.DEFAULT_MARGIN} (±{100 * parity.DEFAULT_MARGIN:g} % of the Baseline)')
     if mode == 'rerank' and retriever != 'numpy':
         raise ValueError(f'{STAGE}: --retriever {retriever!r} applies to --mode retrieve; re-ranking re-scores the '
                          'candidates with the vectors of the index')
@@ -79,7 +91,8 @@ def check_options(*, mode: str = 'rerank', first_stage: str = 'auto', dimes: Seq
     if retriever.startswith('faiss-'):
         require_faiss()
     return Options(mode, str(first_stage), list(dict.fromkeys(dimes)), [float(k) for k in ks],
-                   list(dict.fromkeys(modulators)), feedback, retriever, test, depth, num_results, max_queries)
+                   list(dict.fromkeys(modulators)), feedback, retriever, test, depth, num_results, max_queries,
+                   list(sw.SWEEP) if sweep else [], int(folds), float(margin), alternative)
 
 
 def run_experiment(
@@ -97,6 +110,10 @@ def run_experiment(
     rel: Optional[int] = None,
     measures: Optional[Sequence[str]] = None,
     test: str = 't',
+    alternative: str = 'two-sided',
+    margin: float = parity.DEFAULT_MARGIN,
+    sweep: bool = True,
+    folds: int = sw.CV_FOLDS,
     index: Optional[str] = None,
     retriever: str = 'numpy',
     answers: Optional[Union[str, Path]] = None,
@@ -125,7 +142,12 @@ def run_experiment(
         modulators: soft RDIME columns to add: ``'james-stein'``, ``'wiener'``.
         rel: relevance level of the binary measures (AP, R, RR); default: each measure's own (1, as the references).
         measures: ir_measures names; default ``nDCG@10, AP``, plus ``R@1000, RR@10`` in retrieve mode.
-        test: ``'t'`` (paired t-test, default) or ``'wilcoxon'``; Holm-corrected per measure.
+        test: ``'t'`` (paired t-test, default), ``'wilcoxon'``, or ``'auto'`` (per comparison, Shapiro–Wilk on the
+            paired differences, then t or Wilcoxon, as the references); Holm-corrected per measure.
+        alternative: ``'two-sided'`` (default), ``'greater'`` or ``'less'`` (RDIME greater/less than the other).
+        margin: the equivalence (TOST) margin, a fraction of the Baseline's mean of each measure (default 0.05).
+        sweep: the Top-k sweep (fractions 0.1 … 1.0) and, from it, the cross-validated Top-k.
+        folds: folds of queries of the cross-validated Top-k (fixed seed :data:`~.sweep.CV_SEED`).
         index: an existing FlexIndex (folder or Hugging Face repository) instead of encoding the corpus.
         retriever: retrieve mode's backend: ``numpy``, ``torch``, ``faiss-flat``, ``faiss-hnsw``, ``faiss-ivf``,
             ``pruned``.
@@ -139,7 +161,8 @@ def run_experiment(
     """
     options = check_options(mode=mode, first_stage=first_stage, dimes=dimes, ks=ks, modulators=modulators,
                             feedback=feedback, retriever=retriever, test=test, depth=depth, num_results=num_results,
-                            max_queries=max_queries)
+                            max_queries=max_queries, sweep=sweep, folds=folds, margin=margin,
+                            alternative=alternative)
     if measures is None:
         measures = ev.DEFAULT_MEASURES + (ev.DEEP_MEASURES if mode == 'retrieve' else ())
     measure_objects = ev.parse_measures(measures, rel)
@@ -176,12 +199,33 @@ def run_experiment(
 
     clock = time.time()
     aggregate, perquery = ev.evaluate(grid.frames, topics, collection.qrels, measure_objects)
+    # the queries run only, as pt.Experiment (ir_measures scores a query of the qrels missing from a run as 0)
+    swept = sw.evaluate_runs(grid.sweep, collection.qrels[collection.qrels['qid'].isin(set(topics['qid']))],
+                             measure_objects)
+    # one pool of Top-k points: the table's columns as pt.Experiment measured them, and the sweep's other fractions
+    pool = pd.concat([perquery[perquery['system'].str.contains('/k=', regex=False)],
+                      swept.loc[~swept['system'].isin(set(perquery['system'])), list(perquery.columns)]],
+                     ignore_index=True)
+    cv_perquery, cv = sw.cv_systems(pool, options.dimes, options.folds, sw.CV_SEED)
+    if pool.empty:
+        notes.append("No Top-k column and no sweep (--ks '' --no-sweep): RDIME is compared with Baseline only.")
+    elif cv.empty:
+        notes.append('CV Top-k left out: it needs at least 2 queries.')
+    perquery = pd.concat([perquery, cv_perquery.astype({'value': float})], ignore_index=True)
+    aggregate = _means(perquery)
     timings['evaluation'] = time.time() - clock
     measure_names = [str(m) for m in measure_objects]
     columns = [c for c in stages if not c.startswith('k=')]
-    significance = ev.significance(aggregate, perquery, options.dimes, columns, options.test)
+    everything = pd.concat([perquery, pool], ignore_index=True).drop_duplicates(['system', 'qid', 'measure'])
+    significance = parity.significance(_means(everything), everything, options.dimes, columns, options.test,
+                                       options.alternative, options.margin)
     return _result(collection, encoder, topics, grid, aggregate, perquery, significance, measure_names, options,
-                   notes + grid.notes, timings)
+                   notes + grid.notes, timings, swept, cv)
+
+
+def _means(perquery: pd.DataFrame) -> pd.DataFrame:
+    """``system, measure, value``: each system's mean over the queries, in order of appearance."""
+    return perquery.groupby(['system', 'measure'], sort=False)['value'].mean().reset_index()
 
 
 def build_systems(collection, topics, model, encoder, external, index_spec, answers, options: Options, stages,
@@ -206,12 +250,12 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
     timings['index'] = time.time() - clock
     if options.mode == 'rerank':
         grid = rerank_grid(first, model, dense, answers, options.dimes, stages, collection.qrels, judged,
-                           options.feedback, options.depth, run)
+                           options.feedback, options.depth, run, options.sweep)
         grid.source = source
         return grid
     return retrieve_grid(topics, model, dense, retriever(dense, options.retriever, options.num_results),
                          options.retriever, answers,
-                         options.dimes, stages, collection.qrels, judged, options.num_results, run)
+                         options.dimes, stages, collection.qrels, judged, options.num_results, run, options.sweep)
 
 
 def _judged_documents(collection: Collection, topics: pd.DataFrame, external) -> List[str]:
@@ -249,7 +293,7 @@ def _generate_answers(model_name: str, topics: pd.DataFrame, cache_dir: Path, ve
 
 
 def _result(collection, encoder, topics, grid, aggregate, perquery, significance, measures, options, notes,
-            timings) -> ExperimentResult:
+            timings, swept, cv) -> ExperimentResult:
     system = aggregate['system']
     table = aggregate.assign(dime=system.str.split('/').str[0].where(system.str.contains('/'), ''),
                              threshold=system.str.split('/').str[-1])
@@ -264,6 +308,9 @@ def _result(collection, encoder, topics, grid, aggregate, perquery, significance
                 'first_stage': grid.source, 'feedback': options.feedback if options.mode == 'rerank' else 'dense',
                 'depth': options.depth if options.mode == 'rerank' else options.num_results,
                 'retriever': options.retriever if options.mode == 'retrieve' else None, 'test': options.test,
+                'alternative': options.alternative, 'margin': options.margin, 'sweep': options.sweep,
+                'folds': options.folds, 'cv_seed': sw.CV_SEED,
                 'num_queries': int(topics['qid'].nunique()), 'dimes': options.dimes, 'ks': options.ks,
                 'modulators': options.modulators, 'measures': measures}
-    return ExperimentResult(measures, table, perquery, kept, significance, grid.labels, settings, notes, timings)
+    return ExperimentResult(measures, table, perquery, kept, significance, grid.labels, settings, notes, timings,
+                            swept, cv)

@@ -10,6 +10,7 @@ from ..dime import DimeScorer, EclipseDime, KernelDime, LlmDime, MagnitudeDime, 
 from ..llm import LlmAnswers
 from ..scorer import VectorScorer
 from ..threshold import Rdime, TopK
+from .sweep import topk_runs
 
 FEEDBACKS = ('dense', 'first-stage')
 #: Soft RDIME columns the runner can add (``modulators``): name -> (column label, ``Rdime(modulator=...)``).
@@ -54,6 +55,8 @@ class Grid:
     labels: Dict[str, str]
     source: str
     notes: List[str] = field(default_factory=list)
+    #: (dime, fraction) -> ``qid, docno, score`` of the Top-k sweep.
+    sweep: Dict[Tuple[str, float], pd.DataFrame] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,10 +86,11 @@ def oracle_importance(qrels: pd.DataFrame, judged_docnos: Sequence[str], queries
 
 def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, str]], dimes: Sequence[str],
                 stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], feedback: str,
-                depth: int, run: Runner) -> Grid:
+                depth: int, run: Runner, sweep: Sequence[float] = ()) -> Grid:
     """Re-ranking: the first stage's top-``depth`` re-scored by the (pruned) query vector. With
     ``feedback='dense'`` (the references' protocol) the DIME feedback documents are the top of the candidates
-    re-scored with the full query vector; with ``'first-stage'`` the top of the first stage's own order."""
+    re-scored with the full query vector; with ``'first-stage'`` the top of the first stage's own order. The Top-k
+    ``sweep`` fractions re-score the same candidates from the vectors in hand."""
     candidates = run(model.query_encoder() >> index.vec_loader(), first)
     if answers is not None:
         candidates = LlmAnswers(answers=answers)(candidates)
@@ -96,6 +100,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, s
     factories = dime_factories(qrels, model)
     order = 'dense re-ranking (full query vector)' if feedback == 'dense' else 'first-stage order'
     notes = [f'Feedback documents: the top of the {order} of the top-{depth} candidates.']
+    runs = {}
     for name in dimes:
         if name == 'oracle':
             scored = source.merge(oracle_importance(qrels, judged, candidates, index.vec_loader(), run), on='qid')
@@ -103,18 +108,20 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, s
             scored = run(factories[name][1](True), source)
         for column, stage in stages.items():
             frames[f'{name}/{column}'] = run(stage >> VectorScorer(), scored)
+        runs.update({(name, fraction): frame for fraction, frame in topk_runs(scored, sweep).items()})
     notes += _oracle_notes(dimes, qrels, judged, candidates)
     if 'eclipse' in dimes:
         notes.append(f'Eclipse negatives: the bottom 5 of the {order} of the top-{depth} candidates (the references: '
                      'the bottom of a 1000-deep dense run).')
-    return Grid(frames, {d: factories[d][0] for d in dimes}, '', notes)
+    return Grid(frames, {d: factories[d][0] for d in dimes}, '', notes, runs)
 
 
 def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, backend: str,
                   answers: Optional[Dict[str, str]], dimes: Sequence[str], stages: Dict[str, pt.Transformer],
-                  qrels: pd.DataFrame, judged: Sequence[str], num_results: int, run: Runner) -> Grid:
+                  qrels: pd.DataFrame, judged: Sequence[str], num_results: int, run: Runner,
+                  sweep: Sequence[float] = ()) -> Grid:
     """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
-    ranking of the full query vector (as in every reference)."""
+    ranking of the full query vector (as in every reference). Each Top-k ``sweep`` fraction is one more search."""
     queries = run(model.query_encoder(), topics)
     if answers is not None:
         queries = LlmAnswers(answers=answers)(queries)
@@ -122,6 +129,7 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     frames = {'Baseline': retrieved}
     factories = dime_factories(qrels, model)
     notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {num_results}).']
+    runs = {}
     for name in dimes:
         if name == 'oracle':
             scored = queries.merge(oracle_importance(qrels, judged, queries, index.vec_loader(), run), on='qid')
@@ -131,11 +139,13 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
             scored = run((index.vec_loader() >> factories[name][1](False)).compile(), retrieved)
         for column, stage in stages.items():
             frames[f'{name}/{column}'] = run(stage >> retriever, scored)
+        for fraction in sweep:
+            runs[name, fraction] = run(TopK(fraction=fraction) >> retriever, scored)[['qid', 'docno', 'score']]
     notes += _oracle_notes(dimes, qrels, judged, queries)
     if 'eclipse' in dimes:
         notes.append(f'Eclipse negatives: the bottom 5 of the {num_results}-deep dense ranking.')
     return Grid(frames, {d: factories[d][0] for d in dimes}, f'dense retrieval ({backend}, top {num_results})',
-                notes)
+                notes, runs)
 
 
 def _oracle_notes(dimes: Sequence[str], qrels: pd.DataFrame, judged: Sequence[str], queries: pd.DataFrame) -> list:

@@ -1,0 +1,121 @@
+"""The runner's figures, drawn on bare matplotlib Figures (no pyplot state, so a notebook's backend is left alone):
+a cell's kept-fraction boxplot and Top-k sweep plot, and the grid's kept-fraction Figure (the paper's)."""
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+
+#: Share of each query's kept fraction that RDIME's horizontal bar spans in the sweep plot (the inter-quartile range).
+SPREAD = (25, 75)
+
+
+def _colours(names: Sequence[str]) -> Dict[str, tuple]:
+    from matplotlib import colormaps
+    palette = colormaps['tab10']
+    return {name: palette(i % 10) for i, name in enumerate(names)}
+
+
+def _topk_lines(ax, kept: pd.DataFrame) -> None:
+    """Dashed horizontal lines at the kept fraction of each Top-k column, for reading RDIME's boxes against them."""
+    topk = kept[kept['threshold'].str.startswith('k=')].groupby('threshold', sort=False)['kept_frac'].mean()
+    for i, (threshold, fraction) in enumerate(topk.items()):
+        ax.axhline(fraction, color='grey', linestyle=(0, (2 + 2 * i, 2)), linewidth=0.8, label=f'Top-k {threshold}')
+
+
+def _boxes(ax, kept: pd.DataFrame, labels: Dict[str, str]) -> None:
+    rdime = kept[kept['threshold'] == 'RDIME']
+    names = [d for d in labels if d in set(rdime['dime'])]
+    ax.boxplot([rdime.loc[rdime['dime'] == d, 'kept_frac'] for d in names], showmeans=True,
+               meanprops={'marker': '^', 'markerfacecolor': 'tab:green', 'markeredgecolor': 'tab:green'})
+    ax.set_xticks(range(1, len(names) + 1), [labels[d] for d in names], fontsize=7)
+    ax.set_ylim(0, 1.02)
+    _topk_lines(ax, kept)
+
+
+def _mean_handle():
+    from matplotlib.lines import Line2D
+    return Line2D([], [], marker='^', color='tab:green', linestyle='none', label='mean')
+
+
+def kept_boxplot(kept: pd.DataFrame, labels: Dict[str, str], title: str, path: Union[str, Path]) -> None:
+    """RDIME's per-query kept fraction, one box per DIME (mean as a triangle), with each Top-k's kept fraction as a
+    dashed line."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(1.6 * max(len(labels), 2) + 2.5, 3.5))
+    ax = fig.subplots()
+    _boxes(ax, kept, labels)
+    ax.set_ylabel('fraction of dimensions kept')
+    ax.set_title(title, fontsize=9)
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend([_mean_handle()] + handles, ['mean'] + names, fontsize=7, loc='center left', bbox_to_anchor=(1, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, labels: Dict[str, str], title: str,
+               path: Union[str, Path]) -> None:
+    """Each measure against the kept fraction, per DIME: the Top-k curve, RDIME as a point at its mean kept fraction
+    with a bar over the per-query spread (:data:`SPREAD` percentiles), CV Top-k as a cross at its chosen fractions'
+    mean, and Baseline as a line.
+
+    Args:
+        curves: ``dime, fraction, measure, value`` (mean over queries).
+        points: ``dime, measure, system ('RDIME' or 'CV Top-k'), kept, low, high, value``.
+        baseline: measure -> Baseline's value.
+    """
+    from matplotlib.figure import Figure
+    measures = list(baseline.index)
+    colours = _colours(list(labels))
+    fig = Figure(figsize=(4.2 * len(measures) + 2.2, 3.6))
+    axes = np.atleast_1d(fig.subplots(1, len(measures)))
+    for ax, measure in zip(axes, measures):
+        for dime, label in labels.items():
+            curve = curves[(curves['dime'] == dime) & (curves['measure'] == measure)].sort_values('fraction')
+            ax.plot(curve['fraction'], curve['value'], '.-', color=colours[dime], linewidth=1, label=f'{label} Top-k')
+            mine = points[(points['dime'] == dime) & (points['measure'] == measure)].set_index('system')
+            if 'RDIME' in mine.index:
+                r = mine.loc['RDIME']
+                ax.errorbar(r['kept'], r['value'], xerr=[[r['kept'] - r['low']], [r['high'] - r['kept']]], fmt='o',
+                            color=colours[dime], markersize=7, markeredgecolor='black', capsize=3,
+                            label=f'{label} RDIME')
+            if 'CV Top-k' in mine.index:
+                c = mine.loc['CV Top-k']
+                ax.plot(c['kept'], c['value'], 'x', color=colours[dime], markersize=8, markeredgewidth=2,
+                        label=f'{label} CV Top-k')
+        ax.axhline(baseline[measure], color='black', linestyle='--', linewidth=1, label='Baseline (all dimensions)')
+        ax.set_xlabel('fraction of dimensions kept')
+        ax.set_ylabel(measure)
+        ax.set_xlim(0, 1.05)
+        ax.grid(alpha=0.3)
+    handles, names = axes[-1].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc='center right')
+    fig.suptitle(title + f' — RDIME bar: per-query kept fraction, percentiles {SPREAD[0]}–{SPREAD[1]}', fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1 - 2.2 / fig.get_figwidth(), 1))
+    fig.savefig(path, dpi=120)
+
+
+def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]], paths: Sequence[Union[str, Path]]
+                     ) -> None:
+    """The paper's Figure: RDIME's per-query kept fraction per DIME, one panel per (encoder, collection): rows the
+    encoders, columns the collections. ``cells``: ``(collection, encoder, kept, labels)``; saved to each of
+    ``paths`` (PNG, PDF)."""
+    from matplotlib.figure import Figure
+    collections = list(dict.fromkeys(c for c, _, _, _ in cells))
+    encoders = list(dict.fromkeys(e for _, e, _, _ in cells))
+    fig = Figure(figsize=(3.2 * len(collections) + 1.6, 2.8 * len(encoders)))
+    axes = np.atleast_2d(fig.subplots(len(encoders), len(collections), squeeze=False, sharey=True))
+    for ax in axes.flat:
+        ax.set_axis_off()
+    for collection, encoder, kept, labels in cells:
+        ax = axes[encoders.index(encoder), collections.index(collection)]
+        ax.set_axis_on()
+        _boxes(ax, kept, labels)
+        ax.set_title(f'{collection} — {encoder}', fontsize=8)
+    for row in axes:
+        row[0].set_ylabel('fraction kept')
+    handles, names = next(ax for ax in axes.flat if ax.axison).get_legend_handles_labels()
+    fig.legend([_mean_handle()] + handles, ['mean'] + names, fontsize=7, loc='center right')
+    fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
+    for path in paths:
+        fig.savefig(path, dpi=150)

@@ -1,0 +1,120 @@
+"""Honest Top-k comparators: the Top-k sweep over kept fractions, computed from the vectors a cell already holds,
+and Top-k with k chosen by cross-validation over the queries (what a user who cannot tune on the test queries gets).
+"""
+from typing import Dict, Sequence, Tuple
+
+import ir_measures
+import numpy as np
+import pandas as pd
+
+from .. import maths
+from .._frames import group_queries, stack_vectors
+
+#: The sweep's kept fractions, 0.1 … 1.0.
+SWEEP = tuple(round(0.1 * i, 1) for i in range(1, 11))
+CV_FOLDS = 5
+#: Seed of the fold assignment: the same queries fall in the same folds on every run.
+CV_SEED = 0
+STAGE = 'Top-k sweep'
+
+
+def topk_runs(scored: pd.DataFrame, fractions: Sequence[float]) -> Dict[float, pd.DataFrame]:
+    """fraction -> ``qid, docno, score``: the candidates of ``scored`` (``qid, docno, query_vec, doc_vec,
+    query_dime``) re-scored by the query pruned to its Top-k dimensions. One ordering of the importance per query
+    serves every fraction; the scores are those of ``TopK(fraction=f) >> VectorScorer()`` (same float32 products)."""
+    if not len(scored):
+        return {f: pd.DataFrame({'qid': [], 'docno': [], 'score': []}) for f in fractions}
+    scored = scored.reset_index(drop=True)
+    groups = group_queries(scored, STAGE)
+    query_vecs = stack_vectors(scored, 'query_vec', groups.first_rows, STAGE, 'qid')
+    importance = stack_vectors(scored, 'query_dime', groups.first_rows, STAGE, 'qid')
+    doc_vecs = stack_vectors(scored, 'doc_vec', np.arange(len(scored)), STAGE, 'docno').astype(np.float32)
+    dims = importance.shape[1]
+    # position of each dimension in its query's importance order (ties: the lower index first, as TopK)
+    position = np.argsort(np.argsort(-importance, axis=1, kind='stable'), axis=1, kind='stable')
+    runs = {}
+    for fraction in fractions:
+        keep = position < maths.topk_count(dims, fraction=fraction)
+        pruned = maths.modulate(query_vecs, keep).astype(np.float32)
+        scores = np.einsum('rp,rp->r', pruned[groups.codes], doc_vecs)
+        runs[fraction] = pd.DataFrame({'qid': scored['qid'], 'docno': scored['docno'], 'score': scores})
+    return runs
+
+
+def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFrame, measures: list) -> pd.DataFrame:
+    """Per-query measures of ``(dime, fraction) -> run`` with ir_measures (as ``pt.Experiment`` computes them):
+    ``dime, fraction, system, qid, measure, value`` with ``system = '<dime>/k=<fraction>'``. Every query of
+    ``qrels`` is scored (0 where a run has no result): pass the qrels of the queries run."""
+    evaluator = ir_measures.evaluator(measures, qrels.rename(columns={'qid': 'query_id', 'docno': 'doc_id',
+                                                                      'label': 'relevance'}))
+    names = {measure: str(measure) for measure in measures}
+    frames = []
+    for (dime, fraction), run in runs.items():
+        run = run.rename(columns={'qid': 'query_id', 'docno': 'doc_id'})
+        rows = [(m.query_id, names[m.measure], m.value) for m in evaluator.iter_calc(run)]
+        frame = pd.DataFrame(rows, columns=['qid', 'measure', 'value'])
+        frames.append(frame.assign(dime=dime, fraction=fraction, system=f'{dime}/k={fraction}'))
+    columns = ['dime', 'fraction', 'system', 'qid', 'measure', 'value']
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
+def fold_of(qids: Sequence[str], folds: int = CV_FOLDS, seed: int = CV_SEED) -> pd.Series:
+    """qid -> fold in ``0 … folds-1``: the qids, sorted, shuffled by ``seed`` and dealt round-robin, so that fold
+    sizes differ by at most one and the assignment does not depend on the input order."""
+    ordered = np.array(sorted(set(map(str, qids))), dtype=object)
+    shuffled = ordered[np.random.default_rng(seed).permutation(len(ordered))]
+    return pd.Series(np.arange(len(shuffled)) % folds, index=shuffled, name='fold').sort_index()
+
+
+def cv_topk(table: pd.DataFrame, folds: int = CV_FOLDS, seed: int = CV_SEED) -> Tuple[pd.Series, pd.DataFrame]:
+    """Cross-validated Top-k for one DIME and measure.
+
+    Args:
+        table: per-query values, one row per qid, one column per Top-k fraction.
+        folds: number of folds (at most the number of queries).
+        seed: seed of :func:`fold_of`.
+
+    Returns:
+        ``(values, choices)``: ``values`` (qid -> the value at the fraction chosen without its fold), and
+        ``choices`` (``fold, fraction, queries``): the fraction whose mean over the other folds is highest (ties: the
+        smaller fraction), and the number of held-out queries.
+    """
+    table = table.dropna().sort_index(axis=1)
+    table.index = table.index.map(str)
+    if len(table) < 2:
+        raise ValueError(f'cross-validated Top-k: needs at least 2 queries with every fraction measured, got '
+                         f'{len(table)}; run more queries (--max-queries) or turn the sweep off (--no-sweep)')
+    fold = fold_of(table.index, min(folds, len(table)), seed).reindex(table.index).to_numpy()
+    values = pd.Series(np.nan, index=table.index)
+    choices = []
+    for held_out in np.unique(fold):
+        train = table[fold != held_out].mean()
+        chosen = train.index[int(np.argmax(train.to_numpy()))]  # the first maximum: the smaller fraction
+        values[fold == held_out] = table.loc[fold == held_out, chosen].to_numpy()
+        choices.append({'fold': int(held_out), 'fraction': float(chosen), 'queries': int((fold == held_out).sum())})
+    return values, pd.DataFrame(choices)
+
+
+def cv_systems(pool: pd.DataFrame, dimes: Sequence[str], folds: int = CV_FOLDS,
+               seed: int = CV_SEED) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """Cross-validated Top-k of each DIME and measure, from ``pool``: the per-query values (``system, qid, measure,
+    value``) of the Top-k systems ``<dime>/k=<fraction>`` (the sweep's and the table's).
+
+    Returns ``(perquery, choices)``: the per-query rows of the systems ``<dime>/CV Top-k``, and ``dime, measure,
+    fold, fraction, queries``. Empty for a DIME with fewer than 2 queries measured at every fraction.
+    """
+    rows, choices = [], []
+    pool = pool.assign(dime=pool['system'].str.split('/').str[0],
+                       fraction=pool['system'].str.split('/k=').str[1].astype(float))
+    for (dime, measure), group in pool[pool['dime'].isin(dimes)].groupby(['dime', 'measure'], sort=False):
+        table = group.pivot(index='qid', columns='fraction', values='value').dropna()
+        if len(table) < 2:
+            continue
+        values, chosen = cv_topk(table, folds, seed)
+        rows.append(pd.DataFrame({'system': f'{dime}/CV Top-k', 'qid': values.index, 'measure': measure,
+                                  'value': values.to_numpy()}))
+        choices.append(chosen.assign(dime=dime, measure=measure))
+    perquery = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=['system', 'qid', 'measure',
+                                                                                      'value'])
+    columns = ['dime', 'measure', 'fold', 'fraction', 'queries']
+    return perquery, (pd.concat(choices, ignore_index=True)[columns] if choices else pd.DataFrame(columns=columns))

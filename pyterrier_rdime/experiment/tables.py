@@ -1,0 +1,178 @@
+"""The grid's combined outputs from its finished cells: grid.csv (long), grid_parity.csv, grid.md, grid.tex (the
+paper's Table layout, one table per measure) and the kept-fraction Figure (PNG and PDF)."""
+from pathlib import Path
+from typing import List, Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import figures
+
+GRID_COLUMNS = ['collection', 'encoder', 'dime', 'threshold', 'system', 'measure', 'value', 'kept', 'k']
+BEST = 'best Top-k (tuned on test)'
+TEX_MARKS = {'†': r'\dagger', '‡': r'\ddagger', '§': r'\S', '¶': r'\P'}
+
+
+def _names(cell) -> tuple:
+    from .grid import slug
+    return slug(cell.collection.name), slug(cell.encoder)
+
+
+def long_table(cells: Sequence) -> pd.DataFrame:
+    """Every finished cell's systems, one row per (collection, encoder, system, measure): the mean ``value``, the
+    mean ``kept`` fraction (pruned systems), and ``k`` (the fraction of ``best Top-k (tuned on test)`` rows, the
+    mean chosen fraction of ``CV Top-k`` rows)."""
+    frames = []
+    for cell in cells:
+        result = cell.result
+        collection, encoder = _names(cell)
+        kept = result.kept.groupby(['dime', 'threshold'])['kept_frac'].mean()
+        table = result.table.assign(collection=collection, encoder=encoder, k=np.nan)
+        table['kept'] = [kept.get((d, t), 1.0 if t == 'Baseline' else np.nan)
+                         for d, t in zip(table['dime'], table['threshold'])]
+        cv = table['threshold'] == 'CV Top-k'
+        table.loc[cv, 'k'] = [result.mean_cv_fraction(d, m) for d, m in zip(table.loc[cv, 'dime'],
+                                                                            table.loc[cv, 'measure'])]
+        best = [{'dime': dime, 'threshold': BEST, 'system': f'{dime}/{BEST}', 'measure': measure, 'value': hit[1],
+                 'k': float(hit[0].split('=')[1])}
+                for measure in result.measures for dime in result.labels
+                if (hit := result.test_best(measure, dime)) is not None]
+        frames += [table, pd.DataFrame(best, columns=GRID_COLUMNS).assign(collection=collection, encoder=encoder)]
+    return pd.concat(frames, ignore_index=True)[GRID_COLUMNS]
+
+
+def parity_table(cells: Sequence) -> pd.DataFrame:
+    """Every finished cell's comparisons (significance.csv), with its collection and encoder."""
+    return pd.concat([c.result.significance.assign(collection=_names(c)[0], encoder=_names(c)[1]) for c in cells],
+                     ignore_index=True)
+
+
+def markdown(cells: Sequence) -> str:
+    """grid.md: per measure, one row per (collection, encoder, DIME): Baseline, the best Top-k tuned on the test
+    queries, CV Top-k, RDIME (kept), Δ% of RDIME over CV Top-k, and the three equivalence verdicts."""
+    lines = ['# RDIME vs Top-k: the grid', '']
+    for measure in dict.fromkeys(m for c in cells for m in c.result.measures):
+        rows = []
+        for cell in cells:
+            result = cell.result
+            if measure not in result.measures:
+                continue
+            values = result.table[result.table['measure'] == measure].set_index('system')['value']
+            sig = result.significance[result.significance['measure'] == measure]
+            for dime, label in result.labels.items():
+                if f'{dime}/RDIME' not in values:
+                    continue
+                verdicts = sig[sig['system'] == f'{dime}/RDIME'].set_index('comparison')['verdict']
+                best = result.test_best(measure, dime)
+                cv = values.get(f'{dime}/CV Top-k', np.nan)
+                rows.append({
+                    'collection': _names(cell)[0], 'encoder': _names(cell)[1], 'DIME': label,
+                    'Baseline': f'{values["Baseline"]:.4f}',
+                    'best Top-k, tuned on test (k)': f'{best[1]:.4f} ({best[0].split("/")[1]})' if best else 'n/a',
+                    'CV Top-k (mean k)': f'{cv:.4f} ({result.mean_cv_fraction(dime, measure):.2f})'
+                    if np.isfinite(cv) else 'n/a',
+                    'RDIME (kept)': f'{values[f"{dime}/RDIME"]:.4f} ({result.mean_kept(dime, "RDIME"):.2f})',
+                    'Δ% vs CV Top-k': f'{100 * (values[f"{dime}/RDIME"] - cv) / cv:+.2f}' if cv else 'n/a',
+                    **{f'vs {short}': _verdict(verdicts, prefix) for short, prefix in
+                       (('CV', 'CV Top-k'), ('test-best', 'best Top-k'), ('Baseline', 'Baseline'))}})
+        lines += [f'## {measure}', '', pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), '']
+    lines += ['Verdicts of RDIME against CV Top-k, the best Top-k tuned on the test queries, and Baseline. '
+              + cells[0].result.footnote(), '']
+    lines += [f'- {c.collection.name} × {c.encoder}: {c.result.settings["num_queries"]} queries, first stage '
+              f'{c.result.settings["first_stage"]}' for c in cells]
+    return '\n'.join(lines) + '\n'
+
+
+def _verdict(verdicts: pd.Series, prefix: str) -> str:
+    hit = verdicts[verdicts.index.str.startswith(prefix)]
+    return hit.iloc[0] if len(hit) else 'n/a'
+
+
+def latex(cells: Sequence) -> str:
+    """grid.tex: the paper's Table layout, one ``table*`` per measure: rows encoder × DIME (and a Baseline row per
+    encoder), a column group per collection with the Top-k columns, RDIME (kept) and Δ% over the best of them;
+    the best value of a row in a group is bold; significance marks are explained in a footnote."""
+    collections = list(dict.fromkeys(_names(c)[0] for c in cells))
+    encoders = list(dict.fromkeys(_names(c)[1] for c in cells))
+    by_name = {_names(c): c.result for c in cells}
+    ks = list(dict.fromkeys(t for r in by_name.values() for t in r.table['threshold'] if t.startswith('k=')))
+    width = len(ks) + 2
+    labels = {d: label for r in by_name.values() for d, label in r.labels.items()}
+    out = []
+    for measure in dict.fromkeys(m for r in by_name.values() for m in r.measures):
+        out += [r'\begin{table*}[ht]', r'\centering', r'\resizebox{\textwidth}{!}{%',
+                r'\begin{tabular}{ll' + 'c' * width * len(collections) + '}', r'\toprule',
+                r'\multirow{2}{*}{Model} & \multirow{2}{*}{DIME} & '
+                + ' & '.join(rf'\multicolumn{{{width}}}{{c}}{{{_tex(c)}}}' for c in collections) + r' \\',
+                ' '.join(rf'\cmidrule(lr){{{3 + i * width}-{2 + (i + 1) * width}}}' for i in range(len(collections))),
+                ' & & ' + ' & '.join([*(k[2:] for k in ks), 'RDIME', r'$\Delta$ (\%)'] * len(collections))
+                + r' \\', r'\midrule']
+        for e, encoder in enumerate(encoders):
+            dimes = [d for d in labels if any(f'{d}/RDIME' in set(r.table['system'])
+                                              for (_, enc), r in by_name.items() if enc == encoder)]
+            out.append(rf'\multirow{{{len(dimes) + 1}}}{{*}}{{{_tex(encoder)}}}')
+            for dime in dimes:
+                cells_tex = [_tex_group(by_name.get((c, encoder)), measure, dime, ks) for c in collections]
+                out.append(f' & {_tex(labels[dime])} & ' + ' & '.join(cells_tex) + r' \\')
+            cells_tex = [_tex_baseline(by_name.get((c, encoder)), measure, ks) for c in collections]
+            out.append(' & Baseline & ' + ' & '.join(cells_tex) + r' \\')
+            out.append(r'\midrule' if e < len(encoders) - 1 else r'\bottomrule')
+        first = next(iter(by_name.values()))
+        out += [r'\end{tabular}}', rf'\caption{{{_tex(measure)} of RDIME and Top-$k$ pruning per encoder, DIME and '
+                r'collection. $\Delta$ (\%): RDIME over the best Top-$k$ column; (kept): mean fraction of dimensions '
+                r'RDIME kept; \textbf{bold}: best of the row in the collection. RDIME significantly different from '
+                r'$^{\P}$ CV Top-$k$, $^{\dagger}$ the best Top-$k$ tuned on the test queries, $^{\ddagger}$ Baseline '
+                rf'({_tex(str(first.settings.get("test", "t")))} test, {_tex(str(first.settings.get("alternative")))},'
+                r' Holm-corrected per measure, $\alpha = 0.05$).}', r'\end{table*}', '']
+    return '\n'.join(out)
+
+
+def _tex_group(result, measure: str, dime: str, ks: List[str]) -> str:
+    if result is None or f'{dime}/RDIME' not in set(result.table['system']):
+        return ' & '.join(['--'] * (len(ks) + 2))
+    values = result.table[result.table['measure'] == measure].set_index('system')['value']
+    mine = {k: values.get(f'{dime}/{k}', np.nan) for k in ks + ['RDIME']}
+    best = max((v for v in mine.values() if np.isfinite(v)), default=np.nan)
+    marks = ''.join(TEX_MARKS.get(m, '') for m in result.marks(measure, dime, 'RDIME'))
+    shown = []
+    for k, v in mine.items():
+        text = '--' if not np.isfinite(v) else (rf'\textbf{{{v:.3f}}}' if v == best else f'{v:.3f}')
+        if k == 'RDIME':
+            text += (f'$^{{{marks}}}$' if marks else '') + f' ({result.mean_kept(dime, "RDIME"):.2f})'
+        shown.append(text)
+    topk = [mine[k] for k in ks if np.isfinite(mine[k])]
+    delta = f'{100 * (mine["RDIME"] - max(topk)) / max(topk):+.2f}' if topk and max(topk) else '--'
+    return ' & '.join(shown + [delta])
+
+
+def _tex_baseline(result, measure: str, ks: List[str]) -> str:
+    if result is None:
+        return ' & '.join(['--'] * (len(ks) + 2))
+    value = result.table.loc[(result.table['system'] == 'Baseline') & (result.table['measure'] == measure), 'value']
+    return ' & '.join(['--'] * len(ks) + [f'{value.iloc[0]:.3f} (1.00)', ''])
+
+
+def _tex(text: str) -> str:
+    for char, escaped in (('\\', r'\textbackslash{}'), ('&', r'\&'), ('%', r'\%'), ('_', r'\_'), ('#', r'\#'),
+                          ('τ', r'$\tau$'), ('−', '--'), ('⊙', r'$\odot$')):
+        text = text.replace(char, escaped)
+    return text
+
+
+def write_combined(cells: Sequence, out: Path) -> List[str]:
+    """Writes the combined outputs into ``out``; returns the problems met (an output that could not be written)."""
+    problems = []
+    writers = [
+        ('grid.csv', lambda p: long_table(cells).to_csv(p, index=False)),
+        ('grid_parity.csv', lambda p: parity_table(cells).to_csv(p, index=False)),
+        ('grid.md', lambda p: p.write_text(markdown(cells), encoding='utf-8')),
+        ('grid.tex', lambda p: p.write_text(latex(cells), encoding='utf-8')),
+        ('kept_fractions.png', lambda p: figures.grid_kept_figure(
+            [(*_names(c), c.result.kept, c.result.labels) for c in cells], [p, p.with_suffix('.pdf')])),
+    ]
+    for name, write in writers:
+        try:
+            write(out / name)
+        except Exception as e:  # one output failing must not lose the others
+            problems.append(f'{out / name}: {type(e).__name__}: {e}')
+    return problems

@@ -1,0 +1,142 @@
+"""The grid: the Top-k sweep against the Top-k stages it stands for, a resumable run over two real collections on tiny
+subsets (a failing cell loses no other, a re-run recomputes only what is not finished), and the combined tables."""
+import json
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import shared_collection
+
+import pyterrier_rdime as rdime
+from pyterrier_rdime.experiment import grid as grid_module
+from pyterrier_rdime.experiment.cli import main
+from pyterrier_rdime.experiment.grid import CELL_FILE, plan, run_grid
+from pyterrier_rdime.experiment.runner import run_experiment
+from pyterrier_rdime.experiment.sweep import topk_runs
+from pyterrier_rdime.experiment.tables import latex
+
+SETTINGS = dict(dimes=['prf', 'swc'], ks=[0.5], depth=5, max_queries=3, first_stage='bm25', verbose=False)
+
+
+def test_sweep_scores_are_those_of_the_topk_stages():
+    rng = np.random.default_rng(0)
+    rows = [{'qid': q, 'docno': f'{q}-d{i}', 'query_vec': qv, 'query_dime': u, 'doc_vec': rng.normal(size=12)
+             .astype(np.float32)}
+            for q in ('1', '2', '3')
+            for qv, u in [(rng.normal(size=12).astype(np.float32), rng.normal(size=12))] for i in range(4)]
+    frame = pd.DataFrame(rows)
+    frame.loc[frame['qid'] == '3', 'query_dime'] = pd.Series([np.ones(12)] * 4, index=frame.index[-4:])  # all ties
+    runs = topk_runs(frame, [0.1, 0.5, 1.0])
+    for fraction, run in runs.items():
+        expected = (rdime.TopK(fraction=fraction) >> rdime.VectorScorer())(frame)
+        merged = run.merge(expected[['qid', 'docno', 'score']], on=['qid', 'docno'], suffixes=('', '_stage'))
+        assert len(merged) == len(frame)
+        np.testing.assert_array_equal(merged['score'].to_numpy(), merged['score_stage'].to_numpy())
+
+
+@pytest.fixture(scope='module')
+def collections():
+    return [str(shared_collection('cranfield')), str(shared_collection('cisi'))]
+
+
+@pytest.fixture(scope='module')
+def stopped_grid(collections, tmp_path_factory):
+    """A grid whose second cell fails late, as a crash between cells would leave it."""
+    out, cache = tmp_path_factory.mktemp('grid'), tmp_path_factory.mktemp('cache')
+    calls = []
+
+    def crash_on_cisi(collection, **kwargs):
+        calls.append(collection.name)
+        if collection.name.endswith('cisi'):
+            raise RuntimeError('simulated crash')
+        return run_experiment(collection, **kwargs)
+    result = run_grid(collections, ['minilm'], out, run_cell=crash_on_cisi, cache_dir=cache, **SETTINGS)
+    return SimpleNamespace(out=out, cache=cache, result=result, calls=calls)
+
+
+def test_a_failing_cell_loses_no_other(stopped_grid):
+    statuses = {c.collection.name.rsplit('/', 1)[-1]: c.status for c in stopped_grid.result.cells}
+    assert statuses == {'cranfield': 'done', 'cisi': 'failed'}
+    assert 'simulated crash' in stopped_grid.result.failed[0].error
+    out = stopped_grid.out
+    assert json.loads((out / 'cranfield' / 'minilm' / CELL_FILE).read_text())['finished']
+    assert not (out / 'cisi' / 'minilm' / CELL_FILE).exists()
+    for name in ('grid.md', 'grid.csv', 'grid_parity.csv', 'grid.tex', 'kept_fractions.png', 'kept_fractions.pdf'):
+        assert (out / name).stat().st_size > 0, name
+    combined = pd.read_csv(out / 'grid.csv')
+    assert set(combined['collection']) == {'cranfield'}
+    assert {'prf/CV Top-k', 'prf/best Top-k (tuned on test)', 'prf/RDIME', 'Baseline'} <= set(combined['system'])
+
+
+def test_a_rerun_resumes_without_recomputing_finished_cells(stopped_grid, collections):
+    finished = stopped_grid.out / 'cranfield' / 'minilm'
+    before = {p.name: p.stat().st_mtime_ns for p in finished.iterdir()}
+    rows_before = pd.read_csv(stopped_grid.out / 'grid.csv')
+    calls = []
+
+    def counting(collection, **kwargs):
+        calls.append(collection.name)
+        return run_experiment(collection, **kwargs)
+    result = run_grid(collections, ['minilm'], stopped_grid.out, run_cell=counting, cache_dir=stopped_grid.cache,
+                      **SETTINGS)
+    assert [c.status for c in result.cells] == ['skipped', 'done'] and calls == [collections[1]]
+    assert {p.name: p.stat().st_mtime_ns for p in finished.iterdir()} == before
+    rows_after = pd.read_csv(stopped_grid.out / 'grid.csv')
+    assert set(rows_after['collection']) == {'cranfield', 'cisi'}
+    # the finished cell, read back, gives the combined rows it gave when it was computed
+    pd.testing.assert_frame_equal(rows_after[rows_after['collection'] == 'cranfield'].reset_index(drop=True),
+                                  rows_before)
+
+
+
+def test_changed_options_make_a_finished_cell_pending_again(stopped_grid, collections):
+    finished = stopped_grid.out / 'cranfield' / 'minilm'
+    recorded = json.loads((finished / CELL_FILE).read_text())['key']
+    same = plan(collections[:1], ['minilm'], stopped_grid.out, cache_dir='/elsewhere', workers=2, **SETTINGS)[0]
+    assert same.folder == finished and same.key == recorded  # neutral options keep the key
+    for change in ({'margin': 0.1}, {'depth': 6}, {'test': 'auto'}, {'sweep': False}, {'measures': ['AP']}):
+        assert plan(collections[:1], ['minilm'], stopped_grid.out, **{**SETTINGS, **change})[0].key != recorded
+
+
+def test_latex_has_balanced_environments_and_a_row_per_encoder_and_dime(stopped_grid):
+    cell = next(c for c in stopped_grid.result.cells if c.result is not None)
+    twice = [cell, SimpleNamespace(collection=cell.collection, encoder='other-encoder', result=cell.result)]
+    tex = latex(twice)
+    for environment in ('table*', 'tabular'):
+        opened = tex.count(rf'\begin{{{environment}}}')
+        assert opened == tex.count(rf'\end{{{environment}}}') == 2  # one table per measure
+    first_table = tex.split(r'\end{table*}')[0]
+    rows = [line for line in first_table.splitlines() if line.startswith(' & ') and not line.startswith(' & &')]
+    labels = [line.split('&')[1].strip() for line in rows]
+    assert labels == ['PRF (M=2)', r'SWC (M=10, $\tau$=0.1)', 'Baseline'] * 2
+    header = [line for line in first_table.splitlines() if line.startswith(' & &')][0]
+    assert header.count('&') == 4  # five columns: Model, DIME, then 0.5, RDIME, Δ of the one collection
+    for row in rows:
+        assert row.count('&') == header.count('&') and row.endswith(r'\\')
+    assert all(re.search(r'\\textbf\{', row) for row in rows if 'Baseline' not in row)
+
+
+def test_cli_grid_exits_non_zero_naming_the_failed_cells(collections, stopped_grid, tmp_path, monkeypatch, capsys):
+    def crash(collection, **kwargs):
+        raise RuntimeError('simulated crash')
+    monkeypatch.setattr(grid_module, 'run_experiment', crash)
+    code = main(collections + ['--encoder', 'minilm', '--dimes', 'prf', '--ks', '0.5', '--depth', '5',
+                               '--max-queries', '3', '--first-stage', 'bm25', '--quiet', '--cache',
+                               str(stopped_grid.cache), '--out', str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert 'failed cells' in err and f'{collections[0]} × minilm: RuntimeError: simulated crash' in err
+
+
+def test_cli_grid_checks_every_cell_before_any_work(collections, tmp_path, monkeypatch, capsys):
+    def never(collection, **kwargs):
+        raise AssertionError('a cell ran')
+    monkeypatch.setattr(grid_module, 'run_experiment', never)
+    assert main(collections + ['/no/such/collection', '--out', str(tmp_path / 'out'), '--cache',
+                               str(tmp_path / 'cache')]) == 2
+    assert '/no/such/collection' in capsys.readouterr().err
+    assert main(collections + ['--encoder', 'minilm,/no/such/model', '--out', str(tmp_path / 'out'), '--cache',
+                               str(tmp_path / 'cache')]) == 2
+    assert '/no/such/model' in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""The honest comparators on hand-made per-query tables: folds and cross-validated Top-k, the references' test
+choice, and the TOST verdicts against statsmodels and scipy called directly."""
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+from statsmodels.stats.weightstats import ttost_paired
+
+from pyterrier_rdime.experiment.parity import choose_test, significance
+from pyterrier_rdime.experiment.sweep import cv_systems, cv_topk, fold_of
+
+
+def test_folds_are_balanced_seeded_and_independent_of_the_input_order():
+    qids = [f'q{i}' for i in range(11)]
+    folds = fold_of(qids, 5, seed=0)
+    assert sorted(folds.value_counts()) == [2, 2, 2, 2, 3]
+    assert folds.equals(fold_of(list(reversed(qids)), 5, seed=0))
+    assert not folds.equals(fold_of(qids, 5, seed=1))
+
+
+def test_leave_one_out_choice_by_hand():
+    """Four queries, two fractions, one query per fold: each held-out query gets the fraction whose mean over the
+    other three is higher."""
+    table = pd.DataFrame({0.2: [1.0, 0.0, 0.0, 0.6], 0.5: [0.0, 0.4, 0.4, 0.0]}, index=['a', 'b', 'c', 'd'])
+    values, choices = cv_topk(table, folds=4)
+    # hold out a: means over b, c, d are 0.2 vs 0.267 -> 0.5; b (or c): 0.533 vs 0.133 -> 0.2; d: 0.333 vs 0.267 -> 0.2
+    assert values.to_dict() == {'a': 0.0, 'b': 0.0, 'c': 0.0, 'd': 0.6}
+    fold = fold_of(table.index, 4)
+    chosen = {q: choices.set_index('fold').loc[fold[q], 'fraction'] for q in table.index}
+    assert chosen == {'a': 0.5, 'b': 0.2, 'c': 0.2, 'd': 0.2}
+    assert choices['queries'].tolist() == [1, 1, 1, 1]
+
+
+def test_two_folds_choose_on_the_other_fold_and_ties_go_to_the_smaller_fraction():
+    qids = [f'q{i}' for i in range(6)]
+    fold = fold_of(qids, 2, seed=0)
+    first = fold[fold == 0].index
+    # fraction 0.3 is best on fold 0, 0.7 on fold 1; 0.5 ties with 0.3 on fold 0
+    table = pd.DataFrame({0.3: [0.9 if q in first else 0.1 for q in qids],
+                          0.5: [0.9 if q in first else 0.0 for q in qids],
+                          0.7: [0.2 if q in first else 0.8 for q in qids]}, index=qids)
+    values, choices = cv_topk(table, folds=2, seed=0)
+    assert choices.set_index('fold')['fraction'].to_dict() == {0: 0.7, 1: 0.3}
+    expected = {q: (0.2 if q in first else 0.1) for q in qids}
+    assert values.to_dict() == pytest.approx(expected)
+
+
+def test_cv_systems_from_a_pool_of_topk_systems():
+    pool = pd.DataFrame([{'system': f'prf/k={k}', 'qid': q, 'measure': 'AP', 'value': v}
+                         for k, column in ((0.2, [1.0, 0.0, 0.0, 0.6]), (0.5, [0.0, 0.4, 0.4, 0.0]))
+                         for q, v in zip('abcd', column)])
+    perquery, choices = cv_systems(pool, ['prf'], folds=4)
+    assert set(perquery['system']) == {'prf/CV Top-k'}
+    assert perquery.set_index('qid')['value'].to_dict() == {'a': 0.0, 'b': 0.0, 'c': 0.0, 'd': 0.6}
+    assert list(choices.columns) == ['dime', 'measure', 'fold', 'fraction', 'queries'] and len(choices) == 4
+
+
+def _one_comparison(differences, baseline_mean=0.5, margin=0.04, test='t', alternative='two-sided'):
+    """A per-query table where RDIME = Baseline + differences; the only comparison is RDIME vs Baseline."""
+    rng = np.random.default_rng(7)
+    base = baseline_mean + rng.normal(0, 0.05, len(differences))
+    base += baseline_mean - base.mean()
+    qids = [str(i) for i in range(len(differences))]
+    perquery = pd.DataFrame({'system': ['Baseline'] * len(qids) + ['prf/RDIME'] * len(qids), 'qid': qids * 2,
+                             'measure': 'nDCG@10', 'value': np.r_[base, base + differences]})
+    aggregate = perquery.groupby(['system', 'measure'], sort=False)['value'].mean().reset_index()
+    row = significance(aggregate, perquery, ['prf'], ['RDIME'], test, alternative, margin).iloc[0]
+    return row, base + differences, base
+
+
+@pytest.mark.parametrize('name, differences, expected', [
+    ('equivalent', np.random.default_rng(1).normal(0.001, 0.005, 50), 'equivalent'),
+    ('different', np.random.default_rng(2).normal(0.1, 0.02, 30), 'different'),
+    ('inconclusive', np.random.default_rng(3).normal(0.0, 0.2, 8), 'inconclusive'),
+])
+def test_tost_verdicts_against_statsmodels(name, differences, expected):
+    row, rdime, base = _one_comparison(differences)
+    margin = 0.04 * 0.5
+    assert row['margin'] == pytest.approx(margin)
+    assert row['tost_p'] == pytest.approx(ttost_paired(rdime, base, -margin, margin)[0], rel=1e-9)
+    assert row['tost_p_holm'] == pytest.approx(row['tost_p'])  # one comparison: Holm changes nothing
+    reference = stats.ttest_rel(rdime, base)
+    interval = reference.confidence_interval(0.95)
+    assert (row['ci_low'], row['ci_high']) == pytest.approx((interval.low, interval.high), rel=1e-9)
+    assert row['p_value'] == pytest.approx(reference.pvalue, rel=1e-9)
+    assert row['mean_diff'] == pytest.approx(np.mean(rdime - base))
+    assert row['verdict'] == expected, name
+
+
+def test_identical_systems_are_equivalent_and_not_significant():
+    row, _, _ = _one_comparison(np.zeros(10))
+    assert row['verdict'] == 'equivalent' and not row['significant'] and np.isnan(row['p_value'])
+
+
+def test_auto_picks_t_on_normal_and_wilcoxon_on_heavy_tailed_differences():
+    normal = np.random.default_rng(4).normal(0.01, 0.05, 40)
+    heavy = np.random.default_rng(5).standard_cauchy(40) * 0.01
+    assert stats.shapiro(normal).pvalue >= 0.05 and stats.shapiro(heavy).pvalue < 0.05
+    assert choose_test(normal, 'auto') == 't' and choose_test(heavy, 'auto') == 'wilcoxon'
+    assert choose_test(heavy, 't') == 't'
+    row, rdime, base = _one_comparison(heavy, test='auto', alternative='greater')
+    assert (row['test'], row['alternative']) == ('wilcoxon', 'greater')
+    assert row['p_value'] == pytest.approx(stats.wilcoxon(rdime, base, alternative='greater').pvalue, rel=1e-9)
+    row, rdime, base = _one_comparison(normal, test='auto', alternative='less')
+    assert (row['test'], row['alternative']) == ('t', 'less')
+    assert row['p_value'] == pytest.approx(stats.ttest_rel(rdime, base, alternative='less').pvalue, rel=1e-9)
