@@ -1,5 +1,8 @@
 """The honest comparators on hand-made per-query tables: folds and cross-validated Top-k, the references' test
 choice, and the TOST verdicts against statsmodels and scipy called directly."""
+import subprocess
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -104,3 +107,10 @@ def test_auto_picks_t_on_normal_and_wilcoxon_on_heavy_tailed_differences():
     row, rdime, base = _one_comparison(normal, test='auto', alternative='less')
     assert (row['test'], row['alternative']) == ('t', 'less')
     assert row['p_value'] == pytest.approx(stats.ttest_rel(rdime, base, alternative='less').pvalue, rel=1e-9)
+
+
+def test_importing_the_runner_loads_neither_scipy_nor_statsmodels():
+    code = ('import sys, pyterrier_rdime.experiment; '
+            "print(sorted(m for m in ('scipy', 'statsmodels', 'matplotlib') if m in sys.modules))")
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == '[]'
