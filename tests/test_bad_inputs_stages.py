@@ -95,6 +95,8 @@ def cases(tmp) -> list:
     foreign.mkdir()
     with sqlite3.connect(foreign / CACHE_FILE) as db:
         db.execute('CREATE TABLE answers (qid TEXT, text TEXT)')
+    folder_file = tmp / 'folder-file'
+    (folder_file / CACHE_FILE).mkdir(parents=True)
     name_score = r"column 'score' holds 'high' \(str\) at qid='q1', docno='d2', not a number; .*pd\.to_numeric"
     kernel_stage = r'KernelDime\(kernel=<function .*>\): '
     return [
@@ -107,6 +109,9 @@ def cases(tmp) -> list:
         Case('corrupt cache file', lambda: LlmGenerator(cache=corrupt), OSError,
              rf'LlmGenerator: the answer cache {re.escape(str(corrupt / CACHE_FILE))} cannot be used '
              r'\(DatabaseError: file is not a database\); .*delete it .*or pass another cache= folder'),
+        Case('cache file is a folder', lambda: LlmGenerator(cache=folder_file), OSError,
+             rf'LlmGenerator: {re.escape(str(folder_file / CACHE_FILE))} is a folder \(or another non-file\), not '
+             'the answer cache file; move it away or pass another cache= folder'),
         Case('cache file of another program', lambda: LlmGenerator(cache=foreign), ValueError,
              rf'LlmGenerator: {re.escape(str(foreign / CACHE_FILE))} holds a table "answers" with columns '
              r"\['qid', 'text'\], not an answer cache of LlmGenerator; move that file away .*"),

@@ -47,6 +47,9 @@ class AnswerCache:
         except OSError as e:
             raise OSError(f'{stage}: cannot create the answer cache folder {folder} ({e.strerror or e}); pass '
                           'cache= a folder that can be created and written, or cache=False') from e
+        if self.path.exists() and not self.path.is_file():
+            raise OSError(f'{stage}: {self.path} is a folder (or another non-file), not the answer cache file; move it '
+                          'away or pass another cache= folder')
         with closing(self._connect()):
             pass
 
@@ -111,7 +114,7 @@ class AnswerCache:
             fix = ('the file is damaged or not an answer cache; delete it (it only holds cached answers, which are '
                    'then generated again) or pass another cache= folder')
         elif 'readonly' in message or 'unable to open' in message:
-            fix = 'the folder or file is not writable; pass cache= a writable folder, or cache=False'
+            fix = 'the folder or the file cannot be opened for writing; pass cache= a writable folder, or cache=False'
         else:
             fix = 'pass another cache= folder, or cache=False'
         return OSError(f'{self.stage}: the answer cache {self.path} cannot be used ({type(error).__name__}: '
