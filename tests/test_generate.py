@@ -1,5 +1,6 @@
 """LlmGenerator: real generation with the bundled SmolLM2 on DL19 queries (small max_new_tokens), determinism, the
-on-disk cache (hits, keys), empty input, validation and offline errors."""
+on-disk cache (hits, keys, the warning when only other configurations are cached, created at construction), empty
+input, validation and offline errors. Its bad inputs and SIGKILL faults are in test_bad_inputs_stages.py."""
 import json
 import re
 import sqlite3
@@ -13,7 +14,7 @@ import pytest
 from conftest import shared_collection
 
 from pyterrier_rdime.llm import LlmGenerator, smollm2_gguf_path
-from pyterrier_rdime.llm.generator import CACHE_FILE
+from pyterrier_rdime.llm._cache import CACHE_FILE
 
 MAX_NEW_TOKENS = 16
 
