@@ -196,3 +196,14 @@ def test_the_bm25_index_is_built_again_for_changed_documents(tmp_path, caplog):
     assert after['docno'].tolist() == scratch['docno'].tolist() == ['d5', 'd0']
     np.testing.assert_allclose(after['score'], scratch['score'])
     assert [p.name for p in (tmp_path / 'cache' / collection.slug).iterdir()] == ['pisa']
+
+
+def test_an_index_of_one_needed_document_holds_a_second_one(tmp_path, model, encoded):
+    """pyterrier-dr's docno lookup cannot read a one-document index (--depth 1 with one query): one more is added."""
+    folder = _write(tmp_path / 'coll', {f'd{i}': t for i, t in enumerate(TEXTS)})
+    index = dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', ['d3'], verbose=False)
+    assert sorted(_vectors(index)) == ['d0', 'd3'] and sorted(encoded) == sorted([TEXTS[0], TEXTS[3]])
+    single = _write(tmp_path / 'single', {'d0': TEXTS[0]})
+    for docnos in (None, ['d0']):
+        with pytest.raises(ValueError, match="holds one document; a dense index .* needs at least two"):
+            dense_index(load_collection(single), model, 'minilm', tmp_path / 'cache', docnos, verbose=False)

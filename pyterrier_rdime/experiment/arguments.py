@@ -8,8 +8,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Optional
 
-from .._config import check_int
-from .encoders import hub_offline
+from .._config import check_int, hub_offline
 from .indexes import check_index_spec
 
 PROG = 'rdime-experiment'

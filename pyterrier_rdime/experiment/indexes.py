@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from .._config import check_int
+from .._config import check_int, hub_offline
 from .collection import Collection, check_in_corpus, iter_texts, read_trec_run
-from .encoders import encoder_fingerprint, hub_offline
+from .encoders import encoder_fingerprint
 from .fingerprint import TEXT_HASHES, read_fingerprint, text_hash, text_hashes, write_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -83,6 +83,10 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
     if cached.current and (cached.complete or (needed is not None and held.issuperset(needed))):
         return cached.index
     wanted = None if needed is None else [d for d in needed if d not in held]
+    if wanted is not None and len(held) + len(wanted) == 1:
+        wanted += _another_docno(collection, wanted + cached.docnos)
+    elif wanted is None and collection.num_docs == 1:
+        _another_docno(collection, [doc['docno'] for doc in collection.docs(None)])
     if wanted is not None:
         total = len(wanted)
     else:
@@ -116,6 +120,16 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
         shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
     logger.info('encoded the documents in %.0f s', time.time() - start)
     return FlexIndex(str(path), verbose=False)
+
+
+def _another_docno(collection: Collection, docnos: List[str]) -> List[str]:
+    """One document of the corpus besides ``docnos``' one: pyterrier-dr's docno lookup (npids) cannot read an index
+    of a single document, whose docno is all prefix."""
+    other = next((doc['docno'] for doc in collection.docs(None) if doc['docno'] not in docnos), None)
+    if other is None:
+        raise ValueError(f'collection {collection.name!r} holds one document; a dense index (pyterrier-dr\'s docno '
+                         'lookup) needs at least two: add documents to the corpus')
+    return [other]
 
 
 def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached:
