@@ -42,39 +42,58 @@ def kernel_weights(
     decides what that means (:class:`~pyterrier_rdime.KernelDime` raises).
     """
     doc_mask = np.asarray(doc_mask, dtype=bool)
-    n, m = doc_mask.shape
     if callable(kernel):
-        log_k = None
-        k = np.asarray(kernel(query_vecs, doc_vecs), dtype=np.float64)
-        if k.shape != (n, m):
-            raise ValueError(f'kernel {kernel!r} returned shape {k.shape}; expected (n_queries, n_docs) = {(n, m)}')
-        if not np.all(np.isfinite(k[doc_mask])) or np.any(k[doc_mask] < 0):
-            raise ValueError(f'kernel {kernel!r} returned negative or non-finite similarities; kernels must be >= 0')
-        # relative to the per-query maximum, so that large finite similarities (1e308) cannot overflow the sum
-        k = np.where(doc_mask, k, 0.0)
-        top = k.max(axis=1, keepdims=True) if m else np.zeros((n, 1))
-        k = np.divide(k, top, out=np.zeros_like(k), where=top > 0)
-    elif kernel == 'uniform':
-        log_k = np.zeros((n, m))
-    elif kernel == 'softmax':
-        log_k = np.einsum('np,nmp->nm', query_vecs, doc_vecs) / tau
-    elif kernel == 'rbf':
-        log_k = -np.sum((doc_vecs - query_vecs[:, None, :]) ** 2, axis=2) / tau
-    elif kernel == 'sigmoid':
-        log_k = -np.logaddexp(0.0, -np.einsum('np,nmp->nm', query_vecs, doc_vecs) / tau)
-    elif kernel == 'rank':
-        log_k = np.broadcast_to(-np.log(np.arange(1, m + 1, dtype=np.float64)), (n, m))
+        k = _callable_similarities(kernel, query_vecs, doc_vecs, doc_mask)
     else:
-        check_choice('kernel_weights', 'kernel', kernel, KERNELS, 'or a callable kernel(query_vecs, doc_vecs)')
-
-    if log_k is not None:
-        # exponentiate relative to the per-query maximum so that softmax with small tau cannot overflow
-        log_k = np.where(doc_mask, log_k, -np.inf)
-        top = np.max(log_k, axis=1, keepdims=True) if m else np.zeros((n, 1))
-        k = np.exp(log_k - np.where(np.isfinite(top), top, 0.0))
-    k = np.where(doc_mask, k, 0.0)
+        k = _named_similarities(kernel, query_vecs, doc_vecs, doc_mask, tau)
     total = k.sum(axis=1, keepdims=True)
     return np.divide(k, total, out=np.zeros_like(k), where=total > 0)
+
+
+def _callable_similarities(kernel: KernelFn, query_vecs: np.ndarray, doc_vecs: np.ndarray,
+                           doc_mask: np.ndarray) -> np.ndarray:
+    """A user kernel's similarities (n, m), checked, divided by each query's maximum (so that large finite values,
+    1e308, cannot overflow the sum), 0 in padded slots."""
+    n, m = doc_mask.shape
+    k = np.asarray(kernel(query_vecs, doc_vecs), dtype=np.float64)
+    if k.shape != (n, m):
+        raise ValueError(f'kernel {kernel!r} returned shape {k.shape}; expected (n_queries, n_docs) = {(n, m)}')
+    if not np.all(np.isfinite(k[doc_mask])) or np.any(k[doc_mask] < 0):
+        raise ValueError(f'kernel {kernel!r} returned negative or non-finite similarities; kernels must be >= 0')
+    k = np.where(doc_mask, k, 0.0)
+    top = k.max(axis=1, keepdims=True) if m else np.zeros((n, 1))
+    return np.divide(k, top, out=np.zeros_like(k), where=top > 0)
+
+
+def _named_similarities(kernel: str, query_vecs: np.ndarray, doc_vecs: np.ndarray, doc_mask: np.ndarray,
+                        tau: float) -> np.ndarray:
+    """A named kernel's similarities (n, m), computed in log space and exponentiated relative to each query's
+    maximum (so that softmax with a small tau cannot overflow), 0 in padded slots."""
+    n, m = doc_mask.shape
+    with np.errstate(over='ignore'):  # an overflow with a tiny tau is reported below, with the fix
+        if kernel == 'uniform':
+            log_k = np.zeros((n, m))
+        elif kernel == 'softmax':
+            log_k = np.einsum('np,nmp->nm', query_vecs, doc_vecs) / tau
+        elif kernel == 'rbf':
+            log_k = -np.sum((doc_vecs - query_vecs[:, None, :]) ** 2, axis=2) / tau
+        elif kernel == 'sigmoid':
+            log_k = -np.logaddexp(0.0, -np.einsum('np,nmp->nm', query_vecs, doc_vecs) / tau)
+        elif kernel == 'rank':
+            log_k = np.broadcast_to(-np.log(np.arange(1, m + 1, dtype=np.float64)), (n, m))
+        else:
+            check_choice('kernel_weights', 'kernel', kernel, KERNELS, 'or a callable kernel(query_vecs, doc_vecs)')
+    # +inf (or NaN) has no softmax, and a query whose every slot is -inf would get no weight at all (a -inf beside
+    # finite slots is a weight of 0, as it should be): only a tau so small that the scaled similarities overflow
+    real = np.where(doc_mask, log_k, 0.0)
+    unbounded = np.isnan(real) | (real == np.inf)
+    weightless = doc_mask.any(axis=1) & np.all(~doc_mask | np.isneginf(log_k), axis=1)
+    if unbounded.any() or weightless.any():
+        raise ValueError(f'kernel_weights: the {kernel!r} kernel overflows with tau={tau!r} (the similarities '
+                         'divided by tau exceed the float range); use a larger tau')
+    log_k = np.where(doc_mask, log_k, -np.inf)
+    top = np.max(log_k, axis=1, keepdims=True) if m else np.zeros((n, 1))
+    return np.where(doc_mask, np.exp(log_k - np.where(np.isfinite(top), top, 0.0)), 0.0)
 
 
 def kernel_dime(query_vecs: np.ndarray, doc_vecs: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -140,6 +140,13 @@ def cases(tmp) -> list:
         Case('callable kernel of the wrong shape',
              lambda: KernelDime(kernel=lambda q, d: np.ones(3))(example()), ValueError,
              kernel_stage + r'kernel .* returned shape \(3,\); expected \(n_queries, n_docs\) = \(1, 2\)'),
+        *[Case(f'{kernel} kernel with a tau so small that it overflows',
+               lambda kernel=kernel: KernelDime(kernel=kernel, tau=1e-310)(example()), ValueError,
+               rf"KernelDime\(kernel='{kernel}', tau=1e-310\): kernel_weights: the '{kernel}' kernel overflows with "
+               r'tau=1e-310 .*; use a larger tau')
+          for kernel in ('softmax', 'rbf')],
+        Case('sigmoid kernel with a tiny tau: its limit, every positive similarity weighs 1',
+             lambda: KernelDime(kernel='sigmoid', tau=1e-310)(example()), check=same_weights([0.5, 0.5])),
         # --- non-numeric scores name the stage, the column and the row
         *[Case(f'text score in {type(stage).__name__}',
                lambda stage=stage: stage(example(**scores_column(2.0, 'high'))), ValueError,
