@@ -81,11 +81,15 @@ def _main(capsys, argv):
     (['--retriever', 'annoy', '--mode', 'retrieve'], "--retriever must be one of 'numpy'"),
     (['--depth', '0'], '--depth must be an integer >= 1, got 0'),
     (['--ks', '0.5,x'], '--ks'),
+    (['--encoder', '{tmp}/empty'], "--encoder '{tmp}/empty': {tmp}/empty holds no model files"),
+    (['--encoder', 'someone/not-downloaded'], "--encoder 'someone/not-downloaded' (someone/not-downloaded) is not a "
+                                              'local folder, not in the Hugging Face cache'),
 ])
 def test_a_bad_option_is_one_line_before_any_model_loads(tmp_path, capsys, no_model, monkeypatch, options,
                                                          message):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     (tmp_path / 'notes.txt').write_text('not a model')
+    (tmp_path / 'empty').mkdir()
     folder = _collection(tmp_path / 'coll')
     options = [o.replace('{tmp}', str(tmp_path)) for o in options]
     status, err = _main(capsys, [str(folder), '--cache', str(tmp_path / 'c'), '--out', str(tmp_path / 'o')]
@@ -274,3 +278,13 @@ def test_sigkill_while_building_the_index_leaves_the_cache_correct(tmp_path, fir
     assert sorted(got) == sorted(expected)
     for docno in expected:
         np.testing.assert_array_equal(got[docno], expected[docno])
+
+
+def test_a_folder_that_sentence_transformers_refuses_is_one_line_naming_the_encoder(tmp_path, capsys):
+    (tmp_path / 'model').mkdir()
+    (tmp_path / 'model' / 'config.json').write_text('{"model_type": "no-such-architecture"}')
+    with pytest.raises(ValueError, match=f"--encoder '{tmp_path / 'model'}': cannot load {tmp_path / 'model'} as a "
+                                         'sentence-transformers model'):
+        load_encoder(str(tmp_path / 'model'))
+    with pytest.raises(ValueError, match='batch_size \\(--batch-size\\) must be an integer >= 1, got 0'):
+        load_encoder('minilm', batch_size=0)

@@ -207,3 +207,20 @@ def test_an_index_of_one_needed_document_holds_a_second_one(tmp_path, model, enc
     for docnos in (None, ['d0']):
         with pytest.raises(ValueError, match="holds one document; a dense index .* needs at least two"):
             dense_index(load_collection(single), model, 'minilm', tmp_path / 'cache', docnos, verbose=False)
+
+
+@pytest.mark.parametrize('damage', [
+    lambda path: (path / 'vecs.f4').write_bytes((path / 'vecs.f4').read_bytes()[:-8]),
+    lambda path: (path / FINGERPRINT).write_text('{"version": 1, "encoder": '),
+    lambda path: (path / 'pt_meta.json').write_text('not json'),
+    lambda path: (path / TEXT_HASHES).unlink(),
+], ids=['truncated-vectors', 'truncated-record', 'bad-meta', 'no-text-hashes'])
+def test_a_damaged_cache_is_encoded_again(tmp_path, model, encoded, caplog, damage):
+    folder = _write(tmp_path / 'coll', {f'd{i}': t for i, t in enumerate(TEXTS)})
+    path = dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', None, verbose=False).index_path
+    damage(path)
+    encoded.clear()
+    with caplog.at_level(logging.WARNING, logger='pyterrier_rdime'):
+        index = dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', None, verbose=False)
+    assert sorted(encoded) == sorted(TEXTS) and 'encoding again' in caplog.text
+    _assert_same_vectors(_vectors(index), _from_scratch(tmp_path, folder, model))

@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Optional
 
 from .._config import check_int, hub_offline
+from .encoders import encoder_fingerprint
 from .indexes import check_index_spec
 
 PROG = 'rdime-experiment'
@@ -27,6 +28,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.answers is not None and not Path(args.answers).expanduser().is_file():
         raise ValueError(f'--answers {args.answers}: no such file; pass a qid<TAB>answer file, or leave --answers out '
                          "to use the collection's llm_answers.tsv")
+    for encoder in (e.strip() for e in args.encoder.split(',') if e.strip()):
+        encoder_fingerprint(encoder)  # a hub name offline, or a folder without model files, fails here
     if args.index is not None:
         check_index_spec(args.index)
     if args.llm_generator is not None:

@@ -5,7 +5,7 @@ import hashlib
 from pathlib import Path
 from typing import Tuple
 
-from .._config import hub_offline
+from .._config import check_int, hub_offline
 
 #: Short names of the paper's encoders (768-d; they need the Hugging Face hub or its local cache): the
 #: sentence-transformers names the reference implementations load, through pyterrier-dr's ``SBertBiEncoder``
@@ -69,7 +69,7 @@ def encoder_fingerprint(name: str) -> str:
                    and not any(part.startswith('.') or part in _SKIPPED_FOLDERS
                                for part in f.relative_to(resolved).parts))
     if not files:
-        raise ValueError(f'encoder {name!r}: {resolved} holds no model files ({", ".join(_MODEL_SUFFIXES)}); pass '
+        raise ValueError(f'--encoder {name!r}: {resolved} holds no model files ({", ".join(_MODEL_SUFFIXES)}); pass '
                          'a sentence-transformers model folder')
     listing = tuple((f.relative_to(resolved).as_posix(), str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns)
                     for f in files)
@@ -94,4 +94,13 @@ def load_encoder(name: str = DEFAULT_ENCODER, *, batch_size: int = 32, verbose: 
     """A pyterrier-dr ``SBertBiEncoder`` for ``name``: ``'minilm'`` (bundled, offline), ``'tasb'``,
     ``'contriever'``, ``'ance'``, a sentence-transformers folder, or a hub id."""
     import pyterrier_dr
-    return pyterrier_dr.SBertBiEncoder(resolve_encoder(name), batch_size=batch_size, verbose=verbose)
+    check_int('load_encoder', 'batch_size (--batch-size)', batch_size, 1)
+    resolved = resolve_encoder(name)
+    try:
+        return pyterrier_dr.SBertBiEncoder(resolved, batch_size=batch_size, verbose=verbose)
+    except ImportError:
+        raise
+    except Exception as e:  # sentence-transformers' many ways of refusing a folder: one message with the fix
+        raise ValueError(f'--encoder {name!r}: cannot load {resolved} as a sentence-transformers model '
+                         f'({type(e).__name__}: {e}); pass a sentence-transformers model folder or hub id, or '
+                         "'minilm' (bundled)") from e

@@ -134,13 +134,15 @@ def _another_docno(collection: Collection, docnos: List[str]) -> List[str]:
 
 def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached:
     """What of the index cached at ``path`` is still valid for ``collection`` and the encoder ``encoder``."""
-    from pyterrier_dr import FlexIndex
     if not (path / 'pt_meta.json').is_file():
         return _Cached()
+    try:
+        index, docnos, hashes = _read_cached(path)
+    except Exception as e:  # whatever makes a cache unreadable (truncated, edited by hand) makes it untrustworthy
+        logger.warning('%s: cannot read this cached index (%s: %s); encoding again', path, type(e).__name__, e)
+        return _Cached()
     recorded = read_fingerprint(path)
-    index = FlexIndex(str(path), verbose=False)
-    hashes = np.load(path / TEXT_HASHES) if (path / TEXT_HASHES).is_file() else None
-    if recorded is None or hashes is None or len(hashes) != len(index):
+    if recorded is None or hashes is None or len(hashes) != len(docnos):
         logger.warning('%s: no record of what this cached index was built from; encoding again (adopt_index() '
                        'records it for an index known to match)', path)
         return _Cached()
@@ -148,7 +150,6 @@ def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached
         logger.warning('%s: built with other encoder files (content %s, now %s); encoding again', path,
                        recorded.get('encoder'), encoder)
         return _Cached()
-    docnos = [str(d) for d in index.payload(return_dvecs=False)[0].fwd[np.arange(len(index))]]
     if recorded.get('docs') == collection.fingerprint:
         return _Cached(index, np.arange(len(docnos)), docnos, hashes, True, bool(recorded.get('complete')))
     now = {doc['docno']: text_hash(doc['text']) for doc in collection.docs(docnos)}
@@ -158,6 +159,20 @@ def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached
                    len(docnos), len(docnos) - len(now), keep.sum())
     docids = np.flatnonzero(keep)
     return _Cached(index, docids, [docnos[i] for i in docids], hashes[docids])
+
+
+def _read_cached(path: Path) -> Tuple[object, List[str], Optional[np.ndarray]]:
+    """The cached FlexIndex at ``path``, its docnos and its text hashes (``None`` when it has none); raises when a
+    file is missing, malformed or of the wrong size."""
+    from pyterrier_dr import FlexIndex
+    index = FlexIndex(str(path), verbose=False)
+    lookup, meta = index.payload(return_dvecs=False)
+    expected = meta['doc_count'] * meta['vec_size'] * np.dtype(np.float32).itemsize
+    if (path / 'vecs.f4').stat().st_size != expected or len(lookup) != meta['doc_count']:
+        raise ValueError(f'vecs.f4 or docnos.npids does not hold the {meta["doc_count"]} vectors of pt_meta.json')
+    docnos = [str(d) for d in lookup.fwd[np.arange(meta['doc_count'])]]
+    hashes = np.load(path / TEXT_HASHES) if (path / TEXT_HASHES).is_file() else None
+    return index, docnos, hashes
 
 
 def adopt_index(folder: Union[str, Path], collection: Collection, encoder_name: str,
