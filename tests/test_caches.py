@@ -12,7 +12,7 @@ from pyterrier_rdime.experiment import encoders
 from pyterrier_rdime.experiment.collection import load_collection
 from pyterrier_rdime.experiment.encoders import encoder_fingerprint, load_encoder
 from pyterrier_rdime.experiment.fingerprint import FINGERPRINT, TEXT_HASHES, read_fingerprint
-from pyterrier_rdime.experiment.indexes import adopt_index, bm25, dense_index, dense_index_path
+from pyterrier_rdime.experiment.indexes import adopt_index, bm25, dense_index, dense_index_path, encoder_slug
 
 TEXTS = ['dense retrieval with neural encoders', 'pruning embedding dimensions at query time',
          'bm25 is a lexical ranking function', 'the cat sat on the mat', 'query expansion with feedback']
@@ -224,3 +224,11 @@ def test_a_damaged_cache_is_encoded_again(tmp_path, model, encoded, caplog, dama
         index = dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', None, verbose=False)
     assert sorted(encoded) == sorted(TEXTS) and 'encoding again' in caplog.text
     _assert_same_vectors(_vectors(index), _from_scratch(tmp_path, folder, model))
+
+
+def test_an_encoder_folder_is_keyed_by_its_name_and_content_not_its_path(tmp_path):
+    for place in ('a', 'b'):
+        shutil.copytree(encoders.bundled_minilm_path(), tmp_path / place / 'all-MiniLM-L6-v2')
+    first, second = (encoder_slug(str(tmp_path / place / 'all-MiniLM-L6-v2')) for place in ('a', 'b'))
+    assert first == second and first.startswith('all-MiniLM-L6-v2-')
+    assert encoder_fingerprint(str(tmp_path / 'a' / 'all-MiniLM-L6-v2')) == encoder_fingerprint('minilm')

@@ -37,10 +37,12 @@ RETRIEVERS = {
 
 
 def encoder_slug(name: str) -> str:
-    """The cache folder name of an encoder: its name and a digest of its content (:func:`encoder_fingerprint`), so
-    that local folders, often all called 'model', do not share one, and a copied cache is found again."""
+    """The cache folder name of an encoder: its name (a folder's own name, not its path) and a digest of its content
+    (:func:`encoder_fingerprint`), so that local folders, often all called 'model', do not share one, and a cache
+    copied to another machine or virtual environment is found again."""
     digest = hashlib.sha1(encoder_fingerprint(name).encode()).hexdigest()[:8]
-    return re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[-60:] + f'-{digest}'
+    label = Path(name).expanduser().resolve().name if Path(name).expanduser().is_dir() else name
+    return re.sub(r'[^A-Za-z0-9_.-]+', '_', label)[-60:] + f'-{digest}'
 
 
 def dense_index_path(collection: Collection, encoder_name: str, cache_dir: Union[str, Path]) -> Path:
