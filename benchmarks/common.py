@@ -44,6 +44,18 @@ def interleaved(fns: Dict[str, Callable], rounds: int) -> Dict[str, List[float]]
     return times
 
 
+def blocks(fns: Dict[str, Callable], rounds: int, per_block: int = 3) -> Dict[str, List[float]]:
+    """Like :func:`interleaved`, but each function runs ``per_block`` times in a row per round and the round keeps
+    the fastest of them: the first call of a block absorbs the switch from the other side (BLAS or OpenMP threads of
+    the previous side still spinning, caches holding its data), so that neither side pays for the other's threads."""
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            times[n].append(min(timed(fns[n])[0] for _ in range(per_block)))
+    return times
+
+
 def ratio_stats(base: List[float], new: List[float]) -> Dict[str, float]:
     """Speed-up of ``new`` over ``base`` from interleaved rounds: the ratio of the minima (the least disturbed
     round of each side), the median of the per-round ratios and their interquartile range (the spread)."""

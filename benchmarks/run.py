@@ -1,25 +1,30 @@
 #!/usr/bin/env python
-"""Runs the benchmarks: ``python benchmarks/run.py [all|overhead|estimators|search|layout] [options of that one]``.
+"""Runs the benchmarks: ``python benchmarks/run.py [all|NAME] [options of that one]``.
 
-One script per question, each printing ratios measured side by side in one run, repetitions interleaved:
+One script per question, each printing ratios measured side by side in one run:
 
 - ``overhead``: what RDIME adds to a re-ranking pipeline on the DL19 pool;
 - ``estimators``: queries/s of the vectorised DIME + RDIME stages against a per-query loop;
 - ``search``: exact retrieval scoring only the kept dimensions (PrunedRetriever) against every dimension;
-- ``layout``: time and memory to build the on-disk dimension-major layout, projected to MS MARCO.
+- ``layout``: time and memory to build the on-disk dimension-major layout, projected to MS MARCO;
+- ``batches``: ways of scoring a batch of pruned queries (tile and cache sizes, one by one, grouping);
+- ``pipelines``: per-query latency of the retrieve-mode pipelines end to end (encoder, BM25, feedback, pruning).
 
-``all`` (the default, ``./run.sh benchmark``) runs the four with their defaults (~12 min on a shared 2-core machine
+``all`` (the default, ``./run.sh benchmark``) runs them all with their defaults (~20 min on a shared 2-core machine
 once the caches exist; the first run also builds a 1M x 768 synthetic index and its layout, ~2 min, and encodes the
 DL19 pool, ~2.5 min).
 """
 import sys
 
+import batches
 import estimators
 import layout
 import overhead
+import pipelines
 import search
 
-SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout}
+SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout,
+           'pipelines': pipelines, 'batches': batches}
 
 
 def main(argv=None) -> int:

@@ -3,15 +3,17 @@
 
 Exact top-100 over a seeded synthetic FlexIndex (default 1M x 768 float32, shaped like sentence embeddings, cached
 on disk) through ``PrunedRetriever``'s on-disk dimension-major layout: the compiled pruned kernel against the dense
-path (BLAS over every dimension with the zeroed query), with the same number of threads on both sides, repetitions
-interleaved. Queries: PRF DIME (M = 2) from the exact top-10, then RDIME or Top-k at 25/35/50/75 % kept.
+path (BLAS over every dimension with the zeroed query), with the same number of threads on both sides, measured in
+blocks (each side several times in a row per round, the fastest kept: neither side pays for the other's spinning
+threads) or, with ``--timing interleaved``, one call per side per round. Queries: PRF DIME (M = 2) from the exact
+top-10, then RDIME or Top-k at 25/35/50/75 % kept.
 
-1. one query at a time: speed-up by kept fraction (min over rounds, median and IQR of the per-round ratios);
+0. the cost model of ``strategy='auto'`` for this machine (``--calibrate`` re-runs the calibration);
+1. one query at a time: speed-up by kept fraction (min over rounds, median and IQR of the per-round ratios), and
+   ``strategy='auto'`` against the faster of the two paths;
 2. batches of 8 and 64 queries: the pruned path and ``strategy='auto'`` against one dense matrix product per batch
    (the dense path, top-k included; the bare product without top-k is shown too);
 3. exactness: the pruned top-100 against the dense one, identical / differing only by float ties / mismatched;
-4. ``--fit``: timings over a grid of kept fractions and batch sizes, and the cost-model constants they give
-   (``pyterrier_rdime/pruned/cost.py``);
 5. the real DL19 pool vectors (MiniLM, 4.3k x 384; skipped without ../shared/data): exactness and auto's choice on a
    matrix that sits in the caches.
 
@@ -19,10 +21,13 @@ Usage (from the repository root)::
 
     python benchmarks/run.py search                      # 1M x 768, ~6 min (the first run: +1 min to write the index)
     python benchmarks/run.py search --docs 200000        # a quick check
-    python benchmarks/run.py search --fit --json out.json
+    python benchmarks/run.py search --calibrate --json out.json
+    python benchmarks/run.py search --threads 1 --timing interleaved
 """
 import argparse
+import dataclasses
 import sys
+import time
 from pathlib import Path
 
 import common  # first: it sets the environment (offline hub, temporary PyTerrier homes)
@@ -31,7 +36,7 @@ import pandas as pd
 from common import fmt_ratio, interleaved, log, ratio_stats, table, timed
 
 from pyterrier_rdime import PrfDime, PrunedRetriever, Rdime, TopK
-from pyterrier_rdime.pruned import _numba, cost, dense, kept
+from pyterrier_rdime.pruned import cost, dense, kept
 
 K = 100
 
@@ -76,8 +81,23 @@ def auto_search(matrix: np.ndarray, queries: np.ndarray):
     return dense.search_dense(matrix, queries, K)
 
 
+def timing(args):
+    """The timing scheme of ``--timing``: blocks (default) or interleaved rounds."""
+    if args.timing == 'blocks':
+        return lambda fns, rounds: common.blocks(fns, rounds, args.per_block)
+    return interleaved
+
+
+def auto_vs_faster(times: dict) -> dict:
+    """``strategy='auto'`` against the faster of the two paths, round by round (1.00 = auto took the faster path and
+    paid nothing for choosing)."""
+    faster = np.minimum(times['dense'], times['pruned'])
+    return ratio_stats(list(faster), times['auto'])
+
+
 def single_queries(matrix: np.ndarray, sets: dict, raw: np.ndarray, args) -> dict:
-    log(f'\n### 1. One query at a time ({args.single} queries per row, {args.rounds} interleaved rounds)\n')
+    log(f'\n### 1. One query at a time ({args.single} queries per row, {args.rounds} rounds, timing: {args.timing})\n')
+    measure = timing(args)
     rows, result, checks = [], {}, {}
     for name, queries in sets.items():
         queries = queries[:args.single]
@@ -85,98 +105,77 @@ def single_queries(matrix: np.ndarray, sets: dict, raw: np.ndarray, args) -> dic
         status = []
         for qz, raw_q in zip(queries, raw):
             one, every = qz[None], raw_q[None]
-            times = interleaved({'dense': lambda: dense.search_dense(matrix, one, K),
-                                 'pruned': lambda: kept.search_pruned(matrix, one, K),
-                                 'auto': lambda: auto_search(matrix, one),
-                                 'kernel, all dims': lambda: kept.search_pruned(matrix, every, K)}, args.rounds)
+            times = measure({'dense': lambda: dense.search_dense(matrix, one, K),
+                             'pruned': lambda: kept.search_pruned(matrix, one, K),
+                             'auto': lambda: auto_search(matrix, one),
+                             'kernel, all dims': lambda: kept.search_pruned(matrix, every, K)}, args.rounds)
             for side in totals:
                 totals[side] += times[side]
             ref, new = dense.search_dense(matrix, one, K), kept.search_pruned(matrix, one, K)
             atol = 1e-5 * float(np.abs(qz).sum())
             status.append(check_topk(matrix, qz, (ref[0][0], ref[1][0]), (new[0][0], new[1][0]), atol))
         frac = float(np.mean(queries != 0))
-        pruned, auto = ratio_stats(totals['dense'], totals['pruned']), ratio_stats(totals['dense'], totals['auto'])
+        pruned, auto = ratio_stats(totals['dense'], totals['pruned']), auto_vs_faster(totals)
         own = ratio_stats(totals['kernel, all dims'], totals['pruned'])
         checks[name] = {s: status.count(s) for s in ('identical', 'ties', 'MISMATCH')}
-        rows.append([name, f'{frac:.2f}', f'{1 / frac:.2f}', f'{np.min(totals["dense"]) / len(queries) * 1000:.0f} ms',
+        choice = cost.choose_path(queries[:1], matrix.nbytes, kept.NUMBA_AVAILABLE)
+        rows.append([name, f'{frac:.2f}', f'{np.min(totals["dense"]) / len(queries) * 1000:.0f} ms',
                      f'{np.min(totals["pruned"]) / len(queries) * 1000:.0f} ms', f'**{fmt_ratio(pruned)}**',
-                     fmt_ratio(auto), fmt_ratio(own),
+                     choice, fmt_ratio(auto), fmt_ratio(own),
                      '/'.join(str(checks[name][s]) for s in ('identical', 'ties', 'MISMATCH'))])
-        result[name] = {'kept': frac, 'pruned_vs_dense': pruned, 'auto_vs_dense': auto, 'pruned_vs_kernel_all': own,
-                        'check': checks[name]}
+        result[name] = {'kept': frac, 'pruned_vs_dense': pruned, 'auto': choice, 'auto_vs_faster': auto,
+                        'pruned_vs_kernel_all': own, 'check': checks[name]}
     log('time per query = the least disturbed round; speed-up = min-over-rounds ratio (median, interquartile range '
-        'of the per-round ratios) against the dense path (BLAS gemv + top-k); last speed-up: against the same '
-        'compiled kernel fed the unpruned query (every dimension); top-100 identical / float ties only / mismatched '
-        'against the dense path.\n')
-    log(table(rows, ['queries', 'kept', '1/kept', 'dense (all dims)', 'pruned (kept dims)', 'pruned speed-up',
-                     'auto speed-up', 'vs kernel, all dims', 'top-100 id./ties/mism.']))
+        'of the per-round ratios) against the dense path (BLAS gemv + top-k); auto vs faster: strategy="auto" against '
+        'the faster of the two paths in each round (1.00 = no loss); last speed-up: against the same compiled kernel '
+        'fed the unpruned query (every dimension); top-100 identical / float ties only / mismatched against the dense '
+        'path.\n')
+    log(table(rows, ['queries', 'kept', 'dense (all dims)', 'pruned (kept dims)', 'pruned speed-up', "auto's choice",
+                     'auto vs faster', 'vs kernel, all dims', 'top-100 id./ties/mism.']))
     return result
 
 
 def batches(matrix: np.ndarray, sets: dict, args) -> dict:
-    log(f'\n### 2. Batches ({args.rounds} interleaved rounds)\n')
+    log(f'\n### 2. Batches ({args.rounds} rounds, timing: {args.timing})\n')
+    measure = timing(args)
     rows, result = [], {}
     for size in args.batches:
         for name in ('RDIME', 'Top-k 0.50', 'Top-k 0.35'):
             queries = sets[name][:size]
             if len(queries) < size:
                 continue
-            one_pass = cost.batch_in_one_pass(queries)
-            times = interleaved({'dense': lambda: dense.search_dense(matrix, queries, K, batch_size=size),
-                                 'pruned': lambda: kept.search_pruned(matrix, queries, K),
-                                 'auto': lambda: auto_search(matrix, queries),
-                                 'bare GEMM': lambda: queries @ matrix}, args.rounds)
+            times = measure({'dense': lambda: dense.search_dense(matrix, queries, K, batch_size=size),
+                             'pruned': lambda: kept.search_pruned(matrix, queries, K),
+                             'auto': lambda: auto_search(matrix, queries),
+                             'bare GEMM': lambda: queries @ matrix}, args.rounds)
+            model = cost.model()
+            one_pass = model.batch_in_one_pass(queries)
             choice = cost.choose_path(queries, matrix.nbytes, kept.NUMBA_AVAILABLE)
-            pruned, auto = ratio_stats(times['dense'], times['pruned']), ratio_stats(times['dense'], times['auto'])
+            pruned, auto = ratio_stats(times['dense'], times['pruned']), auto_vs_faster(times)
             bare = ratio_stats(times['bare GEMM'], times['pruned'])
             rows.append([size, name, f'{np.mean(queries != 0):.2f}', f'{np.mean((queries != 0).any(axis=0)):.2f}',
                          f'{np.min(times["dense"]) * 1000:.0f} ms', f'{np.min(times["pruned"]) * 1000:.0f} ms',
                          'one pass' if one_pass else 'one by one', f'**{fmt_ratio(pruned)}**', f'{bare["min"]:.2f}×',
-                         choice, fmt_ratio(auto)])
+                         f'{model.pruned_cost(queries):.1f} / {model.dense_cost(len(queries)):.1f}', choice,
+                         fmt_ratio(auto)])
             result[f'{size}/{name}'] = {'pruned_vs_dense': pruned, 'pruned_vs_bare_gemm': bare, 'auto': choice,
-                                        'auto_vs_dense': auto, 'one_pass': one_pass}
+                                        'auto_vs_faster': auto, 'one_pass': one_pass}
     log('dense = one matrix product per batch and block of documents with the top-k merged block by block (the dense '
-        'path); bare GEMM = one matrix product over the whole matrix, no top-k (a lower bound for dense).\n')
+        'path); bare GEMM = one matrix product over the whole matrix, no top-k (a lower bound for dense); estimate = '
+        'the cost model\'s pruned / dense cost in gemv units.\n')
     log(table(rows, ['batch', 'queries', 'kept', 'union kept', 'dense', 'pruned', 'pruned mode', 'pruned speed-up',
-                     'vs bare GEMM', "auto's choice", 'auto speed-up']))
+                     'vs bare GEMM', 'estimate', "auto's choice", 'auto vs faster']))
     return result
 
 
-def fit(matrix: np.ndarray, sets: dict, args) -> dict:
-    """Times of each path on a grid, in units of one dense gemv, and the least-squares constants of the model."""
-    log('\n### 4. Cost-model fit\n')
-    base = sets['Top-k 0.50']
-    unit = np.median(interleaved({'gemv': lambda: dense.search_dense(matrix, base[:1], K)}, args.rounds)['gemv'])
-    single, one_pass, dense = [], [], []
-    rng = np.random.default_rng(3)
-    for frac in (0.2, 0.35, 0.5, 0.75, 1.0):
-        for size in (1, 4, 8, 16, 64):
-            q = base[:size].copy() if frac == 0.5 else np.where(rng.random(base[:size].shape) < frac,
-                                                               sets['Top-k 0.75'][:size] + 1e-3, 0).astype(np.float32)
-            fns = {'one pass': lambda: _numba.fused_top_k(matrix, q, K, one_pass=True)}
-            if size <= 8:
-                fns['one by one'] = lambda: _numba.fused_top_k(matrix, q, K, one_pass=False)
-            if frac == 1.0:
-                fns['dense'] = lambda: dense.search_dense(matrix, q, K)
-            times = {k: np.median(v) / unit for k, v in interleaved(fns, max(3, args.rounds // 2)).items()}
-            kept, union = float(np.mean(q != 0, axis=1).sum()), float(np.mean((q != 0).any(axis=0)))
-            one_pass.append((union, kept, times['one pass']))
-            if 'one by one' in times:
-                single.append((size, kept, times['one by one']))
-            if 'dense' in times:
-                dense.append((size, times['dense']))
-    a = np.array(single)
-    fixed, slope = np.linalg.lstsq(a[:, :2], a[:, 2], rcond=None)[0]
-    b = np.array(one_pass)
-    union_c, per_query = np.linalg.lstsq(b[:, :2], b[:, 2], rcond=None)[0]
-    d = np.array([x for x in dense if x[0] >= cost.GEMV_BELOW])
-    gemm_fixed, gemm_per = np.linalg.lstsq(np.c_[np.ones(len(d)), d[:, 0]], d[:, 1], rcond=None)[0]
-    fitted = {'PRUNED_FIXED': fixed, 'PRUNED_SLOPE': slope, 'BATCH_UNION': union_c, 'BATCH_PER_QUERY': per_query,
-              'DENSE_GEMM_FIXED': gemm_fixed, 'DENSE_GEMM_PER_QUERY': gemm_per}
-    log(f'unit: one dense gemv with top-{K} = {unit * 1000:.0f} ms; fitted (current in cost.py):')
-    for key, value in fitted.items():
-        log(f'  {key} = {value:.3f}  ({getattr(cost, key)})')
-    return {'unit_s': float(unit), **{k: float(v) for k, v in fitted.items()}}
+def calibration(args) -> dict:
+    """The cost model of this machine: calibrated now with ``--calibrate``, else loaded (or calibrated once)."""
+    start = time.perf_counter()
+    model = cost.calibrate() if args.calibrate else cost.model()
+    seconds = time.perf_counter() - start
+    log(f'cost model ({"calibrated now" if args.calibrate else "cached"} in {seconds:.1f} s, {cost.cache_path()}): '
+        + ', '.join(f'{k} {v:.2f}' for k, v in dataclasses.asdict(model).items()))
+    return {'seconds': seconds, **dataclasses.asdict(model)}
 
 
 def real_pool(args) -> list:
@@ -226,17 +225,21 @@ def main(argv=None) -> int:
     parser.add_argument('--docs', type=int, default=1_000_000, help='documents of the synthetic index')
     parser.add_argument('--dims', type=int, default=768)
     parser.add_argument('--single', type=int, default=12, help='queries per row, one at a time')
-    parser.add_argument('--batches', default='8,64', help='batch sizes')
-    parser.add_argument('--rounds', type=int, default=5, help='interleaved repetitions')
+    parser.add_argument('--batches', default='8,64', help="batch sizes ('' for none)")
+    parser.add_argument('--rounds', type=int, default=5, help='repetitions (rounds)')
+    parser.add_argument('--timing', choices=('blocks', 'interleaved'), default='blocks',
+                        help='blocks: each side runs --per-block times in a row per round, the fastest kept (neither '
+                             "side pays for the other's spinning threads); interleaved: one call per side per round")
+    parser.add_argument('--per-block', type=int, default=3)
     parser.add_argument('--threads', type=int, default=common.os.cpu_count(),
                         help='threads for BLAS and numba alike (default: every core)')
     parser.add_argument('--cache', type=Path, default=common.DEFAULT_CACHE,
                         help='where the synthetic index, its layout and the pool vectors are cached')
     parser.add_argument('--collection', type=Path, default=common.DEFAULT_COLLECTION)
-    parser.add_argument('--fit', action='store_true', help='also fit the cost model')
+    parser.add_argument('--calibrate', action='store_true', help="re-calibrate the cost model of strategy='auto'")
     parser.add_argument('--json', type=Path, help='also write the measurements here')
     args = parser.parse_args(argv)
-    args.batches = [int(b) for b in args.batches.split(',')]
+    args.batches = [int(b) for b in args.batches.split(',') if b]
     info = common.machine()
     limiter = common.set_threads(args.threads)
     log(f'## Pruned exact search: top-{K} over {args.docs:,} x {args.dims} float32\n')
@@ -252,9 +255,9 @@ def main(argv=None) -> int:
     kept.search_pruned(matrix, sets['RDIME'][:2], K)  # compile (or load) the kernel, warm the page cache
     log(f'{len(raw)} queries pruned in {prep_s:.0f} s (PRF DIME M=2 from the exact top-10); kept fraction of RDIME: '
         f'mean {np.mean(sets["RDIME"] != 0):.2f}')
-    results = {'single': single_queries(matrix, sets, raw, args), 'batches': batches(matrix, sets, args)}
-    if args.fit:
-        results['fit'] = fit(matrix, sets, args)
+    results = {'cost_model': calibration(args)}
+    results['single'] = single_queries(matrix, sets, raw, args)
+    results['batches'] = batches(matrix, sets, args)
     if args.collection.is_dir():
         results['real_pool'] = real_pool(args)
     log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}; peak RSS '

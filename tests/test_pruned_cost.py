@@ -1,26 +1,91 @@
-"""The cost model behind strategy='auto': costs computed by hand from round constants."""
+"""The cost model behind strategy='auto': costs computed by hand from round constants, the paths it chooses, and its
+calibration on the machine in use (cached per CPU model and thread count, re-used, re-run on demand; never run for a
+matrix that sits in the caches). No timed assertions: the calibration's values depend on the machine."""
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 
-from pyterrier_rdime.pruned import cost
+from pyterrier_rdime.pruned import cost, kept
+
+COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
+                              reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
+ROUND = cost.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fixed=0.1, pruned_slope=1.0,
+                       batch_union=2.0, batch_per_query=0.2)
 
 
-def test_cost_model(monkeypatch):
-    # one unit per dense gemv; constants set to round numbers so that the costs below are computed by hand
-    for name, value in (('DENSE_GEMM_FIXED', 2.0), ('DENSE_GEMM_PER_QUERY', 0.1), ('PRUNED_FIXED', 0.1),
-                        ('PRUNED_SLOPE', 1.0), ('BATCH_UNION', 2.0), ('BATCH_PER_QUERY', 0.2), ('MARGIN', 0.9)):
-        monkeypatch.setattr(cost, name, value)
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cache folder and no model in memory."""
+    monkeypatch.setenv('PYTERRIER_RDIME_CACHE', str(tmp_path))
+    monkeypatch.setattr(cost, '_MODELS', {})
+    return tmp_path
+
+
+@pytest.fixture
+def no_calibration(monkeypatch):
+    def fail(**kwargs):
+        raise AssertionError('calibrated')
+    monkeypatch.setattr(cost, 'calibrate', fail)
+
+
+def test_costs_by_hand(monkeypatch):
+    # one unit per dense gemv; with MARGIN 0.9 the pruned path must be estimated below 0.9 x the dense one
+    monkeypatch.setattr(cost, 'MARGIN', 0.9)
     half = np.zeros((1, 8), dtype=np.float32)
     half[0, :4] = 1
-    assert cost.dense_cost(1) == 1 and cost.dense_cost(3) == 3 and cost.dense_cost(10) == pytest.approx(3.0)
-    assert cost.pruned_cost(half) == pytest.approx(0.6)  # 0.1 + 0.5
-    assert cost.choose_path(half, 2 ** 30, True) == 'pruned'  # 0.6 < 0.9 x 1
-    assert cost.choose_path(np.ones((1, 8)), 2 ** 30, True) == 'dense'  # 1.1 > 0.9
-    assert cost.choose_path(half, 2 ** 10, True) == 'dense'  # a matrix in the caches
-    assert cost.choose_path(half, 2 ** 30, False) == 'dense'  # no compiled kernel
+    assert ROUND.dense_cost(1) == 1 and ROUND.dense_cost(3) == 3 and ROUND.dense_cost(10) == pytest.approx(3.0)
+    assert ROUND.pruned_cost(half) == pytest.approx(0.6)  # 0.1 + 0.5
+    assert ROUND.prefers_pruned(half)  # 0.6 < 0.9 x 1
+    assert not ROUND.prefers_pruned(np.ones((1, 8)))  # 1.1 > 0.9
     ten = np.repeat(half, 10, axis=0)  # same kept set: one by one 6.0, one pass 2 x 0.5 + 0.2 x 5 = 2.0
-    assert cost.batch_in_one_pass(ten) and cost.pruned_cost(ten) == pytest.approx(2.0)
-    assert cost.choose_path(ten, 2 ** 30, True) == 'pruned'  # 2.0 < 0.9 x 3.0
-    full = np.ones((10, 8), dtype=np.float32)  # one pass 2 + 2 = 4.0 > 0.9 x 3.0
-    assert cost.choose_path(full, 2 ** 30, True) == 'dense'
-    assert not cost.batch_in_one_pass(half)
+    assert ROUND.batch_in_one_pass(ten) and ROUND.pruned_cost(ten) == pytest.approx(2.0)
+    assert ROUND.prefers_pruned(ten)  # 2.0 < 0.9 x 3.0
+    assert not ROUND.prefers_pruned(np.ones((10, 8), dtype=np.float32))  # one pass 2 + 2 = 4.0 > 0.9 x 3.0
+    assert not ROUND.batch_in_one_pass(half)
+    assert cost.nonzero_fractions(np.array([[0, 1, 2, 0], [0, 0, 0, 0]])).tolist() == [0.5, 0.0]
+
+
+@COMPILED
+def test_choose_path(monkeypatch, cache, no_calibration):
+    half = np.zeros((1, 8), dtype=np.float32)
+    half[0, :4] = 1
+    assert cost.choose_path(half, 2 ** 10, True) == 'dense'  # a matrix in the caches: no model needed
+    assert cost.choose_path(half, 2 ** 30, False) == 'dense'  # no compiled kernel
+    assert cost.choose_path(half[:0], 2 ** 30, True) == 'dense'
+    monkeypatch.setitem(cost._MODELS, cost.machine_key(), ROUND)
+    assert cost.choose_path(half, 2 ** 30, True) == 'pruned'
+    assert cost.choose_path(np.ones((1, 8)), 2 ** 30, True) == 'dense'
+
+
+@COMPILED
+def test_calibration_is_cached_per_machine_and_thread_count(cache, monkeypatch):
+    import numba
+    fitted = cost.calibrate(docs=4096, rounds=1)
+    path = cost.cache_path()
+    assert path.parent == cache / 'cost' and path.name.endswith(f'-{numba.get_num_threads()}threads.json')
+    record = json.loads(path.read_text())
+    assert record['model'] == dataclasses.asdict(fitted) and record['machine'] == cost.machine_key()
+    assert all(np.isfinite(v) for v in record['model'].values()) and record['timings_in_gemv']['gemv'] == 1.0
+    assert min(fitted.dense_gemm_fixed, fitted.pruned_fixed, fitted.batch_union) >= 0
+    monkeypatch.setattr(cost, '_MODELS', {})  # a new process: read from the file, not calibrated again
+    monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: pytest.fail('calibrated again'))
+    assert cost.model() == fitted
+    if numba.config.NUMBA_NUM_THREADS > 1:  # another thread count is another calibration
+        calls = []
+        monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: calls.append(cost.machine_key()) or ROUND)
+        threads = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            assert cost.model() == ROUND and calls == [cost.machine_key()] and calls[0].endswith('-1threads')
+        finally:
+            numba.set_num_threads(threads)
+
+
+@COMPILED
+def test_a_broken_cache_file_is_recalibrated(cache, monkeypatch):
+    cost.cache_path().parent.mkdir(parents=True)
+    cost.cache_path().write_text('{"model": {"dense_gemm_fixed": 1}}')  # from another version: missing constants
+    monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: ROUND)
+    assert cost.model() == ROUND

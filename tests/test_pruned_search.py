@@ -103,7 +103,7 @@ def test_kernel_runs_in_a_child_forked_after_it_ran(corpus):
     matrix = np.ascontiguousarray(docs.T)
     expected = [d.tolist() for d in kept.search_pruned(matrix, query_vecs, 5)[1]]
     with multiprocessing.get_context('fork').Pool(1) as pool:
-        assert pool.map_async(_search_in_child, [(matrix, query_vecs)]).get(timeout=120) == [expected]
+        assert pool.map_async(_search_in_child, [(matrix, query_vecs)]).get(timeout=900) == [expected]
 
 
 def test_numba_is_imported_only_when_the_kernel_runs():

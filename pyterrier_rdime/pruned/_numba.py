@@ -49,8 +49,9 @@ def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pa
     kept rows) or in one pass (``one_pass``, chosen by the cost model when None): blocks narrow enough for the scores
     of every query to stay in the L2 cache, rows taken in tiles of ``TILE_DIMS`` dimensions that every query re-reads
     from the cache, so the matrix is read from memory once per batch. The chunks' heaps are merged at the end."""
-    if one_pass is None:
-        one_pass = cost.batch_in_one_pass(query_vecs)
+    if one_pass is None:  # a matrix in the caches is read from there either way: no calibration needed
+        one_pass = len(query_vecs) > 1 and (dim_major.nbytes < cost.MIN_PRUNED_BYTES
+                                            or cost.model().batch_in_one_pass(query_vecs))
     if len(query_vecs) > 1 and not one_pass:
         results = [fused_top_k(dim_major, query_vec[None], k, one_pass=True) for query_vec in query_vecs]
         return [r[0][0] for r in results], [r[1][0] for r in results]

@@ -33,7 +33,10 @@ class PrunedRetriever(ConfigTransformer):
     - for a ``(docs, dims)`` array, an in-memory copy held by this retriever and its ``% k`` variants (pass a
       Fortran-ordered float32 array to share its memory instead).
 
-    A document whose vector holds NaN or inf is an error when the copy is built (it would score NaN).
+    A document whose vector holds NaN or inf is an error when the copy is built (it would score NaN); so is a query
+    whose scores could overflow float32 (``sum_j |q_j| max_d |d_j|`` of half the float32 range or more), naming its
+    qid. The on-disk copy records the size, time and sampled content hash of the vectors it was built from, and is
+    rebuilt (with a warning) when they no longer match.
 
     Two exact scoring paths; ``strategy`` picks one:
 
@@ -44,8 +47,9 @@ class PrunedRetriever(ConfigTransformer):
       ranking, more slowly.
     - ``'dense'``: every dimension of the zeroed query with BLAS: one ``gemv`` per query below 4 queries, else one
       matrix product per ``batch_size`` queries and block of documents.
-    - ``'auto'`` (default): per call, the path of lower estimated cost (:mod:`pyterrier_rdime.pruned.cost`, fitted
-      on the benchmark), and ``'dense'`` without numba or for a matrix under 16 MiB (it sits in the CPU caches).
+    - ``'auto'`` (default): per call, the path of lower estimated cost (:mod:`pyterrier_rdime.pruned.cost`,
+      calibrated on this machine on first use: a few seconds, cached per CPU model and thread count), and ``'dense'``
+      without numba or for a matrix under 16 MiB (it sits in the CPU caches).
 
     Both paths return the same documents up to floating-point ties: scores agree to float32 summation-order
     precision (~1e-6 relative), so documents whose scores differ by less than that may swap or, at the cut-off,

@@ -1,0 +1,166 @@
+#!/usr/bin/env python
+"""What does one query cost end to end in retrieve mode, and when does pruning pay?
+
+Per-query latency of four pipelines, one query per call (what an interactive user feels), as the sum of their stages
+each timed on this machine in blocks (each stage several times in a row per round, the fastest kept; the median
+over rounds reported):
+
+- dense: query encoder + exact dense retrieval (top-1000);
+- the paper: query encoder + dense top-10 for the feedback + ``vec_loader`` + ``PrfDime`` + ``Rdime`` + a second
+  dense retrieval with the zeroed query (and the same with ``PrunedRetriever`` as the second retrieval);
+- BM25 feedback: BM25 top-10 + query encoder + ``vec_loader`` + ``PrfDime`` + ``Rdime`` + ``PrunedRetriever``;
+- LLM answer: query encoder + answer encoder + ``LlmDime`` + ``Rdime`` + ``PrunedRetriever`` (the answer generated
+  offline, as ``LlmAnswers`` reads it: its generation is not counted).
+
+The retrievals run over the seeded synthetic FlexIndex of ``search`` (default 1M x 768, cached); the queries are
+pruned to the kept fractions that RDIME kept with each feedback in the vaswani retrieve-mode runs (``--kept``). The
+encoder and BM25 are timed on vaswani's real queries and abstracts (11,429 documents: BM25 on a corpus of 1M costs
+more); the encoder is MiniLM (384 dimensions) and, with ``--mpnet PATH``, all-mpnet-base-v2 (768, the index's
+width).
+
+Usage (from the repository root)::
+
+    python benchmarks/run.py pipelines --mpnet /work/models/all-mpnet-base-v2
+"""
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import common  # first: it sets the environment (offline hub, temporary PyTerrier homes)
+import numpy as np
+import pandas as pd
+from common import log, table
+
+from pyterrier_rdime import LlmDime, PrfDime, PrunedRetriever, Rdime, TopK
+
+NUM_RESULTS = 1000
+
+
+def median_ms(fns: dict, args) -> dict:
+    times = common.blocks(fns, args.rounds, args.per_block)
+    return {name: float(np.median(t)) * 1000 for name, t in times.items()}
+
+
+def text_costs(args) -> dict:
+    """Per-query milliseconds of the query encoder(s), an answer-length text and BM25 top-10 on vaswani."""
+    import ir_datasets
+    import pyterrier_pisa
+
+    from pyterrier_rdime.experiment.encoders import load_encoder
+    home = Path(common.os.environ['IR_DATASETS_HOME'])
+    shared = common.ROOT.parent / 'shared' / 'irds' / 'vaswani'
+    if shared.is_dir() and not (home / 'vaswani').exists():  # offline: the copy beside the project, as the tests do
+        shutil.copytree(shared, home / 'vaswani')
+    dataset = ir_datasets.load('vaswani')
+    queries = [q.text for q in dataset.queries_iter()][:args.queries]
+    docs = list(dataset.docs_iter())
+    answers = [d.text for d in docs[:args.queries]]  # an abstract stands for an LLM answer of a paragraph
+    pisa_path = args.cache / 'vaswani.pisa'
+    if not (pisa_path / 'pt_meta.json').exists():
+        pyterrier_pisa.PisaIndex(str(pisa_path), stemmer='porter2', text_field='text').index(
+            {'docno': d.doc_id, 'text': d.text} for d in docs)
+    bm25 = pyterrier_pisa.PisaIndex(str(pisa_path), stemmer='porter2', text_field='text').bm25(num_results=10)
+    frames = [pd.DataFrame({'qid': [str(i)], 'query': [q]}) for i, q in enumerate(queries)]
+    encoders = {'MiniLM': load_encoder('minilm', verbose=False)}
+    if args.mpnet:
+        encoders['mpnet'] = load_encoder(str(args.mpnet), verbose=False)
+    fns = {'BM25 top-10': lambda: [bm25(f) for f in frames]}
+    for name, model in encoders.items():
+        encode = model.query_encoder()
+        answer_frames = [f.assign(query=a) for f, a in zip(frames, answers)]
+        fns[f'{name} query'] = lambda e=encode: [e(f) for f in frames]
+        fns[f'{name} answer'] = lambda e=encode, a=answer_frames: [e(f) for f in a]
+    for fn in fns.values():
+        fn()  # load the models, compress the PISA index
+    return {name: ms / len(queries) for name, ms in median_ms(fns, args).items()}
+
+
+def search_costs(args, kept_fracs: dict) -> dict:
+    """Per-query milliseconds of the retrieval-side stages on the synthetic index."""
+    from search import make_queries
+    index, state = common.synthetic_flex_index(args.cache, args.docs, args.dims)
+    raw = make_queries(state, args.queries)
+    frame = pd.DataFrame({'qid': [f'q{i}' for i in range(len(raw))], 'query': 'text', 'query_vec': list(raw)})
+    one = [frame.iloc[[i]] for i in range(len(frame))]
+    dense = PrunedRetriever(index=index, num_results=NUM_RESULTS, strategy='dense')
+    feedback = PrunedRetriever(index=index, num_results=10, strategy='dense')
+    loader = index.vec_loader()
+    loaded = [loader(feedback(q)) for q in one]
+    prf = PrfDime(keep_ranking=False)
+    scored = [prf(x) for x in loaded]
+    answered = [q.assign(query_answer_vec=[v]) for q, v in zip(one, make_queries(state, len(one), seed=8))]
+    auto = PrunedRetriever(index=index, num_results=NUM_RESULTS)
+    pruned = {name: [TopK(fraction=f)(s) for s in scored] for name, f in kept_fracs.items()}
+    fns = {'dense retrieval': lambda: [dense(q) for q in one],
+           'dense top-10 (feedback)': lambda: [feedback(q) for q in one],
+           'vec_loader (10 docs)': lambda: [loader(f) for f in [feedback(q) for q in one]],
+           'PrfDime + Rdime': lambda: [Rdime()(prf(x)) for x in loaded],
+           'LlmDime + Rdime': lambda: [Rdime()(LlmDime()(a)) for a in answered],
+           **{f'PrunedRetriever ({name}, kept {kept_fracs[name]:.2f})': (lambda p=p: [auto(x) for x in p])
+              for name, p in pruned.items()}}
+    for fn in fns.values():
+        fn()
+    times = {name: ms / len(one) for name, ms in median_ms(fns, args).items()}
+    # the loader's own time: its frames came from a feedback search, timed on its own above
+    times['vec_loader (10 docs)'] -= times['dense top-10 (feedback)']
+    times['choices'] = {name: auto.choose_strategy(np.stack(p[0]['query_vec'])) for name, p in pruned.items()}
+    return times
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--docs', type=int, default=1_000_000, help='documents of the synthetic index')
+    parser.add_argument('--dims', type=int, default=768)
+    parser.add_argument('--queries', type=int, default=8, help='queries timed, one per call')
+    parser.add_argument('--rounds', type=int, default=5)
+    parser.add_argument('--per-block', type=int, default=2)
+    parser.add_argument('--kept', default='dense PRF=0.46,BM25 PRF=0.37,LLM=0.53',
+                        help='kept fraction of RDIME per feedback (vaswani retrieve mode, MiniLM; LLM: DL19)')
+    parser.add_argument('--mpnet', type=Path, help='an all-mpnet-base-v2 folder, to time it too')
+    parser.add_argument('--threads', type=int, default=common.os.cpu_count())
+    parser.add_argument('--cache', type=Path, default=common.DEFAULT_CACHE)
+    parser.add_argument('--json', type=Path)
+    args = parser.parse_args(argv)
+    kept_fracs = {name: float(f) for name, f in (part.split('=') for part in args.kept.split(','))}
+    info = common.machine()
+    limiter = common.set_threads(args.threads)
+    log(f'## End-to-end cost per query, retrieve mode: top-{NUM_RESULTS} over {args.docs:,} x {args.dims}\n')
+    log(common.describe_machine(info, args.threads))
+    args.cache.mkdir(parents=True, exist_ok=True)
+    text = text_costs(args)
+    search = search_costs(args, kept_fracs)
+    log('\nstage costs, ms per query (median over rounds of the fastest call in each block):\n')
+    log(table([[k, f'{v:.1f}'] for k, v in {**text, **search}.items() if k != 'choices'], ['stage', 'ms / query']))
+    rows, result = [], {}
+    for encoder in [k.split()[0] for k in text if k.endswith(' query')]:
+        enc, ans = text[f'{encoder} query'], text[f'{encoder} answer']
+        dense, fb, load = search['dense retrieval'], search['dense top-10 (feedback)'], search['vec_loader (10 docs)']
+        prf, llm = search['PrfDime + Rdime'], search['LlmDime + Rdime']
+
+        def pruned(name):
+            return search[f'PrunedRetriever ({name}, kept {kept_fracs[name]:.2f})']
+        pipelines = {
+            'dense retrieval': (enc + dense, 1.0),
+            'dense-PRF feedback + RDIME + dense retrieval (the paper)': (enc + fb + load + prf + dense,
+                                                                         kept_fracs['dense PRF']),
+            'dense-PRF feedback + RDIME + PrunedRetriever': (enc + fb + load + prf + pruned('dense PRF'),
+                                                             kept_fracs['dense PRF']),
+            'BM25 feedback + RDIME + PrunedRetriever': (text['BM25 top-10'] + enc + load + prf + pruned('BM25 PRF'),
+                                                        kept_fracs['BM25 PRF']),
+            'LLM answer + RDIME + PrunedRetriever': (enc + ans + llm + pruned('LLM'), kept_fracs['LLM']),
+        }
+        for name, (ms, frac) in pipelines.items():
+            rows.append([encoder, name, f'{frac:.2f}', f'{ms:.0f} ms', f'{ms / pipelines["dense retrieval"][0]:.2f}×'])
+            result[f'{encoder}/{name}'] = {'ms': ms, 'kept': frac}
+    log(f'\n### Per-query latency (encoder + search stages above; auto chose: {search["choices"]})\n')
+    log(table(rows, ['encoder', 'pipeline', 'kept', 'latency', 'vs dense retrieval']))
+    log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}')
+    limiter.unregister()
+    if args.json:
+        common.write_json(args.json, info, args, {'stages': {**text, **search}, 'pipelines': result})
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
