@@ -3,7 +3,6 @@ for an error the user can fix (a bad option, file, cache or environment); any ot
 import argparse
 import importlib.util
 import re
-import sqlite3
 from pathlib import Path
 from types import TracebackType
 from typing import Optional
@@ -72,9 +71,10 @@ def _in_hub_cache(repo_id: str) -> bool:
 def user_error(error: Exception) -> Optional[str]:
     """The message for an error the user can fix, or ``None`` for a bug (which deserves its traceback).
 
-    The user's errors: a missing package (``ImportError``), the file system or the network (``OSError``), memory,
-    and the ``ValueError``, ``RuntimeError`` and ``sqlite3`` errors that this package raises itself (a check that
-    names the option or file and the fix); the same types raised inside another library are bugs of this one.
+    The user's errors: a missing package (``ImportError``), the file system, a cache or the network (``OSError``;
+    the answer cache turns SQLite's errors into one), memory, and the ``ValueError`` and ``RuntimeError`` that this
+    package raises itself (a check that names the option or file and the fix); the same types raised inside another
+    library are bugs of this one.
     """
     if isinstance(error, MemoryError):
         return 'out of memory; lower --batch-size or --workers, or pass --max-queries for a smaller run'
@@ -82,7 +82,7 @@ def user_error(error: Exception) -> Optional[str]:
         return str(error)
     if isinstance(error, OSError):
         return str(error) + ('; check that path, its permissions and the free space' if error.errno else '')
-    if isinstance(error, (ValueError, RuntimeError, sqlite3.Error)) and _raised_here(error.__traceback__):
+    if isinstance(error, (ValueError, RuntimeError)) and _raised_here(error.__traceback__):
         return str(error)
     return None
 
