@@ -103,7 +103,7 @@ def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]],
     from matplotlib.figure import Figure
     collections = list(dict.fromkeys(c for c, _, _, _ in cells))
     encoders = list(dict.fromkeys(e for _, e, _, _ in cells))
-    fig = Figure(figsize=(3.2 * len(collections) + 1.6, 2.8 * len(encoders)))
+    fig = Figure(figsize=(3.2 * len(collections) + 1.2, 2.8 * len(encoders)))
     axes = np.atleast_2d(fig.subplots(len(encoders), len(collections), squeeze=False, sharey=True))
     for ax in axes.flat:
         ax.set_axis_off()
@@ -116,6 +116,6 @@ def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]],
         row[0].set_ylabel('fraction kept')
     handles, names = next(ax for ax in axes.flat if ax.axison).get_legend_handles_labels()
     fig.legend([_mean_handle()] + handles, ['mean'] + names, fontsize=7, loc='center right')
-    fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
+    fig.tight_layout(rect=(0, 0, 1 - 1.2 / fig.get_figwidth(), 1))
     for path in paths:
         fig.savefig(path, dpi=150)

@@ -72,7 +72,8 @@ def markdown(cells: Sequence) -> str:
                     'CV Top-k (mean k)': f'{cv:.4f} ({result.mean_cv_fraction(dime, measure):.2f})'
                     if np.isfinite(cv) else 'n/a',
                     'RDIME (kept)': f'{values[f"{dime}/RDIME"]:.4f} ({result.mean_kept(dime, "RDIME"):.2f})',
-                    'Δ% vs CV Top-k': f'{100 * (values[f"{dime}/RDIME"] - cv) / cv:+.2f}' if cv else 'n/a',
+                    'Δ% vs CV Top-k': f'{100 * (values[f"{dime}/RDIME"] - cv) / cv:+.2f}'
+                    if np.isfinite(cv) and cv else 'n/a',
                     **{f'vs {short}': _verdict(verdicts, prefix) for short, prefix in
                        (('CV', 'CV Top-k'), ('test-best', 'best Top-k'), ('Baseline', 'Baseline'))}})
         lines += [f'## {measure}', '', pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), '']
