@@ -83,6 +83,9 @@ def _main(capsys, argv):
     (['--ks', '0.5,x'], '--ks'),
     (['--encoder', '{tmp}/empty'], "--encoder '{tmp}/empty': {tmp}/empty holds no model files"),
     (['--encoder', ','], "--encoder ',' names no encoder"),
+    (['--measures', 'nDCG@0'], '--measures: nDCG@0 has cutoff 0; it must be an integer >= 1'),
+    (['--measures', 'AP,AP(rel=0)'], '--measures: AP(rel=0) has rel 0; it must be an integer >= 1'),
+    (['--measures', ','], '--measures: no measure given'),
     (['--first-stage', '{tmp}/notes.txt'], '{tmp}/notes.txt:1: 3 fields in'),
     (['--llm-generator', '{tmp}/empty'], '--llm-generator {tmp}/empty: a folder without config.json'),
     (['--encoder', 'someone/not-downloaded'], "--encoder 'someone/not-downloaded' (someone/not-downloaded) is not a "

@@ -36,10 +36,24 @@ def check_arguments(args: argparse.Namespace) -> None:
         encoder_fingerprint(encoder)  # a hub name offline, or a folder without model files, fails here
     if Path(args.first_stage).is_file():
         read_trec_run(args.first_stage)  # a malformed line fails now, naming the file and line
+    if args.measures is not None:
+        check_measures(args.measures)
     if args.index is not None:
         check_index_spec(args.index)
     if args.llm_generator is not None:
         check_llm_generator(args.llm_generator)
+
+
+def check_measures(text: str) -> None:
+    """``--measures``: each parses, and its cutoff and relevance level are integers >= 1 (ir_measures accepts
+    ``nDCG@0`` and ``AP(rel=0)``, then trec_eval aborts the process or raises a TypeError after the whole run)."""
+    from .evaluate import parse_measures
+    for measure in parse_measures([m.strip() for m in text.split(',') if m.strip()]):
+        for param in ('cutoff', 'rel'):
+            value = measure.params.get(param)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f'--measures: {measure} has {param} {value!r}; it must be an integer >= 1, e.g. '
+                                 'nDCG@10, AP(rel=2)')
 
 
 def check_llm_generator(value: str) -> None:
