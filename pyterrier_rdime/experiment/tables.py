@@ -10,6 +10,8 @@ from . import figures
 
 GRID_COLUMNS = ['collection', 'encoder', 'dime', 'threshold', 'system', 'measure', 'value', 'kept', 'k']
 BEST = 'best Top-k (tuned on test)'
+TEX_TESTS = {'t': 'paired $t$-test', 'wilcoxon': 'Wilcoxon signed-rank test',
+             'auto': 'paired $t$-test, or Wilcoxon signed-rank test where Shapiro--Wilk rejects normality'}
 TEX_MARKS = {'†': r'\dagger', '‡': r'\ddagger', '§': r'\S', '¶': r'\P'}
 
 
@@ -123,8 +125,8 @@ def latex(cells: Sequence) -> str:
                 r'collection. $\Delta$ (\%): RDIME over the best Top-$k$ column; (kept): mean fraction of dimensions '
                 r'RDIME kept; \textbf{bold}: best of the row in the collection. RDIME significantly different from '
                 r'$^{\P}$ CV Top-$k$, $^{\dagger}$ the best Top-$k$ tuned on the test queries, $^{\ddagger}$ Baseline '
-                rf'({_tex(str(first.settings.get("test", "t")))} test, {_tex(str(first.settings.get("alternative")))},'
-                r' Holm-corrected per measure, $\alpha = 0.05$).}', r'\end{table*}', '']
+                rf'({TEX_TESTS[first.settings.get("test", "t")]}, {first.settings.get("alternative", "two-sided")}, '
+                r'Holm-corrected per measure, $\alpha = 0.05$).}', r'\end{table*}', '']
     return '\n'.join(out)
 
 
