@@ -23,6 +23,7 @@ Usage (from the repository root)::
     python benchmarks/run.py pipelines --mpnet /work/models/all-mpnet-base-v2
 """
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -108,6 +109,28 @@ def search_costs(args, kept_fracs: dict) -> dict:
     return times
 
 
+def plot(result: dict, ndcg: dict, path: Path) -> None:
+    """nDCG@10 against per-query latency, one point per pipeline and encoder, written as SVG."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for key, row in result.items():
+        encoder, name = key.split('/', 1)
+        if name in ndcg:
+            marker = 'o' if encoder == 'MiniLM' else 's'
+            ax.scatter(row['ms'], ndcg[name], marker=marker, color='C0' if 'Pruned' in name else 'C1')
+            ax.annotate(f'{name.split(" + ")[0]}{" (pruned)" if "Pruned" in name else ""}, {encoder}',
+                        (row['ms'], ndcg[name]), fontsize=7, xytext=(4, 3), textcoords='offset points')
+    ax.set_xscale('log')
+    ax.set_xlabel('latency per query, ms (log scale; synthetic 1M x 768 index, this machine)')
+    ax.set_ylabel('nDCG@10 (vaswani, MiniLM)')
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, format='svg', metadata={'Date': None})
+    log(f'plot written to {path}')
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--docs', type=int, default=1_000_000, help='documents of the synthetic index')
@@ -121,7 +144,14 @@ def main(argv=None) -> int:
     parser.add_argument('--threads', type=int, default=common.os.cpu_count())
     parser.add_argument('--cache', type=Path, default=common.DEFAULT_CACHE)
     parser.add_argument('--json', type=Path)
+    parser.add_argument('--ndcg', default='', help="nDCG@10 of each pipeline, 'PIPELINE=VALUE;...', for --plot")
+    parser.add_argument('--plot', type=Path, help='an SVG of nDCG@10 against latency (with --ndcg)')
+    parser.add_argument('--from-json', type=Path, help='plot the pipelines of an earlier --json run, measure nothing')
     args = parser.parse_args(argv)
+    ndcg = {name: float(v) for name, v in (part.rsplit('=', 1) for part in args.ndcg.split(';') if part)}
+    if args.from_json:
+        plot(json.loads(args.from_json.read_text())['pipelines'], ndcg, args.plot)
+        return 0
     kept_fracs = {name: float(f) for name, f in (part.split('=') for part in args.kept.split(','))}
     info = common.machine()
     limiter = common.set_threads(args.threads)
@@ -159,6 +189,8 @@ def main(argv=None) -> int:
     limiter.unregister()
     if args.json:
         common.write_json(args.json, info, args, {'stages': {**text, **search}, 'pipelines': result})
+    if args.plot:
+        plot(result, ndcg, args.plot)
     return 0
 
 

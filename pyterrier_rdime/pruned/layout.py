@@ -329,7 +329,8 @@ def _check(path: Path, shape: Tuple[int, int], source: Path) -> Optional[str]:
         if len(record['abs_max']) != shape[0]:
             raise ValueError('abs_max')
     except (OSError, ValueError, KeyError, TypeError):
-        return f'its record {record_path(path).name} is missing or unreadable (a build was interrupted)'
+        return (f'its record {record_path(path).name} is missing or unreadable (a build was interrupted, or the '
+                'layout predates these records)')
     if tuple(record['layout']) != _identity(path):
         return f'its record {record_path(path).name} describes another file (a build was interrupted)'
     if record['source_fingerprint'] != fingerprint(source):
