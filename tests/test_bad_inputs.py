@@ -19,7 +19,7 @@ from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection
 from pyterrier_rdime.experiment.encoders import load_encoder
 from pyterrier_rdime.experiment.fingerprint import read_fingerprint
-from pyterrier_rdime.experiment.indexes import dense_index, dense_index_path
+from pyterrier_rdime.experiment.indexes import bm25, dense_index, dense_index_path
 
 TEXTS = ['dense retrieval with neural encoders', 'pruning embedding dimensions at query time',
          'bm25 is a lexical ranking function', 'the cat sat on the mat', 'query expansion with feedback',
@@ -290,3 +290,43 @@ def test_a_folder_that_sentence_transformers_refuses_is_one_line_naming_the_enco
         load_encoder(str(tmp_path / 'model'))
     with pytest.raises(ValueError, match='batch_size \\(--batch-size\\) must be an integer >= 1, got 0'):
         load_encoder('minilm', batch_size=0)
+
+
+_KILLED_BM25 = textwrap.dedent('''
+    import sys, time
+    from pathlib import Path
+    from pyterrier_rdime.experiment.collection import load_collection
+    from pyterrier_rdime.experiment.indexes import bm25
+    folder, cache, started = sys.argv[1:4]
+    collection = load_collection(folder)
+    read = collection.docs
+
+    def stalled(docnos=None):
+        for i, doc in enumerate(read(docnos)):
+            if i == 3:  # killed while PISA indexes: three documents are in its files already
+                Path(started).write_text('indexing')
+                time.sleep(600)
+            yield doc
+    collection.docs = stalled
+    bm25(collection, cache, 10)
+''')
+
+
+def test_sigkill_while_building_the_bm25_index_leaves_the_cache_correct(tmp_path):
+    folder = _collection(tmp_path / 'coll')
+    started = tmp_path / 'started'
+    child = subprocess.Popen([sys.executable, '-c', _KILLED_BM25, str(folder), str(tmp_path / 'cache'), str(started)])
+    try:
+        for _ in range(1200):
+            if started.exists() or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert started.exists(), 'the child never reached its fourth document'
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    collection = load_collection(folder)
+    assert not (tmp_path / 'cache' / collection.slug / 'pisa').exists()
+    got = bm25(collection, tmp_path / 'cache', 10)(collection.topics)
+    expected = bm25(collection, tmp_path / 'scratch', 10)(collection.topics)
+    pd.testing.assert_frame_equal(got, expected)
