@@ -79,8 +79,10 @@ def load_collection(name: Union[str, os.PathLike]) -> Collection:
     with string ``docno`` and ``text`` (other keys are ignored), docnos unique and free of whitespace, at least one
     document; in ``queries.tsv`` ``qid<TAB>query`` (further tabs belong to the query), qids unique, queries not
     empty; in ``qrels`` four fields with an integer label (negative labels are kept as given), one judgment per
-    query and document; a run as :func:`read_trec_run` checks it. Queries without judgments are dropped (listed in
-    ``dropped_queries``); a collection where no query is judged is an error.
+    query and document; a run as :func:`read_trec_run` checks it, and every docno it names must be in
+    ``docs.jsonl`` (checked here, before anything is encoded). Queries without judgments are dropped (listed in
+    ``dropped_queries``); a collection where no query is judged is an error. :attr:`Collection.fingerprint` keys
+    every cache built from the documents.
 
     Args:
         name: ``irds:<id>``, or the path of a collection folder (``str`` or ``os.PathLike``).
