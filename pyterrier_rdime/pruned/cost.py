@@ -5,6 +5,7 @@ dimensions each query keeps. Its six constants are calibrated on the machine in 
 and the result is cached per CPU model and thread count in ``default_cache_dir()/cost``; :func:`model` loads it, or
 calibrates on first use. Re-run it on demand with ``python -m pyterrier_rdime.pruned.cost``."""
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -100,9 +101,8 @@ def choose_path(query_vecs: np.ndarray, matrix_bytes: int, compiled: bool) -> st
 _MODELS: Dict[str, CostModel] = {}
 
 
-def machine_key() -> str:
-    """The CPU model and the numba thread count, as a file name: a calibration holds for these only."""
-    import numba
+@functools.lru_cache(maxsize=1)
+def _cpu() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open('/proc/cpuinfo') as f:
@@ -110,7 +110,14 @@ def machine_key() -> str:
     except OSError:
         pass
     slug = re.sub(r'[^A-Za-z0-9]+', '-', cpu).strip('-').lower() or 'cpu'
-    return f'{slug}-{os.cpu_count()}cpus-{numba.get_num_threads()}threads'
+    return f'{slug}-{os.cpu_count()}cpus'
+
+
+def machine_key() -> str:
+    """The CPU model and the numba thread count (which the process may change), as a file name: a calibration holds
+    for these only."""
+    import numba
+    return f'{_cpu()}-{numba.get_num_threads()}threads'
 
 
 def cache_path(key: Optional[str] = None) -> Path:
