@@ -43,17 +43,22 @@ def median_ms(fns: dict, args) -> dict:
     return {name: float(np.median(t)) * 1000 for name, t in times.items()}
 
 
+def vaswani():
+    """The ir_datasets vaswani dataset, read offline from the copy beside the project (as the tests do) if present."""
+    import ir_datasets
+    home = Path(common.os.environ['IR_DATASETS_HOME'])
+    shared = common.ROOT.parent / 'shared' / 'irds' / 'vaswani'
+    if shared.is_dir() and not (home / 'vaswani').exists():
+        shutil.copytree(shared, home / 'vaswani')
+    return ir_datasets.load('vaswani')
+
+
 def text_costs(args) -> dict:
     """Per-query milliseconds of the query encoder(s), an answer-length text and BM25 top-10 on vaswani."""
-    import ir_datasets
     import pyterrier_pisa
 
     from pyterrier_rdime.experiment.encoders import load_encoder
-    home = Path(common.os.environ['IR_DATASETS_HOME'])
-    shared = common.ROOT.parent / 'shared' / 'irds' / 'vaswani'
-    if shared.is_dir() and not (home / 'vaswani').exists():  # offline: the copy beside the project, as the tests do
-        shutil.copytree(shared, home / 'vaswani')
-    dataset = ir_datasets.load('vaswani')
+    dataset = vaswani()
     queries = [q.text for q in dataset.queries_iter()][:args.queries]
     docs = list(dataset.docs_iter())
     answers = [d.text for d in docs[:args.queries]]  # an abstract stands for an LLM answer of a paragraph
@@ -63,6 +68,10 @@ def text_costs(args) -> dict:
             {'docno': d.doc_id, 'text': d.text} for d in docs)
     bm25 = pyterrier_pisa.PisaIndex(str(pisa_path), stemmer='porter2', text_field='text').bm25(num_results=10)
     frames = [pd.DataFrame({'qid': [str(i)], 'query': [q]}) for i, q in enumerate(queries)]
+    import torch
+    # torch's own thread pool, apart from BLAS's: with two threads on a machine whose cores other jobs keep busy, one
+    # query took 4.3 s against 154 ms with one (its threads wait on each other at every layer)
+    torch.set_num_threads(args.torch_threads)
     encoders = {'MiniLM': load_encoder('minilm', verbose=False)}
     if args.mpnet:
         encoders['mpnet'] = load_encoder(str(args.mpnet), verbose=False)
@@ -109,10 +118,52 @@ def search_costs(args, kept_fracs: dict) -> dict:
     return times
 
 
+def effectiveness(args) -> dict:
+    """nDCG@10 on vaswani (93 queries, MiniLM, full retrieval of the top 1000 over ``--vaswani-index``, the FlexIndex
+    of all 11,429 abstracts) of the pipelines that vaswani can run (it has no LLM answers), and RDIME's kept
+    fraction with each feedback."""
+    import ir_measures
+    import pyterrier_pisa
+    from pyterrier_dr import FlexIndex
+
+    from pyterrier_rdime.experiment.encoders import load_encoder
+    dataset = vaswani()
+    topics = pd.DataFrame([{'qid': q.query_id, 'query': q.text.replace('\n', ' ')} for q in dataset.queries_iter()])
+    qrels = pd.DataFrame([{'query_id': q.query_id, 'doc_id': q.doc_id, 'relevance': q.relevance}
+                          for q in dataset.qrels_iter()])
+    index = FlexIndex(str(args.vaswani_index), verbose=False)
+    encoder = load_encoder('minilm', verbose=False).query_encoder()
+    bm25 = pyterrier_pisa.PisaIndex(str(args.cache / 'vaswani.pisa'), stemmer='porter2', text_field='text').bm25(
+        num_results=10)
+    dense = PrunedRetriever(index=index, num_results=NUM_RESULTS, strategy='dense')
+    pruned = PrunedRetriever(index=index, num_results=NUM_RESULTS)
+    feedback = PrunedRetriever(index=index, num_results=10, strategy='dense') >> index.vec_loader()
+    rdime = PrfDime(keep_ranking=False) >> Rdime()
+    encoded = encoder(topics)
+    dense_q = (feedback >> rdime)(encoded)
+    bm25_q = (bm25 >> encoder >> index.vec_loader() >> rdime)(topics)
+    bm25_q = bm25_q.drop_duplicates('qid')[['qid', 'query', 'query_vec', 'query_kept_frac']]
+    runs = {'dense retrieval': (dense(encoded), 1.0),
+            'dense-PRF feedback + RDIME + dense retrieval (the paper)': (dense(dense_q),
+                                                                         dense_q['query_kept_frac'].mean()),
+            'dense-PRF feedback + RDIME + PrunedRetriever': (pruned(dense_q), dense_q['query_kept_frac'].mean()),
+            'BM25 feedback + RDIME + PrunedRetriever': (pruned(bm25_q), bm25_q['query_kept_frac'].mean())}
+    out = {}
+    for name, (run, kept) in runs.items():
+        run = run.rename(columns={'qid': 'query_id', 'docno': 'doc_id'})
+        out[name] = {'nDCG@10': ir_measures.calc_aggregate([ir_measures.nDCG @ 10], qrels, run)[ir_measures.nDCG @ 10],
+                     'kept': float(kept)}
+    log('\nnDCG@10 on vaswani (MiniLM, top-1000 over the whole corpus):\n')
+    log(table([[n, f'{v["nDCG@10"]:.4f}', f'{v["kept"]:.2f}'] for n, v in out.items()],
+              ['pipeline', 'nDCG@10', 'kept']))
+    return out
+
+
 def plot(result: dict, ndcg: dict, path: Path) -> None:
     """nDCG@10 against per-query latency, one point per pipeline and encoder, written as SVG."""
     import matplotlib
     matplotlib.use('Agg')
+    matplotlib.rcParams['svg.fonttype'] = 'none'  # text as text: a small, diffable file
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for key, row in result.items():
@@ -142,15 +193,21 @@ def main(argv=None) -> int:
                         help='kept fraction of RDIME per feedback (vaswani retrieve mode, MiniLM; LLM: DL19)')
     parser.add_argument('--mpnet', type=Path, help='an all-mpnet-base-v2 folder, to time it too')
     parser.add_argument('--threads', type=int, default=common.os.cpu_count())
+    parser.add_argument('--torch-threads', type=int, default=1, help='threads of the encoders (default: %(default)s)')
     parser.add_argument('--cache', type=Path, default=common.DEFAULT_CACHE)
     parser.add_argument('--json', type=Path)
     parser.add_argument('--ndcg', default='', help="nDCG@10 of each pipeline, 'PIPELINE=VALUE;...', for --plot")
     parser.add_argument('--plot', type=Path, help='an SVG of nDCG@10 against latency (with --ndcg)')
     parser.add_argument('--from-json', type=Path, help='plot the pipelines of an earlier --json run, measure nothing')
+    parser.add_argument('--vaswani-index', type=Path, help='a MiniLM FlexIndex of all vaswani abstracts: measure the '
+                                                           "pipelines' nDCG@10 on it (only that, with --from-json)")
     args = parser.parse_args(argv)
     ndcg = {name: float(v) for name, v in (part.rsplit('=', 1) for part in args.ndcg.split(';') if part)}
     if args.from_json:
-        plot(json.loads(args.from_json.read_text())['pipelines'], ndcg, args.plot)
+        if args.vaswani_index:
+            ndcg.update({name: v['nDCG@10'] for name, v in effectiveness(args).items()})
+        if args.plot:
+            plot(json.loads(args.from_json.read_text())['pipelines'], ndcg, args.plot)
         return 0
     kept_fracs = {name: float(f) for name, f in (part.split('=') for part in args.kept.split(','))}
     info = common.machine()
