@@ -2,6 +2,7 @@
 error or behaviour it must give. Command-line errors are one line naming the option and the fix, exit 2, before any
 model loads; only a bug shows a traceback (exit 70). (The library stages' table is in test_bad_inputs_stages.py;
 the collection files' line-by-line table in test_collection.py.)"""
+import concurrent.futures
 import json
 import os
 import signal
@@ -268,12 +269,14 @@ def test_sigkill_while_building_the_index_leaves_the_cache_correct(tmp_path, fir
         child.send_signal(signal.SIGKILL)
         child.wait()
     assert child.returncode == -signal.SIGKILL
+    assert list(path.parent.glob('.*.tmp.flex'))  # what the killed process left...
     if first is None:
         assert not path.exists()
     else:
         assert sorted(os.listdir(path)) == before and len(dense_index(load_collection(folder), model, 'minilm',
                                                                       cache, first, verbose=False)) == 2
     index = dense_index(load_collection(folder), model, 'minilm', cache, None, verbose=False)
+    assert not list(path.parent.glob('.*.tmp.flex'))  # ...the next builder removed
     scratch = dense_index(load_collection(folder), model, 'minilm', tmp_path / 'scratch', None, verbose=False)
     got = dict(zip(index.payload()[0].fwd[np.arange(7)], index.np_vecs()))
     expected = dict(zip(scratch.payload()[0].fwd[np.arange(7)], scratch.np_vecs()))
@@ -328,5 +331,18 @@ def test_sigkill_while_building_the_bm25_index_leaves_the_cache_correct(tmp_path
     collection = load_collection(folder)
     assert not (tmp_path / 'cache' / collection.slug / 'pisa').exists()
     got = bm25(collection, tmp_path / 'cache', 10)(collection.topics)
+    assert not list((tmp_path / 'cache' / collection.slug).glob('.pisa.*.tmp'))
     expected = bm25(collection, tmp_path / 'scratch', 10)(collection.topics)
     pd.testing.assert_frame_equal(got, expected)
+
+
+def test_concurrent_builders_of_one_index_encode_each_document_once(tmp_path):
+    """Two runs building the same cache entry at once: the second waits for the first, then reuses its index."""
+    folder = _collection(tmp_path / 'coll')
+    encoded = []
+    model = HashEncoder(lambda texts: encoded.extend(texts) or time.sleep(0.2))  # noqa: F821 (exec above)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        indexes = list(pool.map(lambda _: dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache',
+                                                      None, batch_size=2, verbose=False), range(2)))
+    assert sorted(encoded) == sorted(TEXTS)
+    assert [len(index) for index in indexes] == [7, 7]

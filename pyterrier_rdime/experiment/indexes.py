@@ -73,12 +73,19 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
     fingerprint, everything is encoded again. A docno the corpus lacks is an error naming it, before any encoding.
     A killed run leaves the cached index as it was (the new one is written beside it and moved into place).
     """
-    from pyterrier_dr import FlexIndex
     check_int('dense_index', 'batch_size (--batch-size)', batch_size, 1)
     needed = None if docnos is None else list(dict.fromkeys(str(d) for d in docnos))
     if needed is not None:
         check_in_corpus(collection, needed, 'the ranking to re-score')
     path = dense_index_path(collection, encoder_name, cache_dir)
+    with _building(path):
+        return _dense_index(path, collection, model, encoder_name, needed, batch_size, verbose)
+
+
+def _dense_index(path: Path, collection: Collection, model, encoder_name: str, needed: Optional[List[str]],
+                 batch_size: int, verbose: bool):
+    """:func:`dense_index` once it holds the cache entry ``path``."""
+    from pyterrier_dr import FlexIndex
     encoder = encoder_fingerprint(encoder_name)
     cached = _cached_vectors(path, collection, encoder)
     held = set(cached.docnos)
@@ -112,7 +119,6 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
                 progress.update(len(chunk))
 
     start = time.time()
-    path.parent.mkdir(parents=True, exist_ok=True)
     with pt.io.finalized_directory(str(path)) as tmp:
         FlexIndex(tmp, verbose=False).indexer(mode='overwrite').index(records())
         hashes = np.concatenate([cached.hashes] + new_hashes)
@@ -122,6 +128,25 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
         shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
     logger.info('encoded the documents in %.0f s', time.time() - start)
     return FlexIndex(str(path), verbose=False)
+
+
+@contextlib.contextmanager
+def _building(path: Path) -> Iterator[None]:
+    """Held while the cache entry ``path`` is checked and built: one builder at a time (a second process waits,
+    then finds the entry built), and what a killed builder left (``pt.io.finalized_directory``'s hidden temporary
+    folders beside ``path``) is removed, since no other builder can be running."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; concurrent builders still each write a whole entry
+        yield
+        return
+    with open(path.parent / f'.{path.name}.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stem, suffix = os.path.splitext(path.name)
+        for leftover in path.parent.glob(f'.{stem}.*.tmp{suffix}'):
+            shutil.rmtree(leftover, ignore_errors=True)
+        yield
 
 
 def _another_docno(collection: Collection, docnos: List[str]) -> List[str]:
@@ -313,42 +338,48 @@ def bm25(collection: Collection, cache_dir: Union[str, Path], depth: int) -> pt.
     (:data:`FINGERPRINT`): one built from other documents is built again, with one line that says so."""
     import pyterrier_pisa
     path = Path(cache_dir) / collection.slug / 'pisa'
-    built = (path / 'pt_meta.json').is_file()
-    current = built and (read_fingerprint(path) or {}).get('docs') == collection.fingerprint
-    if built and not current:
-        logger.warning('%s: built from other documents than those of %s now (or no record of them); building it '
-                       'again', path, collection.name)
-    if not current:
-        logger.info('building the PISA BM25 index of %s', collection.name)
-        count, failure = itertools.count(), []
-
-        def counted():
-            # PISA prints an exception raised by the documents' iterator and carries on with what it has: keep it to
-            # raise it here, once nothing of the partial index is left
-            try:
-                for doc in collection.docs(None):
-                    next(count)
-                    yield doc
-            except Exception as e:
-                failure.append(e)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with pt.io.finalized_directory(str(path)) as tmp:
-            pisa = pyterrier_pisa.PisaIndex(tmp, stemmer='porter2', text_field='text')
-            with pisa_output_silenced():
-                pisa.index(counted())
-                indexed = pisa.num_docs() if not failure else None
-                if not failure:
-                    pisa.bm25(num_results=depth)  # the first retriever compresses the index: inside the build
-            yielded = next(count)
-            if failure:
-                raise failure[0]
-            if indexed != yielded:
-                raise RuntimeError(f'PISA indexed {indexed} of the {yielded} documents of {collection.name}; nothing '
-                                   'was cached')
-            write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, num_docs=yielded)
-            shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
+    with _building(path):
+        _build_pisa(path, collection, depth)
     with pisa_output_silenced():
         return pyterrier_pisa.PisaIndex(str(path), stemmer='porter2', text_field='text').bm25(num_results=depth)
+
+
+def _build_pisa(path: Path, collection: Collection, depth: int) -> None:
+    """Builds the PISA index of :func:`bm25` at ``path`` unless it holds the collection's documents already."""
+    import pyterrier_pisa
+    built = (path / 'pt_meta.json').is_file()
+    if built and (read_fingerprint(path) or {}).get('docs') == collection.fingerprint:
+        return
+    if built:
+        logger.warning('%s: built from other documents than those of %s now (or no record of them); building it '
+                       'again', path, collection.name)
+    logger.info('building the PISA BM25 index of %s', collection.name)
+    count, failure = itertools.count(), []
+
+    def counted():
+        # PISA prints an exception raised by the documents' iterator and carries on with what it has: keep it to
+        # raise it here, once nothing of the partial index is left
+        try:
+            for doc in collection.docs(None):
+                next(count)
+                yield doc
+        except Exception as e:
+            failure.append(e)
+    with pt.io.finalized_directory(str(path)) as tmp:
+        pisa = pyterrier_pisa.PisaIndex(tmp, stemmer='porter2', text_field='text')
+        with pisa_output_silenced():
+            pisa.index(counted())
+            indexed = pisa.num_docs() if not failure else None
+            if not failure:
+                pisa.bm25(num_results=depth)  # the first retriever compresses the index: inside the build
+        yielded = next(count)
+        if failure:
+            raise failure[0]
+        if indexed != yielded:
+            raise RuntimeError(f'PISA indexed {indexed} of the {yielded} documents of {collection.name}; nothing '
+                               'was cached')
+        write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, num_docs=yielded)
+        shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
 
 
 def first_stage_results(collection: Collection, first_stage: str, depth: int, cache_dir) -> Tuple[pd.DataFrame, str]:
