@@ -188,7 +188,8 @@ def calibration(args) -> dict:
     start = time.perf_counter()
     model = cost.calibrate() if args.calibrate else cost.model()
     seconds = time.perf_counter() - start
-    log(f'cost model ({"calibrated now" if args.calibrate else "cached"} in {seconds:.1f} s, {cost.cache_path()}): '
+    log(f'cost model ({f"calibrated now in {seconds:.1f} s" if args.calibrate else "of this machine"}, '
+        f'{cost.cache_path()}): '
         + ', '.join(f'{k} {v:.2f}' for k, v in dataclasses.asdict(model).items()))
     return {'seconds': seconds, **dataclasses.asdict(model)}
 
