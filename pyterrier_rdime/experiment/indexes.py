@@ -252,8 +252,8 @@ def existing_index(spec: str):
     """An existing pyterrier-dr FlexIndex: a local folder, or a Hugging Face repository (``owner/name``) loaded with
     pyterrier-dr's own ``FlexIndex.from_hf``. A hub id fails at once, with the fix, when the hub cannot be
     reached."""
+    check_index_spec(spec)  # before importing pyterrier-dr (and torch): an unusable spec fails in milliseconds
     from pyterrier_dr import FlexIndex
-    check_index_spec(spec)
     local = Path(spec).expanduser()
     if local.exists():
         return FlexIndex(str(local), verbose=False)
