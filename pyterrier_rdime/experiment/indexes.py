@@ -122,6 +122,7 @@ def _dense_index(path: Path, collection: Collection, model, encoder_name: str, n
     with pt.io.finalized_directory(str(path)) as tmp:
         FlexIndex(tmp, verbose=False).indexer(mode='overwrite').index(records())
         hashes = np.concatenate([cached.hashes] + new_hashes)
+        hashes = _ensure_lookup_round_trips(Path(tmp), hashes)
         np.save(Path(tmp) / TEXT_HASHES, hashes)
         write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, encoder=encoder,
                           encoder_name=encoder_name, complete=needed is None, num_docs=len(hashes))
@@ -178,6 +179,11 @@ def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached
                        recorded.get('encoder'), encoder)
         return _Cached()
     if recorded.get('docs') == collection.fingerprint:
+        if not _lookup_round_trips(index, docnos):
+            logger.warning('%s: its docno lookup gives some documents another row (an npids bug with long runs of '
+                           'consecutive integer docnos); rewriting it in another order, no document encoded again',
+                           path)
+            return _Cached(index, np.arange(len(docnos)), docnos, hashes, False, bool(recorded.get('complete')))
         return _Cached(index, np.arange(len(docnos)), docnos, hashes, True, bool(recorded.get('complete')))
     now = {doc['docno']: text_hash(doc['text']) for doc in collection.docs(docnos)}
     keep = np.array([now.get(d) == int(h) for d, h in zip(docnos, hashes)], dtype=bool)
@@ -186,6 +192,43 @@ def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached
                    len(docnos), len(docnos) - len(now), keep.sum())
     docids = np.flatnonzero(keep)
     return _Cached(index, docids, [docnos[i] for i in docids], hashes[docids])
+
+
+def _lookup_round_trips(index, docnos: Sequence[str]) -> bool:
+    """Whether the index's docno lookup finds every document at its own row. npids (pyterrier-dr's docno store)
+    encodes runs of 256 or more consecutive integer docnos compactly, and its reverse lookup over several such runs
+    compares the docno, not its offset in the run, with the run's length: cranfield's docnos 1..1400 in corpus order
+    give 877 of 1,397 documents another row or none, and every vector loaded for them would be another document's."""
+    lookup = index.payload(return_dvecs=False)[0]
+    return bool(np.array_equal(np.asarray(lookup.inv[list(docnos)]), np.arange(len(docnos))))
+
+
+def _ensure_lookup_round_trips(folder: Path, hashes: np.ndarray) -> np.ndarray:
+    """Rewrites the FlexIndex just built in ``folder`` in the order of its docnos' digests when its lookup does not
+    round-trip (:func:`_lookup_round_trips`; no run of consecutive integers survives that order), and returns the
+    text hashes in the new order. Fails, naming the folder, if even that order does not round-trip."""
+    from pyterrier_dr import FlexIndex
+    index = FlexIndex(str(folder), verbose=False)
+    lookup, vecs, _ = index.payload()
+    docnos = [str(d) for d in lookup.fwd[np.arange(len(hashes))]]
+    if _lookup_round_trips(index, docnos):
+        return hashes
+    order = np.argsort([hashlib.sha1(d.encode()).hexdigest() for d in docnos], kind='stable')
+    rewritten = folder.with_name(folder.name + '.reordered')
+    shutil.rmtree(rewritten, ignore_errors=True)
+    FlexIndex(str(rewritten), verbose=False).indexer(mode='overwrite').index(
+        {'docno': docnos[i], 'doc_vec': np.asarray(vecs[i])} for i in order)
+    del index, lookup, vecs
+    for name in os.listdir(folder):
+        target = folder / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    for name in os.listdir(rewritten):
+        shutil.move(str(rewritten / name), str(folder / name))
+    rewritten.rmdir()
+    if not _lookup_round_trips(FlexIndex(str(folder), verbose=False), [docnos[i] for i in order]):
+        raise RuntimeError(f'{folder}: the docno lookup of this index finds documents at other rows even after '
+                           'rewriting it; please report this bug')
+    return hashes[order]
 
 
 def _read_cached(path: Path) -> Tuple[object, List[str], Optional[np.ndarray]]:
