@@ -1,5 +1,6 @@
 """The honest comparators on hand-made per-query tables: folds and cross-validated Top-k, the references' test
 choice, and the TOST verdicts against statsmodels and scipy called directly."""
+import gc
 import subprocess
 import sys
 
@@ -7,8 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.weightstats import ttost_paired
 
+from pyterrier_rdime.experiment import parity
 from pyterrier_rdime.experiment.parity import choose_test, significance
 from pyterrier_rdime.experiment.sweep import cv_systems, cv_topk, fold_of
 
@@ -46,6 +49,22 @@ def test_two_folds_choose_on_the_other_fold_and_ties_go_to_the_smaller_fraction(
     assert choices.set_index('fold')['fraction'].to_dict() == {0: 0.7, 1: 0.3}
     expected = {q: (0.2 if q in first else 0.1) for q in qids}
     assert values.to_dict() == pytest.approx(expected)
+
+
+def test_two_queries_with_object_values_get_leave_one_out():
+    """pt.Experiment's per-query values can be dtype object; with one query per fold pandas refused to set them
+    (TypeError: Invalid value '[0.5]' for dtype float64)."""
+    table = pd.DataFrame({0.1: [0.5, 0.2], 0.5: [0.3, 0.4]}, index=['1', '2']).astype(object)
+    values, choices = cv_topk(table, folds=5)
+    # hold out 1: query 2 prefers 0.5 -> 0.3; hold out 2: query 1 prefers 0.1 -> 0.2
+    assert values.to_dict() == {'1': 0.3, '2': 0.2}
+    assert choices['queries'].tolist() == [1, 1]
+
+
+def test_one_fold_is_no_cross_validation():
+    table = pd.DataFrame({0.1: [0.5, 0.2], 0.5: [0.3, 0.4]}, index=['1', '2'])
+    with pytest.raises(ValueError, match='folds must be >= 2'):
+        cv_topk(table, folds=1)
 
 
 def test_cv_systems_from_a_pool_of_topk_systems():
@@ -88,6 +107,32 @@ def test_tost_verdicts_against_statsmodels(name, differences, expected):
     assert row['p_value'] == pytest.approx(reference.pvalue, rel=1e-9)
     assert row['mean_diff'] == pytest.approx(np.mean(rdime - base))
     assert row['verdict'] == expected, name
+
+
+def test_without_topk_only_baseline_is_compared_and_object_values_are_accepted():
+    """--ks '' --no-sweep: no Top-k comparator; per-query values of dtype object reach scipy as floats."""
+    qids = [str(i) for i in range(5)]
+    base = np.linspace(0.1, 0.5, 5)
+    perquery = pd.DataFrame({'system': ['Baseline'] * 5 + ['prf/RDIME'] * 5, 'qid': qids * 2, 'measure': 'AP',
+                             'value': np.r_[base, base + [0.01, 0.02, 0.0, 0.03, 0.01]]}).astype({'value': object})
+    aggregate = perquery.groupby(['system', 'measure'], sort=False)['value'].mean().reset_index()
+    result = significance(aggregate, perquery, ['prf'], ['RDIME'])
+    assert result['comparison'].tolist() == ['Baseline']
+    expected = stats.ttest_rel(base + [0.01, 0.02, 0.0, 0.03, 0.01], base).pvalue
+    assert result['p_value'].iloc[0] == pytest.approx(expected, rel=1e-9)
+
+
+def test_holm_is_statsmodels_and_its_collection_skips_existing_objects(monkeypatch):
+    """multipletests calls gc.collect() for Holm (0.1-1 s in a process holding torch): it must find the existing
+    objects frozen, and leave nothing frozen after."""
+    frozen = []
+    collect = gc.collect
+    monkeypatch.setattr(gc, 'collect', lambda *args: frozen.append(gc.get_freeze_count()) or collect(*args))
+    p_values = pd.Series([0.01, 0.04, np.nan, 0.03])
+    expected = multipletests([0.01, 0.04, 1.0, 0.03], alpha=0.05, method='holm')[1]
+    frozen.clear()
+    assert parity._holm(p_values) == pytest.approx(expected)
+    assert frozen and min(frozen) > 0 and gc.get_freeze_count() == 0
 
 
 def test_identical_systems_are_equivalent_and_not_significant():

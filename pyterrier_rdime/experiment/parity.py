@@ -75,8 +75,17 @@ def verdict(differences: np.ndarray, tost_p_holm: float, p_holm: float, margin: 
 
 
 def _holm(p_values: pd.Series) -> np.ndarray:
+    """Holm-corrected ``p_values`` (statsmodels; NaN counts as 1). ``multipletests`` runs ``gc.collect()`` on every
+    Holm call, a full collection that takes 0.1–1 s in a process holding torch and PyTerrier; the objects that
+    exist already are frozen meanwhile, so that it only visits the few made here."""
+    import gc
+
     from statsmodels.stats.multitest import multipletests
-    return multipletests(p_values.fillna(1.0), alpha=ALPHA, method='holm')[1]
+    gc.freeze()
+    try:
+        return multipletests(p_values.fillna(1.0).to_numpy(float), alpha=ALPHA, method='holm')[1]
+    finally:
+        gc.unfreeze()
 
 
 def comparators(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str]]:
@@ -106,7 +115,9 @@ def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequenc
     rows = []
     for measure in dict.fromkeys(aggregate['measure']):
         means = aggregate[aggregate['measure'] == measure].set_index('system')['value']
-        scores = perquery[perquery['measure'] == measure].pivot(index='qid', columns='system', values='value')
+        # pt.Experiment's per-query values can arrive as dtype object, which scipy's tests reject
+        scores = perquery[perquery['measure'] == measure].pivot(index='qid', columns='system',
+                                                                values='value').astype(float)
         absolute = margin * abs(float(means['Baseline']))
         for dime in dimes:
             for column in columns:

@@ -71,7 +71,7 @@ def cv_topk(table: pd.DataFrame, folds: int = CV_FOLDS, seed: int = CV_SEED) -> 
 
     Args:
         table: per-query values, one row per qid, one column per Top-k fraction.
-        folds: number of folds (at most the number of queries).
+        folds: number of folds, at least 2; with fewer queries than folds, one query per fold (leave-one-out).
         seed: seed of :func:`fold_of`.
 
     Returns:
@@ -79,19 +79,25 @@ def cv_topk(table: pd.DataFrame, folds: int = CV_FOLDS, seed: int = CV_SEED) -> 
         ``choices`` (``fold, fraction, queries``): the fraction whose mean over the other folds is highest (ties: the
         smaller fraction), and the number of held-out queries.
     """
-    table = table.dropna().sort_index(axis=1)
+    # pt.Experiment's per-query values can arrive as dtype object: pandas then refuses them in a float Series
+    table = table.astype(float).dropna().sort_index(axis=1)
     table.index = table.index.map(str)
     if len(table) < 2:
         raise ValueError(f'cross-validated Top-k: needs at least 2 queries with every fraction measured, got '
                          f'{len(table)}; run more queries (--max-queries) or turn the sweep off (--no-sweep)')
+    if folds < 2:
+        raise ValueError(f'cross-validated Top-k: folds must be >= 2 (the fraction is chosen on the other folds), '
+                         f'got {folds}; pass --folds 2 or more')
     fold = fold_of(table.index, min(folds, len(table)), seed).reindex(table.index).to_numpy()
-    values = pd.Series(np.nan, index=table.index)
+    matrix = table.to_numpy()
+    chosen = np.empty(len(table), dtype=int)  # per query: the column chosen without its fold
     choices = []
     for held_out in np.unique(fold):
-        train = table[fold != held_out].mean()
-        chosen = train.index[int(np.argmax(train.to_numpy()))]  # the first maximum: the smaller fraction
-        values[fold == held_out] = table.loc[fold == held_out, chosen].to_numpy()
-        choices.append({'fold': int(held_out), 'fraction': float(chosen), 'queries': int((fold == held_out).sum())})
+        # the first maximum: the smaller fraction
+        chosen[fold == held_out] = column = int(np.argmax(matrix[fold != held_out].mean(axis=0)))
+        choices.append({'fold': int(held_out), 'fraction': float(table.columns[column]),
+                        'queries': int((fold == held_out).sum())})
+    values = pd.Series(matrix[np.arange(len(table)), chosen], index=table.index)
     return values, pd.DataFrame(choices)
 
 
