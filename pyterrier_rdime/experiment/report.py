@@ -1,4 +1,7 @@
-"""What the runner measured, laid out as the paper's tables with the honest comparators, and saved to disk."""
+"""What the runner measured, laid out as the paper's tables with the honest comparators, and saved to disk.
+
+A little over ~250 lines: the result object, its markdown tables and its files are one job (what is saved is what is
+shown)."""
 import json
 from dataclasses import dataclass, field
 from pathlib import Path

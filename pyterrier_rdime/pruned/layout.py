@@ -10,6 +10,9 @@ modification time and a hash of three 1 MiB samples of ``vecs.f4``), the identit
 the largest absolute value of each dimension; the record is written after the layout is renamed into place, and a
 layout whose record is missing or does not match both files is rebuilt (with a warning naming the reason). An array
 index gets an in-memory copy instead.
+
+Longer than the package's ~250-line habit on purpose: the build, its fault safety (temporary file, lock, record) and
+the check on every open are one atomic protocol, easier to audit in one place than spread over modules.
 """
 import contextlib
 import hashlib
