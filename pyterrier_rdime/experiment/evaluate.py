@@ -15,7 +15,8 @@ BINARY = ('AP', 'R', 'RR', 'P', 'Success')
 
 def parse_measures(names: Sequence[str], rel: Optional[int] = None) -> list:
     """ir_measures objects of ``names`` (ir_measures syntax), with ``rel`` set on the binary measures; a name that
-    does not parse is a ValueError naming it."""
+    does not parse, or a cutoff or relevance level that is not an integer >= 1, is a ValueError naming it (ir_measures
+    accepts ``nDCG@0`` and ``AP(rel=0)``, then trec_eval aborts the process or raises a TypeError after the run)."""
     if not names:
         raise ValueError('--measures: no measure given; for example --measures nDCG@10,AP')
     measures = []
@@ -27,6 +28,11 @@ def parse_measures(names: Sequence[str], rel: Optional[int] = None) -> list:
                              'RR@10, P@10 (see https://ir-measur.es/)') from None
         if rel is not None and measure.NAME in BINARY:
             measure = measure(rel=rel)
+        for param in ('cutoff', 'rel'):
+            value = measure.params.get(param)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f'--measures: {measure} has {param} {value!r}; it must be an integer >= 1, e.g. '
+                                 'nDCG@10, AP(rel=2)')
         measures.append(measure)
     return measures
 

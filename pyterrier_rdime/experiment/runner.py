@@ -83,6 +83,9 @@ def check_options(*, mode: str = 'rerank', first_stage: str = 'auto', dimes: Seq
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
         raise ValueError(f'{STAGE}: --margin must be a fraction of the Baseline in (0, 1), got {margin!r}; e.g. '
                          f'{parity.DEFAULT_MARGIN} (±{100 * parity.DEFAULT_MARGIN:g} % of the Baseline)')
+    if mode == 'retrieve' and feedback == 'first-stage':
+        raise ValueError(f'{STAGE}: --feedback first-stage applies to --mode rerank; --mode retrieve has no first '
+                         'stage (its feedback documents come from the dense ranking): leave --feedback out')
     if mode == 'rerank' and retriever != 'numpy':
         raise ValueError(f'{STAGE}: --retriever {retriever!r} applies to --mode retrieve; re-ranking re-scores the '
                          'candidates with the vectors of the index')
