@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--out', default='rdime-results', help='output folder (default: %(default)s)')
     p.add_argument('--batch-size', type=int, default=32, help='encoder batch size')
     p.add_argument('--max-queries', type=int, default=None, help='only the first N queries (smoke runs)')
-    p.add_argument('--workers', type=int, default=1, help='processes for the query-level work (default: 1)')
+    p.add_argument('--workers', type=int, default=1,
+                   help='processes for the query-level work, at most 4 x the CPU cores (default: 1)')
     p.add_argument('--ray-address', default=None, help="spread --workers over a Ray cluster ('auto' or host:port); "
                                                        'needs the ray extra')
     p.add_argument('--quiet', action='store_true', help='no progress bars')

@@ -138,7 +138,8 @@ def run_experiment(
         first_stage: ``'auto'`` (the collection's run, else PISA BM25), ``'bm25'`` or a TREC run file (rerank mode).
         feedback: where PRF/SWC/Eclipse feedback documents come from in rerank mode: ``'dense'`` (default, the
             references: the candidates re-scored with the full query vector) or ``'first-stage'`` (their first-stage
-            order). Retrieve mode always takes them from the dense ranking.
+            order). Retrieve mode has no first stage: it takes them from the dense ranking, and refuses
+            ``'first-stage'``.
         dimes: among ``prf, swc, llm, rank, rbf, sigmoid, eclipse, magnitude, oracle``; ``llm`` is skipped, with a
             note, when there are no LLM answers.
         ks: Top-k fractions of the dimensions, in (0, 1]; empty for no Top-k column.
