@@ -25,8 +25,9 @@ from pyterrier_rdime.threshold import Rdime
 
 def bench_overhead(args) -> dict:
     from pyterrier_rdime.experiment.collection import load_collection
+    from pyterrier_rdime.experiment.dense_cache import dense_index
     from pyterrier_rdime.experiment.encoders import load_encoder
-    from pyterrier_rdime.experiment.indexes import dense_index, first_stage_results
+    from pyterrier_rdime.experiment.first_stage import first_stage_results
 
     log(f'## Pipeline overhead (re-ranking {Path(args.collection).name}, BM25 top-100)\n')
     collection = load_collection(str(args.collection))

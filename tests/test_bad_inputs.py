@@ -18,9 +18,10 @@ import pytest
 from pyterrier_rdime.experiment import runner
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection
+from pyterrier_rdime.experiment.dense_cache import dense_index, dense_index_path
 from pyterrier_rdime.experiment.encoders import load_encoder
 from pyterrier_rdime.experiment.fingerprint import read_fingerprint
-from pyterrier_rdime.experiment.indexes import bm25, dense_index, dense_index_path
+from pyterrier_rdime.experiment.first_stage import bm25
 
 TEXTS = ['dense retrieval with neural encoders', 'pruning embedding dimensions at query time',
          'bm25 is a lexical ranking function', 'the cat sat on the mat', 'query expansion with feedback',
@@ -265,7 +266,7 @@ _KILLED_BUILD = _HASH_ENCODER + textwrap.dedent('''
     import sys, time
     from pathlib import Path
     from pyterrier_rdime.experiment.collection import load_collection
-    from pyterrier_rdime.experiment.indexes import dense_index
+    from pyterrier_rdime.experiment.dense_cache import dense_index
     folder, cache, started = sys.argv[1:4]
     batches = []
 
@@ -331,7 +332,7 @@ _KILLED_BM25 = textwrap.dedent('''
     import sys, time
     from pathlib import Path
     from pyterrier_rdime.experiment.collection import load_collection
-    from pyterrier_rdime.experiment.indexes import bm25
+    from pyterrier_rdime.experiment.first_stage import bm25
     folder, cache, started = sys.argv[1:4]
     collection = load_collection(folder)
     read = collection.docs

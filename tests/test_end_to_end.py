@@ -8,8 +8,9 @@ from ir_measures import AP, nDCG
 
 import pyterrier_rdime as rdime
 from pyterrier_rdime.experiment.collection import load_collection
+from pyterrier_rdime.experiment.dense_cache import dense_index
 from pyterrier_rdime.experiment.encoders import load_encoder
-from pyterrier_rdime.experiment.indexes import bm25, dense_index
+from pyterrier_rdime.experiment.first_stage import bm25
 
 NUM_QUERIES = 15
 DEPTH = 20

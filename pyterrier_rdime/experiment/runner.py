@@ -14,17 +14,10 @@ from . import evaluate as ev
 from . import parity
 from . import sweep as sw
 from .collection import Collection, load_collection
+from .dense_cache import dense_index
 from .encoders import DEFAULT_ENCODER, load_encoder
-from .indexes import (
-    RETRIEVERS,
-    check_docnos_in_index,
-    check_index_matches,
-    dense_index,
-    existing_index,
-    first_stage_results,
-    require_faiss,
-    retriever,
-)
+from .first_stage import first_stage_results
+from .indexes import RETRIEVERS, check_docnos_in_index, check_index_matches, existing_index, require_faiss, retriever
 from .report import ExperimentResult, kept_fractions
 from .systems import DIME_NAMES, FEEDBACKS, MODULATORS, Grid, Runner, rerank_grid, retrieve_grid, thresholds
 

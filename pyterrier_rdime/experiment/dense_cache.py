@@ -1,0 +1,239 @@
+"""The dense index cache of a collection: a pyterrier-dr FlexIndex per (collection, encoder), keyed by content
+(the encoder's files, the collection's documents, each document's text) and checked on every use."""
+import hashlib
+import itertools
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pyterrier as pt
+
+from .._config import check_int
+from .collection import Collection, check_in_corpus, iter_texts
+from .encoders import encoder_fingerprint
+from .fingerprint import TEXT_HASHES, cache_entry, read_fingerprint, text_hash, text_hashes, write_fingerprint
+
+logger = logging.getLogger(__name__)
+
+
+def encoder_slug(name: str) -> str:
+    """The cache folder name of an encoder: its name (a folder's own name, not its path) and a digest of its content
+    (:func:`encoder_fingerprint`), so that local folders, often all called 'model', do not share one, and a cache
+    copied to another machine or virtual environment is found again."""
+    digest = hashlib.sha1(encoder_fingerprint(name).encode()).hexdigest()[:8]
+    label = Path(name).expanduser().resolve().name if Path(name).expanduser().is_dir() else name
+    return re.sub(r'[^A-Za-z0-9_.-]+', '_', label)[-60:] + f'-{digest}'
+
+
+def dense_index_path(collection: Collection, encoder_name: str, cache_dir: Union[str, Path]) -> Path:
+    """Where :func:`dense_index` caches the FlexIndex of ``collection`` encoded with ``encoder_name``."""
+    return Path(cache_dir) / collection.slug / f'{encoder_slug(encoder_name)}.flex'
+
+
+@dataclass
+class _Cached:
+    """The vectors of a cached index that may be reused: their docids in it, docnos and text hashes."""
+    index: object = None
+    docids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    docnos: List[str] = field(default_factory=list)
+    hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    current: bool = False  # built from the collection's present content: every vector valid, none of a removed doc
+    complete: bool = False  # and holds every document of the corpus
+
+
+def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Union[str, Path],
+                docnos: Optional[Sequence[str]] = None, *, batch_size: int = 32, verbose: bool = True):
+    """A FlexIndex of ``collection`` encoded with ``model`` (named ``encoder_name``), cached under ``cache_dir``.
+
+    With ``docnos`` only those documents are needed: a cached index that holds them all is reused, otherwise only the
+    missing ones are encoded and added. ``docnos=None`` needs the whole corpus. The cache records what it was built
+    from (:func:`dense_index_path`, :data:`FINGERPRINT`): the encoder's content and the collection's, and the hash
+    of each document's text. When the collection changed, the vectors of unchanged documents are kept, changed and
+    new ones encoded, removed ones dropped, and one line says so; when the encoder changed, or the cache has no
+    fingerprint, everything is encoded again. A docno the corpus lacks is an error naming it, before any encoding.
+    A killed run leaves the cached index as it was (the new one is written beside it and moved into place).
+    """
+    check_int('dense_index', 'batch_size (--batch-size)', batch_size, 1)
+    needed = None if docnos is None else list(dict.fromkeys(str(d) for d in docnos))
+    if needed is not None:
+        check_in_corpus(collection, needed, 'the ranking to re-score')
+    path = dense_index_path(collection, encoder_name, cache_dir)
+    with cache_entry(path):
+        return _dense_index(path, collection, model, encoder_name, needed, batch_size, verbose)
+
+
+def _dense_index(path: Path, collection: Collection, model, encoder_name: str, needed: Optional[List[str]],
+                 batch_size: int, verbose: bool):
+    """:func:`dense_index` once it holds the cache entry ``path``."""
+    from pyterrier_dr import FlexIndex
+    encoder = encoder_fingerprint(encoder_name)
+    cached = _cached_vectors(path, collection, encoder)
+    held = set(cached.docnos)
+    if cached.current and (cached.complete or (needed is not None and held.issuperset(needed))):
+        return cached.index
+    wanted = None if needed is None else [d for d in needed if d not in held]
+    if wanted is not None and len(held) + len(wanted) == 1:
+        wanted += _another_docno(collection, wanted + cached.docnos)
+    elif wanted is None and collection.num_docs == 1:
+        _another_docno(collection, [doc['docno'] for doc in collection.docs(None)])
+    if wanted is not None:
+        total = len(wanted)
+    else:
+        total = collection.num_docs - len(held) if collection.num_docs is not None else None
+    logger.info('encoding %s documents of %s into %s', 'all the' if total is None else total, collection.name, path)
+    vectors = cached.index.payload(return_docnos=False)[0] if cached.index is not None else None
+    new_hashes: List[np.ndarray] = []
+
+    def records() -> Iterator[dict]:
+        """Streams the reused vectors, then the new ones a batch at a time (bounded memory, a progress bar that
+        moves with every batch)."""
+        for docid, docno in zip(cached.docids, cached.docnos):
+            yield {'docno': docno, 'doc_vec': np.asarray(vectors[docid])}
+        new_docs = (doc for doc in iter_texts(collection, wanted) if doc['docno'] not in held)
+        with pt.tqdm(total=total, desc='encoding documents', unit='doc', disable=not verbose) as progress:
+            for chunk in iter(lambda: list(itertools.islice(new_docs, batch_size)), []):
+                texts = [doc['text'] for doc in chunk]
+                new_hashes.append(text_hashes(texts))
+                for doc, vec in zip(chunk, model.encode_docs(texts)):
+                    yield {'docno': doc['docno'], 'doc_vec': vec}
+                progress.update(len(chunk))
+
+    start = time.time()
+    with pt.io.finalized_directory(str(path)) as tmp:
+        FlexIndex(tmp, verbose=False).indexer(mode='overwrite').index(records())
+        hashes = np.concatenate([cached.hashes] + new_hashes)
+        hashes = _ensure_lookup_round_trips(Path(tmp), hashes)
+        np.save(Path(tmp) / TEXT_HASHES, hashes)
+        write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, encoder=encoder,
+                          encoder_name=encoder_name, complete=needed is None, num_docs=len(hashes))
+        shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
+    logger.info('encoded the documents in %.0f s', time.time() - start)
+    return FlexIndex(str(path), verbose=False)
+
+
+def _another_docno(collection: Collection, docnos: List[str]) -> List[str]:
+    """One document of the corpus besides ``docnos``' one: pyterrier-dr's docno lookup (npids) cannot read an index
+    of a single document, whose docno is all prefix."""
+    other = next((doc['docno'] for doc in collection.docs(None) if doc['docno'] not in docnos), None)
+    if other is None:
+        raise ValueError(f'collection {collection.name!r} holds one document; a dense index (pyterrier-dr\'s docno '
+                         'lookup) needs at least two: add documents to the corpus')
+    return [other]
+
+
+def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached:
+    """What of the index cached at ``path`` is still valid for ``collection`` and the encoder ``encoder``."""
+    if not (path / 'pt_meta.json').is_file():
+        return _Cached()
+    try:
+        index, docnos, hashes = _read_cached(path)
+    except Exception as e:  # whatever makes a cache unreadable (truncated, edited by hand) makes it untrustworthy
+        logger.warning('%s: cannot read this cached index (%s: %s); encoding again', path, type(e).__name__, e)
+        return _Cached()
+    recorded = read_fingerprint(path)
+    if recorded is None or hashes is None or len(hashes) != len(docnos):
+        logger.warning('%s: no record of what this cached index was built from; encoding again (adopt_index() '
+                       'records it for an index known to match)', path)
+        return _Cached()
+    if recorded.get('encoder') != encoder:
+        logger.warning('%s: built with other encoder files (content %s, now %s); encoding again', path,
+                       recorded.get('encoder'), encoder)
+        return _Cached()
+    if recorded.get('docs') == collection.fingerprint:
+        if not _lookup_round_trips(index, docnos):
+            logger.warning('%s: its docno lookup gives some documents another row (an npids bug with long runs of '
+                           'consecutive integer docnos); rewriting it in another order, no document encoded again',
+                           path)
+            return _Cached(index, np.arange(len(docnos)), docnos, hashes, False, bool(recorded.get('complete')))
+        return _Cached(index, np.arange(len(docnos)), docnos, hashes, True, bool(recorded.get('complete')))
+    now = {doc['docno']: text_hash(doc['text']) for doc in collection.docs(docnos)}
+    keep = np.array([now.get(d) == int(h) for d, h in zip(docnos, hashes)], dtype=bool)
+    logger.warning('%s: the documents of %s changed since this index was built (%d of its %d documents changed, %d '
+                   'removed); keeping the %d other vectors', path, collection.name, len(now) - keep.sum(),
+                   len(docnos), len(docnos) - len(now), keep.sum())
+    docids = np.flatnonzero(keep)
+    return _Cached(index, docids, [docnos[i] for i in docids], hashes[docids])
+
+
+def _lookup_round_trips(index, docnos: Sequence[str]) -> bool:
+    """Whether the index's docno lookup finds every document at its own row. npids (pyterrier-dr's docno store)
+    encodes runs of 256 or more consecutive integer docnos compactly, and its reverse lookup over several such runs
+    compares the docno, not its offset in the run, with the run's length: cranfield's docnos 1..1400 in corpus order
+    give 877 of 1,397 documents another row or none, and every vector loaded for them would be another document's."""
+    lookup = index.payload(return_dvecs=False)[0]
+    return bool(np.array_equal(np.asarray(lookup.inv[list(docnos)]), np.arange(len(docnos))))
+
+
+def _ensure_lookup_round_trips(folder: Path, hashes: np.ndarray) -> np.ndarray:
+    """Rewrites the FlexIndex just built in ``folder`` in the order of its docnos' digests when its lookup does not
+    round-trip (:func:`_lookup_round_trips`; no run of consecutive integers survives that order), and returns the
+    text hashes in the new order. Fails, naming the folder, if even that order does not round-trip."""
+    from pyterrier_dr import FlexIndex
+    index = FlexIndex(str(folder), verbose=False)
+    lookup, vecs, _ = index.payload()
+    docnos = [str(d) for d in lookup.fwd[np.arange(len(hashes))]]
+    if _lookup_round_trips(index, docnos):
+        return hashes
+    order = np.argsort([hashlib.sha1(d.encode()).hexdigest() for d in docnos], kind='stable')
+    rewritten = folder.with_name(folder.name + '.reordered')
+    shutil.rmtree(rewritten, ignore_errors=True)
+    FlexIndex(str(rewritten), verbose=False).indexer(mode='overwrite').index(
+        {'docno': docnos[i], 'doc_vec': np.asarray(vecs[i])} for i in order)
+    del index, lookup, vecs
+    for name in os.listdir(folder):
+        target = folder / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    for name in os.listdir(rewritten):
+        shutil.move(str(rewritten / name), str(folder / name))
+    rewritten.rmdir()
+    if not _lookup_round_trips(FlexIndex(str(folder), verbose=False), [docnos[i] for i in order]):
+        raise RuntimeError(f'{folder}: the docno lookup of this index finds documents at other rows even after '
+                           'rewriting it; please report this bug')
+    return hashes[order]
+
+
+def _read_cached(path: Path) -> Tuple[object, List[str], Optional[np.ndarray]]:
+    """The cached FlexIndex at ``path``, its docnos and its text hashes (``None`` when it has none); raises when a
+    file is missing, malformed or of the wrong size."""
+    from pyterrier_dr import FlexIndex
+    index = FlexIndex(str(path), verbose=False)
+    lookup, meta = index.payload(return_dvecs=False)
+    expected = meta['doc_count'] * meta['vec_size'] * np.dtype(np.float32).itemsize
+    if (path / 'vecs.f4').stat().st_size != expected or len(lookup) != meta['doc_count']:
+        raise ValueError(f'vecs.f4 or docnos.npids does not hold the {meta["doc_count"]} vectors of pt_meta.json')
+    docnos = [str(d) for d in lookup.fwd[np.arange(meta['doc_count'])]]
+    hashes = np.load(path / TEXT_HASHES) if (path / TEXT_HASHES).is_file() else None
+    return index, docnos, hashes
+
+
+def adopt_index(folder: Union[str, Path], collection: Collection, encoder_name: str,
+                cache_dir: Union[str, Path]) -> Path:
+    """Moves a FlexIndex that was encoded from ``collection`` with ``encoder_name`` without a fingerprint (by hand,
+    or by a version before fingerprints) into :func:`dense_index`'s cache, recording what it was built from, and
+    returns its new path. Its documents must be exactly those of the collection now, encoded with these encoder
+    files: that is taken on trust. Whether it holds the whole corpus is read from its documents."""
+    from pyterrier_dr import FlexIndex
+    folder = Path(folder)
+    if not (folder / 'pt_meta.json').is_file():
+        raise ValueError(f'adopt_index: {folder} is not a pyterrier-dr FlexIndex (no pt_meta.json)')
+    index = FlexIndex(str(folder), verbose=False)
+    docnos = [str(d) for d in index.payload(return_dvecs=False)[0].fwd[np.arange(len(index))]]
+    check_in_corpus(collection, docnos, f'the index {folder}')
+    texts = {doc['docno']: doc['text'] for doc in collection.docs(docnos)}
+    np.save(folder / TEXT_HASHES, text_hashes(texts[d] for d in docnos))
+    write_fingerprint(folder, collection=collection.name, docs=collection.fingerprint,
+                      encoder=encoder_fingerprint(encoder_name), encoder_name=encoder_name,
+                      complete=collection.num_docs == len(docnos), num_docs=len(docnos))
+    target = dense_index_path(collection, encoder_name, cache_dir)
+    if target.resolve() != folder.resolve():
+        if target.exists():
+            raise ValueError(f'adopt_index: {target} exists already; remove it first to adopt {folder}')
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(folder), str(target))
+    return target
