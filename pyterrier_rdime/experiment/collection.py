@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 import pandas as pd
 import pyterrier as pt
 
-from .._tsv import read_qid_tsv
+from .._tsv import read_qid_tsv, utf8_lines
 from ..llm import read_answers_tsv
 
 REQUIRED_FILES = ('docs.jsonl', 'queries.tsv', 'qrels')
@@ -211,26 +211,6 @@ def _check_run_docnos(run: pd.DataFrame, run_path: Path, docnos: frozenset, docs
                          'match: add the documents to docs.jsonl or remove them from the run')
 
 
-def _lines(path: Path, digest=None) -> Iterator[Tuple[int, str]]:
-    """The non-blank lines of a UTF-8 file, without line ends, with their 1-based line numbers; every byte read
-    goes into the hashlib object ``digest`` when one is given."""
-    with open(path, 'rb') as f:
-        for line_no, raw in enumerate(f, start=1):
-            if digest is not None:
-                digest.update(raw)
-            try:
-                line = raw.decode('utf-8')
-            except UnicodeDecodeError as e:
-                raise ValueError(f'{path}:{line_no}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of '
-                                 f'the line); convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} '
-                                 f'> {path.name}.utf8 if it is latin-1') from None
-            if line_no == 1:
-                line = line.removeprefix('\ufeff')
-            line = line.rstrip('\r\n')
-            if line.strip():
-                yield line_no, line
-
-
 def _is_token(value: str) -> bool:
     """Whether ``value`` can be a field of a whitespace-separated TREC line (qrels, runs)."""
     return len(value.split()) == 1 and value.split()[0] == value
@@ -238,7 +218,7 @@ def _is_token(value: str) -> bool:
 
 def _read_docs(path: Path, digest=None) -> Iterator[Tuple[str, str]]:
     first_line: Dict[str, int] = {}
-    for line_no, line in _lines(path, digest):
+    for line_no, line in utf8_lines(path, digest):
         try:
             doc = json.loads(line)
         except json.JSONDecodeError as e:
@@ -274,7 +254,7 @@ def _read_queries(path: Path) -> pd.DataFrame:
 def _read_qrels(path: Path) -> pd.DataFrame:
     rows = []
     first_line: Dict[Tuple[str, str], int] = {}
-    for line_no, line in _lines(path):
+    for line_no, line in utf8_lines(path):
         fields = line.split()
         if len(fields) != 4:
             raise ValueError(f'{path}:{line_no}: {len(fields)} fields in {line[:80]!r}, not 4; {QRELS_FORMAT}')
@@ -302,7 +282,7 @@ def read_trec_run(path: Union[str, os.PathLike]) -> pd.DataFrame:
     path = Path(path)
     rows = []
     first_line: Dict[Tuple[str, str], int] = {}
-    for line_no, line in _lines(path):
+    for line_no, line in utf8_lines(path):
         fields = line.split()
         if len(fields) != 6:
             raise ValueError(f'{path}:{line_no}: {len(fields)} fields in {line[:80]!r}, not 6; {RUN_FORMAT}')
