@@ -5,7 +5,7 @@ shown)."""
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -170,7 +170,6 @@ class ExperimentResult:
         the others still are."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        problems = []
         writers = [
             ('results.csv', lambda p: self.table.to_csv(p, index=False)),
             ('perquery.csv', lambda p: self.perquery.to_csv(p, index=False)),
@@ -184,12 +183,7 @@ class ExperimentResult:
             ('kept_fraction.png', self.boxplot),
             ('sweep.png', self.sweep_plot),
         ]
-        for name, write in writers:
-            try:
-                write(out / name)
-            except Exception as e:  # one output failing must not lose the others
-                problems.append(f'{out / name}: {type(e).__name__}: {e}')
-        return problems
+        return write_outputs(out, writers)
 
     @classmethod
     def load(cls, out_dir: Union[str, Path]) -> 'ExperimentResult':
@@ -260,3 +254,15 @@ def kept_fractions(frame: pd.DataFrame, dime: str, threshold: str) -> pd.DataFra
         'kept_frac': per_query['query_kept_frac'].astype(float),
         'fallback': per_query['query_fallback'] if 'query_fallback' in per_query else False,
         'mean_weight': per_query['query_mean_weight'].astype(float) if 'query_mean_weight' in per_query else 1.0})
+
+
+def write_outputs(out: Path, writers: Sequence[Tuple[str, Callable[[Path], object]]]) -> List[str]:
+    """Calls each ``(file name, writer)`` on ``out / name``; returns the problems met, one line per output that could
+    not be written, so that one failing output never loses the others."""
+    problems = []
+    for name, write in writers:
+        try:
+            write(out / name)
+        except Exception as e:  # whatever a writer raises, the other outputs are still written
+            problems.append(f'{out / name}: {type(e).__name__}: {e}')
+    return problems

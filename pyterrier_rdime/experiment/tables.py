@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from . import figures
+from .report import write_outputs
 
 GRID_COLUMNS = ['collection', 'encoder', 'dime', 'threshold', 'system', 'measure', 'value', 'kept', 'k']
 BEST = 'best Top-k (tuned on test)'
@@ -164,7 +165,6 @@ def _tex(text: str) -> str:
 
 def write_combined(cells: Sequence, out: Path) -> List[str]:
     """Writes the combined outputs into ``out``; returns the problems met (an output that could not be written)."""
-    problems = []
     writers = [
         ('grid.csv', lambda p: long_table(cells).to_csv(p, index=False)),
         ('grid_parity.csv', lambda p: parity_table(cells).to_csv(p, index=False)),
@@ -173,9 +173,4 @@ def write_combined(cells: Sequence, out: Path) -> List[str]:
         ('kept_fractions.png', lambda p: figures.grid_kept_figure(
             [(*_names(c), c.result.kept, c.result.labels) for c in cells], [p, p.with_suffix('.pdf')])),
     ]
-    for name, write in writers:
-        try:
-            write(out / name)
-        except Exception as e:  # one output failing must not lose the others
-            problems.append(f'{out / name}: {type(e).__name__}: {e}')
-    return problems
+    return write_outputs(out, writers)
