@@ -17,7 +17,7 @@ from .topk import Result, merge_heaps
 BLOCK_DOCS = 16384
 #: Dimensions per tile for a batch: a tile of ``TILE_DIMS x block`` values is read from memory once and re-used from
 #: the cache by every query of the batch.
-TILE_DIMS = 16
+TILE_DIMS = 32
 #: For a batch, the block is narrowed until a tile and the scores of every query, ``(TILE_DIMS + queries) x block``
 #: floats, fit in this many floats (768 KiB: most of a 1 MiB L2 cache).
 BATCH_CACHE_FLOATS = 196608
@@ -119,7 +119,8 @@ def _push_block(heap_s, heap_i, scores, n, first_docid):
 @_jit
 def _add_rows(acc, matrix, dims, weights, j, stop, b0, n):
     # acc[:n] += weights[r] * matrix[dims[r], b0:b0 + n] for r in [j, stop): eight rows per pass over acc, so that
-    # the block of scores is read and written once per eight rows
+    # the block of scores is read and written once per eight rows; the remaining 0-7 rows in at most two passes (4,
+    # then 3, 2 or 1: a batch's query keeps ~10 rows of a 32-dimension tile, so the remainder is most of its work)
     while j + 8 <= stop:
         r0, r1 = matrix[dims[j], b0:b0 + n], matrix[dims[j + 1], b0:b0 + n]
         r2, r3 = matrix[dims[j + 2], b0:b0 + n], matrix[dims[j + 3], b0:b0 + n]
@@ -138,11 +139,20 @@ def _add_rows(acc, matrix, dims, weights, j, stop, b0, n):
         for t in range(n):
             acc[t] += w0 * r0[t] + w1 * r1[t] + w2 * r2[t] + w3 * r3[t]
         j += 4
-    while j < stop:
+    if j + 3 <= stop:
+        r0, r1, r2 = matrix[dims[j], b0:b0 + n], matrix[dims[j + 1], b0:b0 + n], matrix[dims[j + 2], b0:b0 + n]
+        w0, w1, w2 = weights[j], weights[j + 1], weights[j + 2]
+        for t in range(n):
+            acc[t] += w0 * r0[t] + w1 * r1[t] + w2 * r2[t]
+    elif j + 2 <= stop:
+        r0, r1 = matrix[dims[j], b0:b0 + n], matrix[dims[j + 1], b0:b0 + n]
+        w0, w1 = weights[j], weights[j + 1]
+        for t in range(n):
+            acc[t] += w0 * r0[t] + w1 * r1[t]
+    elif j < stop:
         r0, w0 = matrix[dims[j], b0:b0 + n], weights[j]
         for t in range(n):
             acc[t] += w0 * r0[t]
-        j += 1
 
 
 @_parallel_jit
