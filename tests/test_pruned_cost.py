@@ -12,7 +12,7 @@ from pyterrier_rdime.pruned import cost, kept
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
 ROUND = cost.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fixed=0.1, pruned_slope=1.0,
-                       batch_union=2.0, batch_per_query=0.2)
+                       batch_per_query=0.05, batch_union=2.0, batch_per_kept=0.2)
 
 
 @pytest.fixture
@@ -30,21 +30,34 @@ def no_calibration(monkeypatch):
     monkeypatch.setattr(cost, 'calibrate', fail)
 
 
-def test_costs_by_hand(monkeypatch):
-    # one unit per dense gemv; with MARGIN 0.9 the pruned path must be estimated below 0.9 x the dense one
-    monkeypatch.setattr(cost, 'MARGIN', 0.9)
+def test_costs_by_hand():
+    # one unit per dense gemv
     half = np.zeros((1, 8), dtype=np.float32)
     half[0, :4] = 1
     assert ROUND.dense_cost(1) == 1 and ROUND.dense_cost(3) == 3 and ROUND.dense_cost(10) == pytest.approx(3.0)
-    assert ROUND.pruned_cost(half) == pytest.approx(0.6)  # 0.1 + 0.5
-    assert ROUND.prefers_pruned(half)  # 0.6 < 0.9 x 1
-    assert not ROUND.prefers_pruned(np.ones((1, 8)))  # 1.1 > 0.9
-    ten = np.repeat(half, 10, axis=0)  # same kept set: one by one 6.0, one pass 2 x 0.5 + 0.2 x 5 = 2.0
-    assert ROUND.batch_in_one_pass(ten) and ROUND.pruned_cost(ten) == pytest.approx(2.0)
-    assert ROUND.prefers_pruned(ten)  # 2.0 < 0.9 x 3.0
-    assert not ROUND.prefers_pruned(np.ones((10, 8), dtype=np.float32))  # one pass 2 + 2 = 4.0 > 0.9 x 3.0
+    assert ROUND.pruned_cost(half) == pytest.approx(0.6)  # one by one 0.1 + 0.5; one pass 0.05 + 1.0 + 0.1
+    assert ROUND.prefers_pruned(half)  # 0.6 < 1
+    assert not ROUND.prefers_pruned(np.ones((1, 8)))  # 1.1 > 1
+    most = np.ones((1, 8), dtype=np.float32)
+    most[0, 0] = 0
+    assert ROUND.prefers_pruned(most)  # 0.975 < 1: no margin, the lower estimate wins
+    ten = np.repeat(half, 10, axis=0)  # same kept set: one by one 6.0, one pass 0.5 + 2 x 0.5 + 0.2 x 5 = 2.5
+    assert cost.batch_features(ten).tolist() == [10, 0.5, 5.0]
+    assert ROUND.batch_in_one_pass(ten) and ROUND.pruned_cost(ten) == pytest.approx(2.5)
+    assert ROUND.prefers_pruned(ten)  # 2.5 < 3.0
+    assert not ROUND.prefers_pruned(np.ones((10, 8), dtype=np.float32))  # one pass 0.5 + 2 + 2 = 4.5 > 3.0
     assert not ROUND.batch_in_one_pass(half)
     assert cost.nonzero_fractions(np.array([[0, 1, 2, 0], [0, 0, 0, 0]])).tolist() == [0.5, 0.0]
+    assert cost.batch_features(half[:0]).tolist() == [0, 0, 0]
+
+
+def test_fit_non_negative_by_hand():
+    features = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]])
+    assert cost.fit_non_negative(features, np.array([1.0, 2.0, 3.0])) == pytest.approx([1.0, 1.0])
+    # falling costs would need a negative slope: slope 0 and the constant c minimising sum (c / y - 1)^2,
+    # c = sum(1 / y) / sum(1 / y^2) = (1/3 + 1/2 + 1) / (1/9 + 1/4 + 1)
+    fitted = cost.fit_non_negative(features, np.array([3.0, 2.0, 1.0]))
+    assert fitted == pytest.approx([(1 / 3 + 1 / 2 + 1) / (1 / 9 + 1 / 4 + 1), 0.0])
 
 
 @COMPILED
@@ -68,7 +81,9 @@ def test_calibration_is_cached_per_machine_and_thread_count(cache, monkeypatch):
     record = json.loads(path.read_text())
     assert record['model'] == dataclasses.asdict(fitted) and record['machine'] == cost.machine_key()
     assert all(np.isfinite(v) for v in record['model'].values()) and record['timings_in_gemv']['gemv'] == 1.0
-    assert min(fitted.dense_gemm_fixed, fitted.pruned_fixed, fitted.batch_union) >= 0
+    assert min(dataclasses.asdict(fitted).values()) >= 0
+    assert set(record['fit_relative_errors']) == {name for name in record['timings_in_gemv'] if
+                                                  name.startswith(('one', 'pass'))}
     monkeypatch.setattr(cost, '_MODELS', {})  # a new process: read from the file, not calibrated again
     monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: pytest.fail('calibrated again'))
     assert cost.model() == fitted
@@ -89,3 +104,15 @@ def test_a_broken_cache_file_is_recalibrated(cache, monkeypatch):
     cost.cache_path().write_text('{"model": {"dense_gemm_fixed": 1}}')  # from another version: missing constants
     monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: ROUND)
     assert cost.model() == ROUND
+
+
+@COMPILED
+def test_the_calibration_command(cache, monkeypatch, capsys):
+    from pyterrier_rdime.pruned import __main__ as command
+    monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: ROUND)
+    assert command.main([]) == 0
+    out = capsys.readouterr().out
+    assert str(cost.cache_path()) in out and json.loads(out.split(':', 1)[1]) == dataclasses.asdict(ROUND)
+    with pytest.raises(SystemExit) as stop:
+        command.main(['--threads', '0'])
+    assert stop.value.code == 2 and '--threads must be between 1 and' in capsys.readouterr().err

@@ -83,10 +83,10 @@ def test_auto_strategy_of_the_stage(corpus, monkeypatch):
     monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', 0)
     # a given model (no calibration in the tests: it would time this machine): one query costs 0.4 + 0.7 x kept
     monkeypatch.setattr(cost, '_MODELS', {cost.machine_key(): cost.CostModel(
-        dense_gemm_fixed=3.0, dense_gemm_per_query=0.3, pruned_fixed=0.4, pruned_slope=0.7, batch_union=1.0,
-        batch_per_query=0.4)})
-    assert retriever.choose_strategy(query_vecs[2:3]) == 'pruned'  # about half kept: 0.75 < 0.95 x 1
-    assert retriever.choose_strategy(query_vecs[:1]) == 'dense'  # every dimension kept: 1.1 > 0.95
+        dense_gemm_fixed=3.0, dense_gemm_per_query=0.3, pruned_fixed=0.4, pruned_slope=0.7, batch_per_query=0.05,
+        batch_union=1.0, batch_per_kept=0.4)})
+    assert retriever.choose_strategy(query_vecs[2:3]) == 'pruned'  # about half kept: 0.75 < 1
+    assert retriever.choose_strategy(query_vecs[:1]) == 'dense'  # every dimension kept: 1.1 > 1
     assert PrunedRetriever(index=docs, strategy='pruned').choose_strategy(query_vecs[:1]) == 'pruned'
     assert PrunedRetriever(index=docs, strategy='dense').choose_strategy(query_vecs[2:3]) == 'dense'
 

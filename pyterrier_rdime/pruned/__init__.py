@@ -1,6 +1,7 @@
 """Exact dense retrieval that scores only the dimensions a pruned query keeps: the transformer (``stage``), its
-compiled and numpy kernels (``kernels``), the on-disk dimension-major copy of an index (``layout``) and the choice
-between the pruned and the dense path (``cost``)."""
+two exact scoring paths (``kept``: only the kept dimensions, compiled in ``_numba`` or numpy; ``dense``: BLAS over
+every dimension; both select with ``topk``), the on-disk dimension-major copy of an index (``layout``) and the choice
+between the two paths (``cost``, re-calibrated with ``python -m pyterrier_rdime.pruned``)."""
 from .stage import PrunedRetriever
 
 __all__ = ['PrunedRetriever']

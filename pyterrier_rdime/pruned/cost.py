@@ -1,9 +1,9 @@
 """The cost model behind ``PrunedRetriever(strategy='auto')``: the estimated time of each scoring path, in units of
 one dense ``gemv`` over the whole matrix (one query, every dimension, top-k included), from the fraction of
-dimensions each query keeps. Its six constants are calibrated on the machine in use, not fitted once on another CPU:
+dimensions each query keeps. Its seven constants are calibrated on the machine in use, not fitted once on another CPU:
 :func:`calibrate` times both paths on a synthetic matrix several times the size of the CPU caches (a few seconds),
 and the result is cached per CPU model and thread count in ``default_cache_dir()/cost``; :func:`model` loads it, or
-calibrates on first use. Re-run it on demand with ``python -m pyterrier_rdime.pruned.cost``."""
+calibrates on first use. Re-run it on demand with ``python -m pyterrier_rdime.pruned``."""
 import dataclasses
 import functools
 import json
@@ -24,15 +24,15 @@ from .dense import GEMV_BELOW
 #: Below this matrix size (bytes) the matrix sits in the CPU caches, scoring is not memory-bound, and BLAS (tuned
 #: for compute) is at least as fast as the compiled kernel: ``'auto'`` scores densely.
 MIN_PRUNED_BYTES = 16 * 2 ** 20
-#: ``'auto'`` takes the pruned path only when its estimate is below this fraction of the dense one: a margin for the
-#: model's error near the break-even, where either path costs about the same.
-MARGIN = 0.95
 #: The calibration matrix: ``CALIBRATION_DIMS x CALIBRATION_DOCS`` float32 (192 MiB, six times a 32 MiB L3 cache),
 #: so that both paths stream it from memory, as they do a real index.
 CALIBRATION_DIMS, CALIBRATION_DOCS = 768, 65536
 #: Repetitions of each timing per pass of a calibration (the minimum over both passes is kept: the least
 #: disturbed by other processes).
 CALIBRATION_ROUNDS = 3
+#: A calibration whose fitted model misses one of its own timings by more than this (relative) was disturbed, or ran
+#: on a machine the model does not describe: it is kept, with a warning to re-run it on a quieter machine.
+FIT_TOLERANCE = 0.25
 
 _log = logging.getLogger(__name__)
 
@@ -45,15 +45,17 @@ class CostModel:
       batch costs ``dense_gemm_fixed + dense_gemm_per_query * queries``;
     - pruned, one query at a time (memory-bound: the kept rows are streamed once):
       ``pruned_fixed + pruned_slope * kept fraction`` per query;
-    - pruned, a batch in one pass (the union of the kept rows is read once, every query's kept rows are re-read from
-      the cache): ``batch_union * union fraction + batch_per_query * sum of kept fractions``.
+    - pruned, a batch in one pass: ``batch_per_query * queries + batch_union * union fraction + batch_per_kept * sum
+      of kept fractions``: each query's scores are cleared and pushed through its top-k, the union of the kept rows
+      is read from memory once, every query's kept rows are re-read from the cache.
     """
     dense_gemm_fixed: float
     dense_gemm_per_query: float
     pruned_fixed: float
     pruned_slope: float
-    batch_union: float
     batch_per_query: float
+    batch_union: float
+    batch_per_kept: float
 
     def dense_cost(self, queries: int) -> float:
         """Estimated cost of scoring ``queries`` queries on the dense path."""
@@ -67,8 +69,7 @@ class CostModel:
 
     def pruned_batch_cost(self, query_vecs: np.ndarray) -> float:
         """Estimated cost of the pruned path for the whole batch in one pass."""
-        union = float(np.mean((query_vecs != 0).any(axis=0))) if len(query_vecs) else 0.0
-        return self.batch_union * union + self.batch_per_query * float(np.sum(nonzero_fractions(query_vecs)))
+        return float(np.dot((self.batch_per_query, self.batch_union, self.batch_per_kept), batch_features(query_vecs)))
 
     def batch_in_one_pass(self, query_vecs: np.ndarray) -> bool:
         """Whether the pruned path should score these queries in one pass rather than one by one."""
@@ -79,13 +80,39 @@ class CostModel:
         return min(self.pruned_one_by_one_cost(query_vecs), self.pruned_batch_cost(query_vecs))
 
     def prefers_pruned(self, query_vecs: np.ndarray) -> bool:
-        """Whether the pruned path is estimated cheaper than ``MARGIN`` times the dense one for these queries."""
-        return self.pruned_cost(query_vecs) < MARGIN * self.dense_cost(len(query_vecs))
+        """Whether the pruned path is estimated cheaper than the dense one for these queries (no margin: near the
+        break-even either path costs about the same, and a margin would lose its own size on every query there)."""
+        return self.pruned_cost(query_vecs) < self.dense_cost(len(query_vecs))
 
 
 def nonzero_fractions(query_vecs: np.ndarray) -> np.ndarray:
     """The fraction of non-zero dimensions of each query vector (n, dims)."""
     return np.mean(query_vecs != 0, axis=1)
+
+
+def batch_features(query_vecs: np.ndarray) -> np.ndarray:
+    """What a batch's one pass costs in proportion to: ``(queries, union of the kept fractions, sum of the kept
+    fractions)``."""
+    if not len(query_vecs):
+        return np.zeros(3)
+    union = float(np.mean((query_vecs != 0).any(axis=0)))
+    return np.array([len(query_vecs), union, float(np.sum(nonzero_fractions(query_vecs)))])
+
+
+def fit_non_negative(features: np.ndarray, costs: np.ndarray) -> np.ndarray:
+    """The coefficients ``c >= 0`` minimising the relative error of ``features @ c`` against ``costs`` (a cost that
+    noise pushed below 0 is 0: every path costs at least what it reads); every subset of the few columns is tried,
+    which is exact non-negative least squares at this size."""
+    weighted = features / costs[:, None]
+    best, best_error = np.zeros(features.shape[1]), np.inf
+    for mask in range(1, 2 ** features.shape[1]):
+        cols = [c for c in range(features.shape[1]) if mask >> c & 1]
+        coef = np.linalg.lstsq(weighted[:, cols], np.ones(len(costs)), rcond=None)[0]
+        error = float(np.sum((weighted[:, cols] @ coef - 1) ** 2))
+        if np.all(coef >= 0) and error < best_error:
+            best, best_error = np.zeros(features.shape[1]), error
+            best[cols] = coef
+    return best
 
 
 def choose_path(query_vecs: np.ndarray, matrix_bytes: int, compiled: bool) -> str:
@@ -142,10 +169,12 @@ def model() -> CostModel:
 
 def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int = CALIBRATION_DOCS) -> CostModel:
     """Times the dense and the pruned paths on a ``CALIBRATION_DIMS x docs`` synthetic matrix with top-100, each
-    timing ``2 x rounds`` times in blocks (the minimum kept), and solves for the model's constants:
-    the dense matrix product from batches of 8 and 64; the pruned path one query at a time from kept fractions of
-    0.2 and 0.8; one pass from batches of 8 and 64 with independent kept sets (union ~1) and of 8 sharing one kept
-    set (union = kept), by least squares. With ``save``, cached for :func:`model` (and replaces its entry)."""
+    timing ``2 x rounds`` times in blocks (the minimum kept), and fits the model's constants: the dense matrix
+    product from batches of 8 and 64; the pruned path one query at a time from kept fractions of 0.2, 0.5 and 0.8;
+    one pass from batches of 8 and 64 at 25, 50 and 75 % kept, with independent kept sets (union ~1) and with one
+    shared kept set (union = kept), by non-negative least squares on the relative error. With ``save``, cached for
+    :func:`model` (and replaces its entry); a fit that misses one of its timings by more than ``FIT_TOLERANCE`` is
+    logged as a warning."""
     from . import _numba
     from .dense import search_dense
     rng = np.random.default_rng(0)
@@ -157,17 +186,16 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
         mask = rng.random((1 if shared else n, CALIBRATION_DIMS)) < kept
         return np.where(mask, q, 0).astype(np.float32)
 
-    batch = {(8, 'indep'): queries(8, 0.35), (64, 'indep'): queries(64, 0.35), (8, 'shared'): queries(8, 0.35, True)}
-    single = {kept: queries(1, kept) for kept in (0.2, 0.8)}
+    single = {f'one {kept}': queries(1, kept) for kept in (0.2, 0.5, 0.8)}
+    batch = {f'pass {n} {kept} {"shared" if shared else "independent"}': queries(n, kept, shared)
+             for n in (8, 64) for kept in (0.25, 0.5, 0.75) for shared in (False, True)}
     full = queries(64, 1.0)
     fns: Dict[str, Callable] = {
         'gemv': lambda: search_dense(matrix, full[:1], 100),
         'gemm 8': lambda: search_dense(matrix, full[:8], 100),
         'gemm 64': lambda: search_dense(matrix, full, 100),
-        **{f'one {kept}': (lambda q=q: _numba.fused_top_k(matrix, q, 100, one_pass=True))
-           for kept, q in single.items()},
-        **{f'pass {n} {kind}': (lambda q=q: _numba.fused_top_k(matrix, q, 100, one_pass=True))
-           for (n, kind), q in batch.items()},
+        **{name: (lambda q=q: _numba.fused_top_k(matrix, q, 100, one_pass=True))
+           for name, q in {**single, **batch}.items()},
     }
     for fn in fns.values():  # compile (or load) the kernels, touch the matrix
         fn()
@@ -183,32 +211,32 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     unit = min(times['gemv'])
     t = {name: min(values) / unit for name, values in times.items()}
     gemm_per = (t['gemm 64'] - t['gemm 8']) / 56
-    slope = (t['one 0.8'] - t['one 0.2']) / (nonzero_fractions(single[0.8])[0] - nonzero_fractions(single[0.2])[0])
-    rows, costs = [], []
-    for (n, kind), q in batch.items():
-        rows.append([float(np.mean((q != 0).any(axis=0))), float(np.sum(nonzero_fractions(q)))])
-        costs.append(t[f'pass {n} {kind}'])
-    union, per_query = np.linalg.lstsq(np.array(rows), np.array(costs), rcond=None)[0]
-    # a fixed cost that noise pushed below 0 is 0: every path costs at least what it reads
+    single_fit = fit_non_negative(np.array([[1.0, nonzero_fractions(q)[0]] for q in single.values()]),
+                                  np.array([t[name] for name in single]))
+    batch_fit = fit_non_negative(np.array([batch_features(q) for q in batch.values()]),
+                                 np.array([t[name] for name in batch]))
     fitted = CostModel(dense_gemm_fixed=max(0.0, float(t['gemm 8'] - 8 * gemm_per)),
-                       dense_gemm_per_query=float(gemm_per),
-                       pruned_fixed=max(0.0, float(t['one 0.2'] - slope * nonzero_fractions(single[0.2])[0])),
-                       pruned_slope=float(slope), batch_union=max(0.0, float(union)),
-                       batch_per_query=float(per_query))
+                       dense_gemm_per_query=float(gemm_per), pruned_fixed=float(single_fit[0]),
+                       pruned_slope=float(single_fit[1]), batch_per_query=float(batch_fit[0]),
+                       batch_union=float(batch_fit[1]), batch_per_kept=float(batch_fit[2]))
+    estimates = {**{name: fitted.pruned_one_by_one_cost(q) for name, q in single.items()},
+                 **{name: fitted.pruned_batch_cost(q) for name, q in batch.items()}}
+    errors = {name: abs(estimate / t[name] - 1) for name, estimate in estimates.items()}
+    worst = max(errors, key=errors.get)
+    if errors[worst] > FIT_TOLERANCE:
+        _log.warning('the cost model of PrunedRetriever(strategy="auto") misses the timing of "%s" by %.0f %% (load '
+                     'average %.1f): re-run the calibration on a quieter machine with python -m '
+                     'pyterrier_rdime.pruned', worst, errors[worst] * 100, os.getloadavg()[0])
     if save:
         key = machine_key()
         path = cache_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {'machine': key, 'calibrated_at': time.strftime('%Y-%m-%d %H:%M:%S'), 'unit_gemv_s': unit,
-                  'load_average': os.getloadavg(), 'timings_in_gemv': t, 'model': dataclasses.asdict(fitted)}
+                  'load_average': os.getloadavg(), 'timings_in_gemv': t, 'fit_relative_errors': errors,
+                  'model': dataclasses.asdict(fitted)}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
         with os.fdopen(fd, 'w') as out:
             json.dump(record, out, indent=1)
         os.replace(tmp, path)
         _MODELS[key] = fitted
     return fitted
-
-
-if __name__ == '__main__':
-    calibrated = calibrate()
-    print(f'{cache_path()}:', json.dumps(dataclasses.asdict(calibrated), indent=1))
