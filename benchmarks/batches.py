@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     queries = pruned_query_sets(index, matrix, make_queries(state, args.batch), ())['RDIME']
     shipped = (_numba.TILE_DIMS, _numba.BATCH_CACHE_FLOATS)
     variants = {f'one pass, tile {shipped[0]}, cache {shipped[1] * 4 // 1024} KiB (shipped)': with_sizes(*shipped)}
-    for tile, floats in ((8, shipped[1]), (32, shipped[1]), (shipped[0], shipped[1] // 2),
+    for tile, floats in ((16, shipped[1]), (64, shipped[1]), (shipped[0], shipped[1] // 2),
                          (shipped[0], shipped[1] * 2)):
         variants[f'one pass, tile {tile}, cache {floats * 4 // 1024} KiB'] = with_sizes(tile, floats)
     variants['one query after the other'] = lambda m, q: _numba.fused_top_k(m, q, K, one_pass=False)

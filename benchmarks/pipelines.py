@@ -159,9 +159,9 @@ def effectiveness(args) -> dict:
     return out
 
 
-def plot(result: dict, ndcg: dict, path: Path) -> None:
+def plot(result: dict, ndcg: dict, path: Path, load: float) -> None:
     """nDCG@10 (MiniLM on vaswani) against per-query latency with the MiniLM encoder, one point per pipeline,
-    written as SVG."""
+    written as SVG; ``load``: the load average when the latencies were measured."""
     import matplotlib
     matplotlib.use('Agg')
     matplotlib.rcParams['svg.fonttype'] = 'none'  # text as text: a small, diffable file
@@ -174,7 +174,8 @@ def plot(result: dict, ndcg: dict, path: Path) -> None:
             label = f'{name.split(" + ")[0]}, {"PrunedRetriever" if "Pruned" in name else "dense retrieval"}'
             ax.annotate(label if name != 'dense retrieval' else name, (row['ms'], ndcg[name]), fontsize=7,
                         xytext=(4, 3), textcoords='offset points')
-    ax.set_xlabel('latency per query, ms (MiniLM encoder, synthetic 1M x 768 index, 2-core machine at load 9)')
+    ax.set_xlabel(f'latency per query, ms (MiniLM encoder, synthetic 1M x 768 index, 2-core machine at load '
+                  f'{load:.1f})')
     ax.set_ylabel('nDCG@10 (vaswani, MiniLM)')
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -207,7 +208,8 @@ def main(argv=None) -> int:
         if args.vaswani_index:
             ndcg.update({name: v['nDCG@10'] for name, v in effectiveness(args).items()})
         if args.plot:
-            plot(json.loads(args.from_json.read_text())['pipelines'], ndcg, args.plot)
+            measured = json.loads(args.from_json.read_text())
+            plot(measured['pipelines'], ndcg, args.plot, measured['machine']['load_average_at_start'][0])
         return 0
     kept_fracs = {name: float(f) for name, f in (part.split('=') for part in args.kept.split(','))}
     info = common.machine()
@@ -247,7 +249,7 @@ def main(argv=None) -> int:
     if args.json:
         common.write_json(args.json, info, args, {'stages': {**text, **search}, 'pipelines': result})
     if args.plot:
-        plot(result, ndcg, args.plot)
+        plot(result, ndcg, args.plot, info['load_average_at_start'][0])
     return 0
 
 

@@ -8,7 +8,9 @@ One script per question, each printing ratios measured side by side in one run:
 - ``search``: exact retrieval scoring only the kept dimensions (PrunedRetriever) against every dimension;
 - ``layout``: time and memory to build the on-disk dimension-major layout, projected to MS MARCO;
 - ``batches``: ways of scoring a batch of pruned queries (tile and cache sizes, one by one, grouping);
-- ``pipelines``: per-query latency of the retrieve-mode pipelines end to end (encoder, BM25, feedback, pruning).
+- ``pipelines``: per-query latency of the retrieve-mode pipelines end to end (encoder, BM25, feedback, pruning);
+- ``switch``: what one query pays for the threads of the call before it (right after the other path, back to back,
+  after a pause).
 
 ``all`` (the default, ``./run.sh benchmark``) runs them all with their defaults (~20 min on a shared 2-core machine
 once the caches exist; the first run also builds a 1M x 768 synthetic index and its layout, ~2 min, and encodes the
@@ -22,9 +24,10 @@ import layout
 import overhead
 import pipelines
 import search
+import switch
 
 SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout,
-           'pipelines': pipelines, 'batches': batches}
+           'pipelines': pipelines, 'batches': batches, 'switch': switch}
 
 
 def main(argv=None) -> int:

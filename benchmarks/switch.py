@@ -1,0 +1,89 @@
+#!/usr/bin/env python
+"""What does a query pay for the threads of the call before it?
+
+With two threads, the single-query medians of ``search`` fall below its best rounds while one thread's do not. This
+times one query at a time over the synthetic index of ``search`` (top-100, one RDIME-pruned query, ~35 % kept), each
+path in three situations, round after round: right after a call of the *other* path (its threads may still be
+spinning: OpenBLAS's workers spin ~0.1 s after each call before they sleep), right after a call of the *same* path
+(back to back), right after encoding a query with MiniLM (what ``pipe.search(query)`` does before it retrieves; torch
+on its default threads), and after ``--idle`` seconds of idleness (every worker asleep: one query after a pause).
+Min and median over rounds, and the speed-up of pruned over dense in each situation.
+
+Run it twice to see the cause: as is, and with OpenBLAS's workers told to sleep at once
+(``OPENBLAS_THREAD_TIMEOUT=4``, read when numpy loads).
+
+Usage (from the repository root)::
+
+    python benchmarks/run.py switch
+    OPENBLAS_THREAD_TIMEOUT=4 python benchmarks/run.py switch
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import common  # first: it sets the environment (offline hub, temporary PyTerrier homes)
+import numpy as np
+import pandas as pd
+from common import log, table, timed
+
+from pyterrier_rdime import PrunedRetriever
+from pyterrier_rdime.experiment.encoders import load_encoder
+from pyterrier_rdime.pruned import dense, kept
+
+K = 100
+
+
+def main(argv=None) -> int:
+    from search import make_queries, pruned_query_sets
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--docs', type=int, default=1_000_000)
+    parser.add_argument('--dims', type=int, default=768)
+    parser.add_argument('--rounds', type=int, default=20)
+    parser.add_argument('--idle', type=float, default=0.4, help='seconds of idleness before the "after idle" calls')
+    parser.add_argument('--threads', type=int, default=common.os.cpu_count())
+    parser.add_argument('--cache', type=Path, default=common.DEFAULT_CACHE)
+    parser.add_argument('--json', type=Path)
+    args = parser.parse_args(argv)
+    info = common.machine()
+    limiter = common.set_threads(args.threads)
+    timeout = common.os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset (OpenBLAS default)')
+    log(f'## The switch between paths: one query, top-{K} over {args.docs:,} x {args.dims}\n')
+    log(common.describe_machine(info, args.threads) + f'; OPENBLAS_THREAD_TIMEOUT {timeout}')
+    index, state = common.synthetic_flex_index(args.cache, args.docs, args.dims)
+    matrix = PrunedRetriever(index=index).dim_major()
+    query = pruned_query_sets(index, matrix, make_queries(state, 1), ())['RDIME']
+    paths = {'dense': lambda: dense.search_dense(matrix, query, K),
+             'pruned': lambda: kept.search_pruned(matrix, query, K)}
+    encoder = load_encoder('minilm').query_encoder()
+    topic = pd.DataFrame({'qid': ['1'], 'query': ['what is the effect of dimension pruning on dense retrieval']})
+    for path in paths.values():  # compile, warm the page cache
+        path()
+    situations = ('after the other path', 'back to back', 'after a query encoding', 'after idle')
+    times = {(path, situation): [] for path in paths for situation in situations}
+    for _ in range(args.rounds):
+        for path, other in (('dense', 'pruned'), ('pruned', 'dense')):
+            paths[other]()
+            times[path, 'after the other path'].append(timed(paths[path])[0])
+            times[path, 'back to back'].append(timed(paths[path])[0])
+            encoder(topic)
+            times[path, 'after a query encoding'].append(timed(paths[path])[0])
+            time.sleep(args.idle)
+            times[path, 'after idle'].append(timed(paths[path])[0])
+    rows = []
+    for situation in situations:
+        d, p = np.array(times['dense', situation]), np.array(times['pruned', situation])
+        rows.append([situation, f'{d.min() * 1000:.0f} / {np.median(d) * 1000:.0f} ms',
+                     f'{p.min() * 1000:.0f} / {np.median(p) * 1000:.0f} ms',
+                     f'{d.min() / p.min():.2f}× (median {np.median(d) / np.median(p):.2f}×)'])
+    log(f'kept {np.mean(query != 0):.2f}; {args.rounds} rounds\n')
+    log(table(rows, ['situation', 'dense, min / median', 'pruned, min / median', 'pruned speed-up']))
+    log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}')
+    limiter.unregister()
+    if args.json:
+        common.write_json(args.json, info, args, {f'{p} {s}': t for (p, s), t in times.items()})
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
