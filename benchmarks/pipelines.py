@@ -96,7 +96,8 @@ def search_costs(args, kept_fracs: dict) -> dict:
     dense = PrunedRetriever(index=index, num_results=NUM_RESULTS, strategy='dense')
     feedback = PrunedRetriever(index=index, num_results=10, strategy='dense')
     loader = index.vec_loader()
-    loaded = [loader(feedback(q)) for q in one]
+    fed = [feedback(q) for q in one]
+    loaded = [loader(f) for f in fed]
     prf = PrfDime(keep_ranking=False)
     scored = [prf(x) for x in loaded]
     answered = [q.assign(query_answer_vec=[v]) for q, v in zip(one, make_queries(state, len(one), seed=8))]
@@ -104,7 +105,7 @@ def search_costs(args, kept_fracs: dict) -> dict:
     pruned = {name: [TopK(fraction=f)(s) for s in scored] for name, f in kept_fracs.items()}
     fns = {'dense retrieval': lambda: [dense(q) for q in one],
            'dense top-10 (feedback)': lambda: [feedback(q) for q in one],
-           'vec_loader (10 docs)': lambda: [loader(f) for f in [feedback(q) for q in one]],
+           'vec_loader (10 docs)': lambda: [loader(f) for f in fed],
            'PrfDime + Rdime': lambda: [Rdime()(prf(x)) for x in loaded],
            'LlmDime + Rdime': lambda: [Rdime()(LlmDime()(a)) for a in answered],
            **{f'PrunedRetriever ({name}, kept {kept_fracs[name]:.2f})': (lambda p=p: [auto(x) for x in p])
@@ -112,8 +113,6 @@ def search_costs(args, kept_fracs: dict) -> dict:
     for fn in fns.values():
         fn()
     times = {name: ms / len(one) for name, ms in median_ms(fns, args).items()}
-    # the loader's own time: its frames came from a feedback search, timed on its own above
-    times['vec_loader (10 docs)'] -= times['dense top-10 (feedback)']
     times['choices'] = {name: auto.choose_strategy(np.stack(p[0]['query_vec'])) for name, p in pruned.items()}
     return times
 

@@ -2,11 +2,12 @@
 """What does a query pay for the threads of the call before it?
 
 With two threads, the single-query medians of ``search`` fall below its best rounds while one thread's do not. This
-times one query at a time over the synthetic index of ``search`` (top-100, one RDIME-pruned query, ~35 % kept), each
-path in three situations, round after round: right after a call of the *other* path (its threads may still be
-spinning: OpenBLAS's workers spin ~0.1 s after each call before they sleep), right after a call of the *same* path
-(back to back), right after encoding a query with MiniLM (what ``pipe.search(query)`` does before it retrieves; torch
-on its default threads), and after ``--idle`` seconds of idleness (every worker asleep: one query after a pause).
+times one query at a time over the synthetic index of ``search`` (top-100; one query pruned by RDIME, ~35 % kept,
+and by Top-k 0.50), each path in four situations, round after round: right after a call of the *other* path (its
+threads may still be spinning: OpenBLAS's workers spin a while after each call before they sleep), right after a
+call of the *same* path (back to back), right after encoding a query with MiniLM (what ``pipe.search(query)`` does
+before it retrieves; torch on its default threads), and after ``--idle`` seconds of idleness (every worker asleep:
+one query after a pause).
 Min and median over rounds, and the speed-up of pruned over dense in each situation.
 
 Run it twice to see the cause: as is, and with OpenBLAS's workers told to sleep at once
@@ -52,9 +53,11 @@ def main(argv=None) -> int:
     log(common.describe_machine(info, args.threads) + f'; OPENBLAS_THREAD_TIMEOUT {timeout}')
     index, state = common.synthetic_flex_index(args.cache, args.docs, args.dims)
     matrix = PrunedRetriever(index=index).dim_major()
-    query = pruned_query_sets(index, matrix, make_queries(state, 1), ())['RDIME']
-    paths = {'dense': lambda: dense.search_dense(matrix, query, K),
-             'pruned': lambda: kept.search_pruned(matrix, query, K)}
+    queries = pruned_query_sets(index, matrix, make_queries(state, 1), (0.5,))
+    paths = {}
+    for name, query in queries.items():
+        paths['dense', name] = lambda q=query: dense.search_dense(matrix, q, K)
+        paths['pruned', name] = lambda q=query: kept.search_pruned(matrix, q, K)
     encoder = load_encoder('minilm').query_encoder()
     topic = pd.DataFrame({'qid': ['1'], 'query': ['what is the effect of dimension pruning on dense retrieval']})
     for path in paths.values():  # compile, warm the page cache
@@ -62,26 +65,31 @@ def main(argv=None) -> int:
     situations = ('after the other path', 'back to back', 'after a query encoding', 'after idle')
     times = {(path, situation): [] for path in paths for situation in situations}
     for _ in range(args.rounds):
-        for path, other in (('dense', 'pruned'), ('pruned', 'dense')):
-            paths[other]()
-            times[path, 'after the other path'].append(timed(paths[path])[0])
-            times[path, 'back to back'].append(timed(paths[path])[0])
-            encoder(topic)
-            times[path, 'after a query encoding'].append(timed(paths[path])[0])
-            time.sleep(args.idle)
-            times[path, 'after idle'].append(timed(paths[path])[0])
+        for name in queries:
+            for side, other in (('dense', 'pruned'), ('pruned', 'dense')):
+                path = side, name
+                paths[other, name]()
+                times[path, 'after the other path'].append(timed(paths[path])[0])
+                times[path, 'back to back'].append(timed(paths[path])[0])
+                encoder(topic)
+                times[path, 'after a query encoding'].append(timed(paths[path])[0])
+                time.sleep(args.idle)
+                times[path, 'after idle'].append(timed(paths[path])[0])
     rows = []
-    for situation in situations:
-        d, p = np.array(times['dense', situation]), np.array(times['pruned', situation])
-        rows.append([situation, f'{d.min() * 1000:.0f} / {np.median(d) * 1000:.0f} ms',
-                     f'{p.min() * 1000:.0f} / {np.median(p) * 1000:.0f} ms',
-                     f'{d.min() / p.min():.2f}× (median {np.median(d) / np.median(p):.2f}×)'])
-    log(f'kept {np.mean(query != 0):.2f}; {args.rounds} rounds\n')
-    log(table(rows, ['situation', 'dense, min / median', 'pruned, min / median', 'pruned speed-up']))
+    for name, query in queries.items():
+        for situation in situations:
+            d, p = np.array(times[('dense', name), situation]), np.array(times[('pruned', name), situation])
+            rows.append([name, f'{np.mean(query != 0):.2f}', situation,
+                         f'{d.min() * 1000:.0f} / {np.median(d) * 1000:.0f} ms',
+                         f'{p.min() * 1000:.0f} / {np.median(p) * 1000:.0f} ms',
+                         f'{d.min() / p.min():.2f}× (median {np.median(d) / np.median(p):.2f}×)'])
+    log(f'{args.rounds} rounds\n')
+    log(table(rows, ['query', 'kept', 'situation', 'dense, min / median', 'pruned, min / median',
+                     'pruned speed-up']))
     log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}')
     limiter.unregister()
     if args.json:
-        common.write_json(args.json, info, args, {f'{p} {s}': t for (p, s), t in times.items()})
+        common.write_json(args.json, info, args, {f'{side} {name} {s}': t for ((side, name), s), t in times.items()})
     return 0
 
 
