@@ -116,3 +116,59 @@ def test_the_calibration_command(cache, monkeypatch, capsys):
     with pytest.raises(SystemExit) as stop:
         command.main(['--threads', '0'])
     assert stop.value.code == 2 and '--threads must be between 1 and' in capsys.readouterr().err
+
+
+class _Machine:
+    """A machine whose paths cost exactly what ``TRUE`` says (in ms on a fake clock), for the calibration to recover."""
+    TRUE = cost.CostModel(dense_gemm_fixed=1.5, dense_gemm_per_query=0.2, pruned_fixed=0.05, pruned_slope=0.9,
+                          batch_per_query=0.03, batch_union=1.0, batch_per_kept=0.25)
+
+    def __init__(self, disturbed=()):
+        self.now, self.disturbed = 0.0, disturbed
+
+    def perf_counter(self):
+        return self.now
+
+    def dense(self, matrix, query_vecs, k, **kwargs):
+        self.now += self.TRUE.dense_cost(len(query_vecs)) / 1000
+
+    def pruned(self, matrix, query_vecs, k, one_pass):
+        one = len(query_vecs) == 1
+        slow = 3.0 if (len(query_vecs), one) in self.disturbed else 1.0
+        estimate = self.TRUE.pruned_one_by_one_cost(query_vecs) if one else self.TRUE.pruned_batch_cost(query_vecs)
+        self.now += slow * estimate / 1000
+
+
+@pytest.fixture
+def fake_machine(monkeypatch):
+    """Calibration against a fake clock: returns a function installing a machine (with some batch sizes slowed)."""
+    import time
+
+    from pyterrier_rdime.pruned import _numba, dense
+
+    def install(disturbed=()):
+        machine = _Machine(disturbed)
+        monkeypatch.setattr(cost, 'time', type('Clock', (), {'perf_counter': machine.perf_counter,
+                                                             'strftime': staticmethod(time.strftime)}))
+        monkeypatch.setattr(dense, 'search_dense', machine.dense)
+        monkeypatch.setattr(_numba, 'fused_top_k', machine.pruned)
+        return machine
+    return install
+
+
+@COMPILED
+def test_calibration_recovers_the_costs_of_the_machine(cache, fake_machine, caplog):
+    fake_machine()
+    fitted = cost.calibrate(docs=256, rounds=1, save=False)
+    for name, value in dataclasses.asdict(_Machine.TRUE).items():
+        assert getattr(fitted, name) == pytest.approx(value, rel=0.05, abs=0.01), name
+    assert 'misses the timing' not in caplog.text
+
+
+@COMPILED
+def test_a_disturbed_calibration_warns(cache, fake_machine, caplog):
+    fake_machine(disturbed={(8, False)})  # every batch of 8 timed 3x too slow: no model of the form fits
+    with caplog.at_level('WARNING', logger=cost.__name__):
+        cost.calibrate(docs=256, rounds=1)
+    assert 'misses the timing of "pass ' in caplog.text and 'python -m pyterrier_rdime.pruned' in caplog.text
+    assert max(json.loads(cost.cache_path().read_text())['fit_relative_errors'].values()) > cost.FIT_TOLERANCE
