@@ -13,7 +13,6 @@ Usage (from the repository root)::
 """
 import argparse
 import sys
-from pathlib import Path
 
 import common  # first: it sets the environment (offline hub, temporary PyTerrier homes)
 import numpy as np
@@ -62,14 +61,10 @@ def grouped(groups: int):
 def main(argv=None) -> int:
     from search import check_topk, make_queries, pruned_query_sets
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--docs', type=int, default=1_000_000)
-    parser.add_argument('--dims', type=int, default=768)
+    common.synthetic_index_options(parser)
     parser.add_argument('--batch', type=int, default=64)
     parser.add_argument('--rounds', type=int, default=4)
     parser.add_argument('--per-block', type=int, default=2)
-    parser.add_argument('--threads', type=int, default=common.os.cpu_count())
-    parser.add_argument('--cache', type=Path, default=common.DEFAULT_CACHE)
-    parser.add_argument('--json', type=Path)
     args = parser.parse_args(argv)
     info = common.machine()
     limiter = common.set_threads(args.threads)

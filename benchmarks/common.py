@@ -47,7 +47,8 @@ def interleaved(fns: Dict[str, Callable], rounds: int) -> Dict[str, List[float]]
 def blocks(fns: Dict[str, Callable], rounds: int, per_block: int = 3) -> Dict[str, List[float]]:
     """Like :func:`interleaved`, but each function runs ``per_block`` times in a row per round and the round keeps
     the fastest of them: the first call of a block absorbs the switch from the other side (BLAS or OpenMP threads of
-    the previous side still spinning, caches holding its data), so that neither side pays for the other's threads."""
+    the previous side still spinning, caches holding its data). OpenBLAS's workers may spin longer than a block of
+    short calls lasts: ``switch`` measures what that costs."""
     names = list(fns)
     times = {n: [] for n in names}
     for r in range(rounds):
@@ -105,6 +106,18 @@ def describe_machine(info: dict, threads: int) -> str:
     return (f'machine: {info["cpu"]}, {info["cores"]} cores, {info["memory"]}; Python {info["python"]}, numpy '
             f'{info["numpy"]}; {threads} thread(s) for BLAS and numba alike; load average at start '
             f'{", ".join(f"{x:.1f}" for x in info["load_average_at_start"])}')
+
+
+def synthetic_index_options(parser) -> None:
+    """The options of every benchmark over the synthetic index: its size, the threads of both sides, where it is
+    cached, and a JSON copy of the measurements."""
+    parser.add_argument('--docs', type=int, default=1_000_000, help='documents of the synthetic index')
+    parser.add_argument('--dims', type=int, default=768)
+    parser.add_argument('--threads', type=int, default=os.cpu_count(),
+                        help='threads for BLAS and numba alike (default: every core)')
+    parser.add_argument('--cache', type=Path, default=DEFAULT_CACHE,
+                        help='where the synthetic index, its layout and the pool vectors are cached')
+    parser.add_argument('--json', type=Path, help='also write the measurements here')
 
 
 def set_threads(threads: int):

@@ -184,18 +184,14 @@ def plot(result: dict, ndcg: dict, path: Path, load: float) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--docs', type=int, default=1_000_000, help='documents of the synthetic index')
-    parser.add_argument('--dims', type=int, default=768)
+    common.synthetic_index_options(parser)
     parser.add_argument('--queries', type=int, default=8, help='queries timed, one per call')
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--per-block', type=int, default=2)
     parser.add_argument('--kept', default='dense PRF=0.46,BM25 PRF=0.37,LLM=0.53',
                         help='kept fraction of RDIME per feedback (vaswani retrieve mode, MiniLM; LLM: DL19)')
     parser.add_argument('--mpnet', type=Path, help='an all-mpnet-base-v2 folder, to time it too')
-    parser.add_argument('--threads', type=int, default=common.os.cpu_count())
     parser.add_argument('--torch-threads', type=int, default=1, help='threads of the encoders (default: %(default)s)')
-    parser.add_argument('--cache', type=Path, default=common.DEFAULT_CACHE)
-    parser.add_argument('--json', type=Path)
     parser.add_argument('--ndcg', default='', help="nDCG@10 of each pipeline, 'PIPELINE=VALUE;...', for --plot")
     parser.add_argument('--plot', type=Path, help='an SVG of nDCG@10 against latency (with --ndcg)')
     parser.add_argument('--from-json', type=Path, help='plot the pipelines of an earlier --json run, measure nothing')

@@ -239,22 +239,17 @@ def real_pool(args) -> list:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--docs', type=int, default=1_000_000, help='documents of the synthetic index')
-    parser.add_argument('--dims', type=int, default=768)
+    common.synthetic_index_options(parser)
     parser.add_argument('--single', type=int, default=12, help='queries per row, one at a time')
     parser.add_argument('--batches', default='8,64', help="batch sizes ('' for none)")
     parser.add_argument('--rounds', type=int, default=5, help='repetitions (rounds)')
     parser.add_argument('--timing', choices=('blocks', 'interleaved'), default='blocks',
-                        help='blocks: each side runs --per-block times in a row per round, the fastest kept (neither '
-                             "side pays for the other's spinning threads); interleaved: one call per side per round")
+                        help='blocks: each side runs --per-block times in a row per round, the fastest kept (the '
+                             "first call absorbs most of the other side's spinning threads; benchmark 'switch' shows "
+                             'the rest); interleaved: one call per side per round')
     parser.add_argument('--per-block', type=int, default=3)
-    parser.add_argument('--threads', type=int, default=common.os.cpu_count(),
-                        help='threads for BLAS and numba alike (default: every core)')
-    parser.add_argument('--cache', type=Path, default=common.DEFAULT_CACHE,
-                        help='where the synthetic index, its layout and the pool vectors are cached')
     parser.add_argument('--collection', type=Path, default=common.DEFAULT_COLLECTION)
     parser.add_argument('--calibrate', action='store_true', help="re-calibrate the cost model of strategy='auto'")
-    parser.add_argument('--json', type=Path, help='also write the measurements here')
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(',') if b]
     info = common.machine()
