@@ -69,6 +69,22 @@ def test_same_topk_as_full_scoring(corpus, small_blocks, search):
         np.testing.assert_allclose(s, ref_s, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('path', FUSED)
+def test_every_count_of_kept_rows(corpus, small_blocks, path):
+    # 1 to 20 kept dimensions: every remainder after the passes of eight rows (0-7 rows: none, a pass of 4, of 3, 2
+    # or 1, or 4 then 3/2/1), with whole queries one by one and with tiles of 8 dimensions in one pass
+    docs, _ = corpus
+    rng = np.random.default_rng(5)
+    query_vecs = np.zeros((20, DIMS), dtype=np.float32)
+    for count in range(1, 21):
+        query_vecs[count - 1, rng.choice(DIMS, count, replace=False)] = rng.standard_normal(count)
+    scores, docids = fused(np.ascontiguousarray(docs.T), query_vecs, K, path)
+    for query_vec, s, d in zip(query_vecs, scores, docids):
+        ref_s, ref_d = full_topk(docs, query_vec, K)
+        assert d.tolist() == ref_d.tolist()
+        np.testing.assert_allclose(s, ref_s, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('path', FUSED + ['numpy', 'dense'])
 def test_exact_ties_go_to_the_lower_docid(small_blocks, path):
     # 500 documents of four distinct vectors (row i has vector i % 4), so every score is tied 125 times; with blocks
