@@ -77,7 +77,7 @@ def test_calibration_is_cached_per_machine_and_thread_count(cache, monkeypatch):
     import numba
     fitted = cost.calibrate(docs=4096, rounds=1)
     path = cost.cache_path()
-    assert path.parent == cache / 'cost' and path.name.endswith(f'-{numba.get_num_threads()}threads.json')
+    assert path.parent == cache / 'cost' and f'-{numba.get_num_threads()}threads-blas' in path.name
     record = json.loads(path.read_text())
     assert record['model'] == dataclasses.asdict(fitted) and record['machine'] == cost.machine_key()
     assert all(np.isfinite(v) for v in record['model'].values()) and record['timings_in_gemv']['gemv'] == 1.0
@@ -87,15 +87,20 @@ def test_calibration_is_cached_per_machine_and_thread_count(cache, monkeypatch):
     monkeypatch.setattr(cost, '_MODELS', {})  # a new process: read from the file, not calibrated again
     monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: pytest.fail('calibrated again'))
     assert cost.model() == fitted
-    if numba.config.NUMBA_NUM_THREADS > 1:  # another thread count is another calibration
-        calls = []
-        monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: calls.append(cost.machine_key()) or ROUND)
+    calls = []
+    monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: calls.append(cost.machine_key()) or ROUND)
+    if numba.config.NUMBA_NUM_THREADS > 1:  # another thread count of the kernel is another calibration
         threads = numba.get_num_threads()
         numba.set_num_threads(1)
         try:
-            assert cost.model() == ROUND and calls == [cost.machine_key()] and calls[0].endswith('-1threads')
+            assert cost.model() == ROUND and calls == [cost.machine_key()] and '-1threads-' in calls[0]
         finally:
             numba.set_num_threads(threads)
+    from threadpoolctl import threadpool_limits
+    blas = cost.machine_key().rsplit('-blas', 1)[1]
+    if blas not in ('1', 'unknown'):  # so is another thread count of BLAS (the dense path)
+        with threadpool_limits(1, user_api='blas'):
+            assert cost.machine_key().endswith('-blas1') and cost.model() == ROUND and calls[-1].endswith('-blas1')
 
 
 @COMPILED

@@ -2,8 +2,8 @@
 one dense ``gemv`` over the whole matrix (one query, every dimension, top-k included), from the fraction of
 dimensions each query keeps. Its seven constants are calibrated on the machine in use, not fitted once on another CPU:
 :func:`calibrate` times both paths on a synthetic matrix several times the size of the CPU caches (a few seconds),
-and the result is cached per CPU model and thread count in ``default_cache_dir()/cost``; :func:`model` loads it, or
-calibrates on first use. Re-run it on demand with ``python -m pyterrier_rdime.pruned``."""
+and the result is cached per CPU model and thread counts (numba's and BLAS's) in ``default_cache_dir()/cost``;
+:func:`model` loads it, or calibrates on first use. Re-run it on demand with ``python -m pyterrier_rdime.pruned``."""
 import dataclasses
 import functools
 import json
@@ -140,11 +140,24 @@ def _cpu() -> str:
     return f'{slug}-{os.cpu_count()}cpus'
 
 
+@functools.lru_cache(maxsize=1)
+def _blas():
+    """numpy's BLAS libraries (found once, by threadpoolctl; None without it)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    return ThreadpoolController().select(user_api='blas')
+
+
 def machine_key() -> str:
-    """The CPU model and the numba thread count (which the process may change), as a file name: a calibration holds
-    for these only."""
+    """The CPU model, the numba thread count and numpy's BLAS thread count (both of which the process may change: the
+    kernel runs on the one, the dense path on the other), as a file name: a calibration holds for these only. Without
+    threadpoolctl the BLAS thread count is ``unknown``."""
     import numba
-    return f'{_cpu()}-{numba.get_num_threads()}threads'
+    blas = _blas()
+    counts = sorted({library['num_threads'] for library in blas.info()}) if blas is not None else []
+    return f'{_cpu()}-{numba.get_num_threads()}threads-blas{"-".join(map(str, counts)) or "unknown"}'
 
 
 def cache_path(key: Optional[str] = None) -> Path:
@@ -154,7 +167,7 @@ def cache_path(key: Optional[str] = None) -> Path:
 
 def model() -> CostModel:
     """The cost model of this machine and thread count: from this process's memory, else the cache file, else
-    calibrated now (a few seconds, once per CPU model and thread count) and cached."""
+    calibrated now (a few seconds, once per CPU model and thread counts) and cached."""
     key = machine_key()
     if key not in _MODELS:
         path = cache_path(key)

@@ -48,7 +48,7 @@ class PrunedRetriever(ConfigTransformer):
     - ``'dense'``: every dimension of the zeroed query with BLAS: one ``gemv`` per query below 4 queries, else one
       matrix product per ``batch_size`` queries and block of documents.
     - ``'auto'`` (default): per call, the path of lower estimated cost (:mod:`pyterrier_rdime.pruned.cost`,
-      calibrated on this machine on first use: a few seconds, cached per CPU model and thread count), and ``'dense'``
+      calibrated on this machine on first use: a few seconds, cached per CPU model and thread counts), and ``'dense'``
       without numba or for a matrix under 16 MiB (it sits in the CPU caches).
 
     Both paths return the same documents up to floating-point ties: scores agree to float32 summation-order
