@@ -182,10 +182,10 @@ def model() -> CostModel:
 
 def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int = CALIBRATION_DOCS) -> CostModel:
     """Times the dense and the pruned paths on a ``CALIBRATION_DIMS x docs`` synthetic matrix with top-100, each
-    timing ``2 x rounds`` times in blocks (the minimum kept), and fits the model's constants: the dense matrix
-    product from batches of 8 and 64; the pruned path one query at a time from kept fractions of 0.2, 0.5 and 0.8;
-    one pass from batches of 8 and 64 at 25, 50 and 75 % kept, with independent kept sets (union ~1) and with one
-    shared kept set (union = kept), by non-negative least squares on the relative error. With ``save``, cached for
+    timing ``2 x rounds`` times in blocks (the minimum kept), and fits the model's constants by non-negative least
+    squares on the relative error: the dense matrix product from batches of 8 and 64; the pruned path one query at a
+    time from kept fractions of 0.2, 0.5 and 0.8; one pass from batches of 8 and 64 at 25, 50 and 75 % kept, with
+    independent kept sets (union ~1) and with one shared kept set (union = kept). With ``save``, cached for
     :func:`model` (and replaces its entry); a fit that misses one of its timings by more than ``FIT_TOLERANCE`` is
     logged as a warning."""
     from . import _numba
@@ -223,13 +223,13 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
                 times[name].append(time.perf_counter() - start)
     unit = min(times['gemv'])
     t = {name: min(values) / unit for name, values in times.items()}
-    gemm_per = (t['gemm 64'] - t['gemm 8']) / 56
+    dense_fit = fit_non_negative(np.array([[1.0, 8.0], [1.0, 64.0]]), np.array([t['gemm 8'], t['gemm 64']]))
     single_fit = fit_non_negative(np.array([[1.0, nonzero_fractions(q)[0]] for q in single.values()]),
                                   np.array([t[name] for name in single]))
     batch_fit = fit_non_negative(np.array([batch_features(q) for q in batch.values()]),
                                  np.array([t[name] for name in batch]))
-    fitted = CostModel(dense_gemm_fixed=max(0.0, float(t['gemm 8'] - 8 * gemm_per)),
-                       dense_gemm_per_query=float(gemm_per), pruned_fixed=float(single_fit[0]),
+    fitted = CostModel(dense_gemm_fixed=float(dense_fit[0]), dense_gemm_per_query=float(dense_fit[1]),
+                       pruned_fixed=float(single_fit[0]),
                        pruned_slope=float(single_fit[1]), batch_per_query=float(batch_fit[0]),
                        batch_union=float(batch_fit[1]), batch_per_kept=float(batch_fit[2]))
     estimates = {**{name: fitted.pruned_one_by_one_cost(q) for name, q in single.items()},
