@@ -2,7 +2,9 @@
 calibration on the machine in use (cached per CPU model and thread count, re-used, re-run on demand; never run for a
 matrix that sits in the caches). No timed assertions: the calibration's values depend on the machine."""
 import dataclasses
+import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,3 +179,15 @@ def test_a_disturbed_calibration_warns(cache, fake_machine, caplog):
         cost.calibrate(docs=256, rounds=1)
     assert 'misses the timing of "pass ' in caplog.text and 'python -m pyterrier_rdime.pruned' in caplog.text
     assert max(json.loads(cost.cache_path().read_text())['fit_relative_errors'].values()) > cost.FIT_TOLERANCE
+
+
+def test_the_key_counts_the_threads_of_numpy_s_blas_only(monkeypatch):
+    # scipy loads a BLAS of its own beside numpy's (a thread limit set before it loaded does not reach it): the dense
+    # path runs on numpy's, the only one the calibration's key may count
+    pytest.importorskip('threadpoolctl')
+    pytest.importorskip('scipy.linalg')
+    monkeypatch.setattr(cost, '_blas', functools.lru_cache(maxsize=1)(cost._blas.__wrapped__))
+    paths = [Path(info['filepath']) for info in cost._blas().info()]
+    if not any(p.parent.name.startswith('numpy') for p in paths):
+        pytest.skip("numpy uses the system's BLAS here")
+    assert paths and all(p.parent.name.startswith('numpy') for p in paths)

@@ -1,6 +1,6 @@
 """``python -m pyterrier_rdime.pruned [--threads N]``: re-calibrates the cost model of
-``PrunedRetriever(strategy='auto')`` on this machine (a few seconds) and caches it for this CPU model and thread count;
-run it again when the first calibration ran on a busy machine."""
+``PrunedRetriever(strategy='auto')`` on this machine (a few seconds) and caches it for this CPU model and thread
+counts; run it again when the first calibration ran on a busy machine."""
 import argparse
 import contextlib
 import dataclasses
@@ -16,7 +16,12 @@ def main(argv=None) -> int:
                                                     '(default: every core numba may use; the cost model is cached per '
                                                     'thread count)')
     args = parser.parse_args(argv)
-    import numba
+    try:
+        import numba
+    except ImportError:
+        parser.error("the pruned path's compiled kernel needs numba, without which strategy='auto' always scores "
+                     "densely and needs no calibration: pip install 'pyterrier-rdime[fast]' (from a clone: "
+                     "pip install '.[fast]')")
     limits = contextlib.nullcontext()
     if args.threads is not None:
         if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
@@ -29,9 +34,9 @@ def main(argv=None) -> int:
                          'pyterrier_rdime.pruned')
         numba.set_num_threads(args.threads)
         limits = threadpool_limits(args.threads, user_api='blas')
-    with limits:
+    with limits:  # the cache file is named after the thread counts in force
         fitted = cost.calibrate()
-    print(f'{cost.cache_path()}:', json.dumps(dataclasses.asdict(fitted), indent=1))
+        print(f'{cost.cache_path()}:', json.dumps(dataclasses.asdict(fitted), indent=1))
     return 0
 
 

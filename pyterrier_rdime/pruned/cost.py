@@ -142,12 +142,16 @@ def _cpu() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _blas():
-    """numpy's BLAS libraries (found once, by threadpoolctl; None without it)."""
+    """numpy's BLAS, the dense path's (found once, by threadpoolctl; None without it): the BLAS libraries in numpy's
+    wheel (``numpy.libs``), else every BLAS loaded (a numpy built on the system's BLAS); a BLAS that scipy or numba
+    loads beside it is not numpy's."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:
         return None
-    return ThreadpoolController().select(user_api='blas')
+    blas = ThreadpoolController().select(user_api='blas')
+    numpy_own = [info['filepath'] for info in blas.info() if Path(info['filepath']).parent.name.startswith('numpy')]
+    return blas.select(filepath=numpy_own) if numpy_own else blas
 
 
 def machine_key() -> str:
