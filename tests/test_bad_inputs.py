@@ -262,6 +262,22 @@ _HASH_ENCODER = textwrap.dedent('''
 ''')
 exec(_HASH_ENCODER)
 
+def _sigkill_once_started(script, args, started, stage):
+    """Runs ``script`` in a child Python with ``args`` and the path ``started``, and kills it with SIGKILL as soon as
+    it creates that file (at ``stage``, within 120 s); returns the finished child."""
+    child = subprocess.Popen([sys.executable, '-c', script, *map(str, args), str(started)])
+    try:
+        for _ in range(1200):
+            if started.exists() or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert started.exists(), f'the child never reached {stage}'
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    return child
+
+
 _KILLED_BUILD = _HASH_ENCODER + textwrap.dedent('''
     import sys, time
     from pathlib import Path
@@ -290,17 +306,7 @@ def test_sigkill_while_building_the_index_leaves_the_cache_correct(tmp_path, fir
     if first is not None:
         dense_index(load_collection(folder), model, 'minilm', cache, first, verbose=False)
     before = sorted(os.listdir(path)) if first is not None else None
-    started = tmp_path / 'started'
-    child = subprocess.Popen([sys.executable, '-c', _KILLED_BUILD, str(folder), str(cache), str(started)])
-    try:
-        for _ in range(1200):
-            if started.exists() or child.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert started.exists(), 'the child never reached its second batch'
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    child = _sigkill_once_started(_KILLED_BUILD, [folder, cache], tmp_path / 'started', 'its second batch')
     assert child.returncode == -signal.SIGKILL
     assert list(path.parent.glob('.*.tmp.flex'))  # what the killed process left...
     if first is None:
@@ -350,17 +356,7 @@ _KILLED_BM25 = textwrap.dedent('''
 
 def test_sigkill_while_building_the_bm25_index_leaves_the_cache_correct(tmp_path):
     folder = _collection(tmp_path / 'coll')
-    started = tmp_path / 'started'
-    child = subprocess.Popen([sys.executable, '-c', _KILLED_BM25, str(folder), str(tmp_path / 'cache'), str(started)])
-    try:
-        for _ in range(1200):
-            if started.exists() or child.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert started.exists(), 'the child never reached its fourth document'
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    _sigkill_once_started(_KILLED_BM25, [folder, tmp_path / 'cache'], tmp_path / 'started', 'its fourth document')
     collection = load_collection(folder)
     assert not (tmp_path / 'cache' / collection.slug / 'pisa').exists()
     got = bm25(collection, tmp_path / 'cache', 10)(collection.topics)
