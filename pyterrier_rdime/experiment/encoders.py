@@ -21,6 +21,7 @@ DEFAULT_ENCODER = 'minilm'
 #: The files of a model folder that decide its vectors: configurations, vocabularies, tokenizers, weights and custom
 #: code. Documentation, licences and desktop clutter (README.md, desktop.ini) change no vector.
 _MODEL_SUFFIXES = ('.json', '.txt', '.model', '.safetensors', '.bin', '.pt', '.pth', '.py', '.tiktoken')
+_WEIGHT_SUFFIXES = ('.safetensors', '.bin', '.pt', '.pth')
 #: Alternative runtimes' copies that sentence-transformers does not load.
 _SKIPPED_FOLDERS = ('onnx', 'openvino')
 
@@ -71,9 +72,25 @@ def encoder_fingerprint(name: str) -> str:
     if not files:
         raise ValueError(f'--encoder {name!r}: {resolved} holds no model files ({", ".join(_MODEL_SUFFIXES)}); pass '
                          'a sentence-transformers model folder')
+    _check_model_files(name, resolved, files)
     listing = tuple((f.relative_to(resolved).as_posix(), str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns)
                     for f in files)
     return _content_digest(listing)
+
+
+def _check_model_files(name: str, folder: Path, files) -> None:
+    """A folder that lacks the configuration, the tokenizer or the weights cannot load: refused while the grid is
+    checked, before any cell's work, rather than when its cell comes."""
+    names = {f.name for f in files}
+    tokenizer = bool(names & {'tokenizer.json', 'vocab.txt', 'vocab.json'}) or any(f.suffix == '.model' for f in files)
+    needed = {'a configuration (config.json)': 'config.json' in names,
+              'a tokenizer (tokenizer.json, vocab.txt, vocab.json or a sentencepiece .model)': tokenizer,
+              'weights (*.safetensors, *.bin, *.pt or *.pth)':
+                  any(f.suffix in _WEIGHT_SUFFIXES for f in files)}
+    missing = [what for what, found in needed.items() if not found]
+    if missing:
+        raise ValueError(f'--encoder {name!r}: {folder} lacks {" and ".join(missing)}; pass a complete '
+                         'sentence-transformers model folder')
 
 
 @functools.lru_cache(maxsize=16)

@@ -76,9 +76,10 @@ def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, 
             mine = points[(points['dime'] == dime) & (points['measure'] == measure)].set_index('system')
             if 'RDIME' in mine.index:
                 r = mine.loc['RDIME']
-                ax.errorbar(r['kept'], r['value'], xerr=[[r['kept'] - r['low']], [r['high'] - r['kept']]], fmt='o',
-                            color=colours[dime], markersize=7, markeredgecolor='black', capsize=3,
-                            label=f'{label} RDIME')
+                # the bar spans the percentiles themselves: the mean can lie outside them (a skewed spread)
+                ax.plot([r['low'], r['high']], [r['value'], r['value']], '|-', color=colours[dime], markersize=7)
+                ax.plot(r['kept'], r['value'], 'o', color=colours[dime], markersize=7, markeredgecolor='black',
+                        label=f'{label} RDIME')
             if 'CV Top-k' in mine.index:
                 c = mine.loc['CV Top-k']
                 ax.plot(c['kept'], c['value'], 'x', color=colours[dime], markersize=8, markeredgewidth=2,

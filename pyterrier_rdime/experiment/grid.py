@@ -1,8 +1,9 @@
 """The paper's grid in one call: every (collection, encoder) cell run by :func:`run_experiment` into a folder of its
-own, skipped on a re-run with the same options, then the combined tables and Figure of the finished cells.
+own, read back on a re-run where none of its inputs changed, then the combined tables and Figure of the finished
+cells.
 
-Every option and cell is checked before any cell runs: the collections load, the encoders resolve, the answers file
-parses. A cell that fails loses no other one.
+Every option and cell is checked before any cell runs: the collections load, the encoders resolve to complete model
+folders, the answers file parses. A cell that fails loses no other one; a damaged cell record is recomputed.
 """
 import hashlib
 import json
@@ -11,8 +12,10 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import pandas as pd
 
 from ..llm import read_answers_tsv
 from . import evaluate as ev
@@ -25,7 +28,7 @@ from .tables import write_combined
 logger = logging.getLogger(__name__)
 
 CELL_FILE = 'cell.json'
-#: run_experiment's arguments that change no number: left out of a cell's options key.
+#: run_experiment's arguments that change no number: left out of a cell's options fingerprint.
 NEUTRAL = ('cache_dir', 'batch_size', 'workers', 'parallel_backend', 'verbose')
 CHECKED = ('mode', 'first_stage', 'dimes', 'ks', 'modulators', 'feedback', 'retriever', 'test', 'depth', 'num_results',
            'max_queries', 'sweep', 'folds', 'margin', 'alternative')
@@ -33,18 +36,27 @@ CHECKED = ('mode', 'first_stage', 'dimes', 'ks', 'modulators', 'feedback', 'retr
 
 @dataclass
 class Cell:
-    """One (collection, encoder) of the grid, its output folder and the key of its options."""
+    """One (collection, encoder) of the grid: its output folder, the fingerprint of each input its numbers depend on
+    (:func:`cell_inputs`) and their key, and the labels the combined outputs give it (distinct even where two
+    collections or encoders share a folder name)."""
     collection: Collection
     encoder: str
     folder: Path
-    key: str
-    status: str = 'pending'  # 'done' (run now), 'skipped' (finished before, same options) or 'failed'
+    inputs: Dict[str, Optional[str]]
+    collection_label: str = ''
+    encoder_label: str = ''
+    status: str = 'pending'  # 'done' (run now), 'skipped' (finished before, same inputs) or 'failed'
     error: str = ''
+    problems: List[str] = field(default_factory=list)  # outputs of the cell that could not be written
     result: Optional[ExperimentResult] = field(default=None, repr=False)
 
     @property
+    def key(self) -> str:
+        return _digest(self.inputs)
+
+    @property
     def name(self) -> str:
-        return f'{self.collection.name} × {self.encoder}'
+        return f'{self.collection_label or self.collection.name} × {self.encoder_label or self.encoder}'
 
 
 @dataclass
@@ -58,16 +70,11 @@ class GridResult:
         return [c for c in self.cells if c.status == 'failed']
 
 
-def slug(text: str) -> str:
-    """A readable folder name: the ir_datasets id or the last part of a path."""
-    name = text[len('irds:'):] if text.startswith('irds:') else Path(text).expanduser().resolve().name
-    return re.sub(r'[^A-Za-z0-9_.-]+', '-', name).strip('-') or 'cell'
-
-
 def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str], out: Union[str, Path],
          **settings) -> List[Cell]:
     """Checks every option and cell before any work and returns the cells with their folders
-    (``<out>/<collection>/<encoder>/``) and options keys. Errors name the option or cell and the fix."""
+    (``<out>/<collection>/<encoder>/``) and inputs. A collection or encoder given twice (the same content under
+    another name) is planned once, with a warning. Errors name the option or cell and the fix."""
     if not collections or not encoders:
         raise ValueError('the grid needs at least one collection and one --encoder')
     check_options(**{k: v for k, v in settings.items() if k in CHECKED})
@@ -77,38 +84,88 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     loaded = [c if isinstance(c, Collection) else load_collection(c) for c in collections]
     for collection in loaded:
         ev.check_rel(settings.get('rel'), collection.qrels)
-    fingerprints = {encoder: encoder_fingerprint(encoder) for encoder in dict.fromkeys(encoders)}
-    keyed = {k: v for k, v in settings.items() if k not in NEUTRAL and k != 'answers'}
+    loaded = _once(loaded, [_digest(collection_inputs(c, answers_key)) for c in loaded], 'collection',
+                   lambda c: c.name)
+    encoders = _once(list(encoders), [encoder_fingerprint(e) for e in encoders], '--encoder', str)
+    fingerprints = {encoder: encoder_fingerprint(encoder) for encoder in encoders}  # memoised: no second hashing
     if settings.get('index') is not None and len(loaded) * len(fingerprints) > 1:
         raise ValueError('--index: an existing index serves one collection and one encoder; run a grid without it '
                          '(each cell encodes its collection, cached under --cache)')
-    encoder_folders, used = {}, set()
-    for encoder in fingerprints:
-        encoder_folders[encoder] = _unique(slug(encoder), used)
-    cells, used = [], set()
-    for collection in loaded:
-        collection_folder = Path(out) / _unique(slug(collection.name), used)
-        for encoder in fingerprints:
-            folder = collection_folder / encoder_folders[encoder]
-            key = _digest({'collection': collection.fingerprint, 'encoder': fingerprints[encoder],
-                           'answers': answers_key, **keyed})
-            cells.append(Cell(collection, encoder, folder, key))
+    common = {'first-stage file': _file_digest(settings.get('first_stage')),
+              'index': _file_digest(settings.get('index')),
+              'options': _digest({k: v for k, v in settings.items() if k not in NEUTRAL and k != 'answers'})}
+    collection_labels = distinct_labels([_identity(c.name) for c in loaded])
+    encoder_labels = distinct_labels([_identity(e) for e in fingerprints])
+    cells = []
+    for collection, collection_label in zip(loaded, collection_labels):
+        for (encoder, fingerprint), encoder_label in zip(fingerprints.items(), encoder_labels):
+            folder = Path(out) / _folder(collection_label) / _folder(encoder_label)
+            inputs = {**collection_inputs(collection, answers_key), 'encoder': fingerprint, **common}
+            cells.append(Cell(collection, encoder, folder, inputs, collection_label, encoder_label))
     return cells
+
+
+def collection_inputs(collection: Collection, answers_key: Optional[str] = None) -> Dict[str, Optional[str]]:
+    """A fingerprint of each of a collection's files that a cell's numbers depend on: documents, queries, qrels, the
+    shipped first-stage run and the LLM answers (``answers_key``: those of ``--answers``, which replace the
+    collection's)."""
+    shipped = None if collection.answers is None else _digest(sorted(collection.answers.items()))
+    return {'documents': collection.fingerprint, 'queries': _frame_digest(collection.topics),
+            'qrels': _frame_digest(collection.qrels),
+            'first-stage run': None if collection.run is None else _frame_digest(collection.run),
+            'answers': answers_key if answers_key is not None else shipped}
+
+
+def distinct_labels(names: Sequence[str]) -> List[str]:
+    """Each name's shortest path suffix that no other name shares: ``p1/cranfield`` and ``p2/cranfield`` where two
+    folders are both called ``cranfield``, ``cranfield`` where it is the only one."""
+    parts = [PurePosixPath(name).parts or (name,) for name in names]
+    labels = []
+    for i, mine in enumerate(parts):
+        depth = 1
+        while depth < len(mine) and any(other[-depth:] == mine[-depth:] for j, other in enumerate(parts) if j != i):
+            depth += 1
+        labels.append('/'.join(mine[-depth:]).lstrip('/') or names[i])
+    return labels
+
+
+def _identity(name: str) -> str:
+    """An ir_datasets id as given; a path as the absolute POSIX path it stands for."""
+    if name.startswith('irds:'):
+        return name[len('irds:'):]
+    path = Path(name).expanduser()
+    return path.resolve().as_posix() if path.exists() else name
+
+
+def _once(items: list, keys: Sequence[str], what: str, name: Callable[[object], str]) -> list:
+    """The first of the items whose content key is the same; a warning names each other one, run once."""
+    first: Dict[str, object] = {}
+    for item, key in zip(items, keys):
+        if key in first:
+            logger.warning('%s %s is the same as %s (the same content): run once', what, name(item), name(first[key]))
+        else:
+            first[key] = item
+    return list(first.values())
+
+
+def _folder(label: str) -> str:
+    return re.sub(r'[^A-Za-z0-9_.-]+', '-', label).strip('-') or 'cell'
 
 
 def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[str], out: Union[str, Path], *,
              run_cell: Optional[Callable[..., ExperimentResult]] = None, **settings) -> GridResult:
     """Runs each (collection, encoder) cell with :func:`run_experiment` (``settings`` are its keyword arguments)
-    and writes its outputs, then ``cell.json`` (last, atomically), into ``<out>/<collection>/<encoder>/``; a cell
-    whose ``cell.json`` records the same options key is read back instead. Then writes the combined outputs
-    (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf) of the finished cells. A cell's error is
-    recorded and the grid goes on. ``run_cell`` replaces :func:`run_experiment` (tests)."""
+    and writes its outputs, then ``cell.json`` (last, atomically), into ``<out>/<collection>/<encoder>/``. A cell
+    whose ``cell.json`` records the same inputs (:attr:`Cell.inputs`) is read back instead; one whose inputs changed
+    is recomputed with a warning naming them, and so is one whose record or results do not read back. Then writes the
+    combined outputs (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf) of the finished cells.
+    A cell's error is recorded and the grid goes on. :attr:`GridResult.problems` lists every output that could not
+    be written, the cells' included. ``run_cell`` replaces :func:`run_experiment` (tests)."""
     run_cell = run_cell or run_experiment
     cells = plan(collections, encoders, out, **settings)
     for i, cell in enumerate(cells, 1):
-        if _finished(cell):
-            cell.result, cell.status = ExperimentResult.load(cell.folder), 'skipped'
-            logger.info('cell %d/%d %s: finished before with the same options, read back', i, len(cells), cell.name)
+        if _read_back(cell):
+            logger.info('cell %d/%d %s: finished before with the same inputs, read back', i, len(cells), cell.name)
             continue
         logger.info('cell %d/%d %s', i, len(cells), cell.name)
         (cell.folder / CELL_FILE).unlink(missing_ok=True)
@@ -126,21 +183,46 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
         if needed:
             cell.status, cell.error = 'failed', '; '.join(needed)
             continue
-        _write_atomically(cell.folder / CELL_FILE, {'key': cell.key, 'finished': True, 'collection':
-                                                    cell.collection.name, 'encoder': cell.encoder,
+        _write_atomically(cell.folder / CELL_FILE, {'key': cell.key, 'inputs': cell.inputs, 'finished': True,
+                                                    'collection': cell.collection.name, 'encoder': cell.encoder,
                                                     'problems': problems})
-        cell.result, cell.status = result, 'done'
+        cell.result, cell.status, cell.problems = result, 'done', problems
     finished = [c for c in cells if c.result is not None]
-    problems = write_combined(finished, Path(out)) if finished else []
+    problems = [f'{c.name}: {p}' for c in finished for p in c.problems]
+    problems += write_combined(finished, Path(out)) if finished else []
     return GridResult(cells, problems)
 
 
-def _finished(cell: Cell) -> bool:
-    try:
-        record = json.loads((cell.folder / CELL_FILE).read_text(encoding='utf-8'))
-    except (OSError, ValueError):
+def _read_back(cell: Cell) -> bool:
+    """Whether ``cell`` finished before with the same inputs and reads back (then ``cell.result`` holds it). A record
+    that is missing means a cell to run; one that changed inputs, does not parse or lacks its results, a cell to run
+    again, with a warning that says why."""
+    path = cell.folder / CELL_FILE
+    if not path.exists():
         return False
-    return record.get('finished') is True and record.get('key') == cell.key
+    try:
+        record = json.loads(path.read_text(encoding='utf-8'))
+    except (OSError, ValueError) as e:
+        return _recompute(cell, f'its record {path} does not read back ({type(e).__name__}: {e})')
+    if not (isinstance(record, dict) and record.get('finished') is True and isinstance(record.get('key'), str)):
+        return _recompute(cell, f'its record {path} is not a finished cell\'s record')
+    if record['key'] != cell.key:
+        recorded = record.get('inputs') if isinstance(record.get('inputs'), dict) else {}
+        changed = [name for name, value in cell.inputs.items() if recorded.get(name, value) != value] or \
+            ['the options or inputs (recorded by an earlier version)']
+        return _recompute(cell, f'{", ".join(changed)} changed since it was computed')
+    try:
+        cell.result = ExperimentResult.load(cell.folder)
+    except Exception as e:  # a damaged result file of any kind: the cell is recomputed, never the grid aborted
+        return _recompute(cell, f'its results in {cell.folder} do not read back ({type(e).__name__}: {e})')
+    problems = record.get('problems')
+    cell.status, cell.problems = 'skipped', [str(p) for p in problems] if isinstance(problems, list) else []
+    return True
+
+
+def _recompute(cell: Cell, why: str) -> bool:
+    logger.warning('cell %s: %s; recomputing it', cell.name, why)
+    return False
 
 
 def _write_atomically(path: Path, payload: Dict) -> None:
@@ -152,6 +234,28 @@ def _write_atomically(path: Path, payload: Dict) -> None:
 
 def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _frame_digest(frame: pd.DataFrame) -> str:
+    """The content of a frame (column names, values and row order)."""
+    digest = hashlib.sha256(json.dumps(list(map(str, frame.columns))).encode())
+    digest.update(pd.util.hash_pandas_object(frame.astype(str), index=False).to_numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _file_digest(option: Optional[str]) -> Optional[str]:
+    """The content of the file, or of every file of the folder, that an option names (a ``--first-stage`` run, an
+    ``--index``); None for an option that names no local path ('auto', 'bm25', a hub id, unset)."""
+    path = Path(option).expanduser() if option is not None else None
+    if path is None or not path.exists():
+        return None
+    digest = hashlib.sha256()
+    for file in sorted(p for p in ([path] if path.is_file() else path.rglob('*')) if p.is_file()):
+        digest.update(file.relative_to(path).as_posix().encode() + b'\0' if file != path else b'\0')
+        with open(file, 'rb') as f:
+            for chunk in iter(lambda: f.read(1 << 22), b''):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def _unique(name: str, used: set) -> str:

@@ -17,8 +17,8 @@ TEX_MARKS = {'†': r'\dagger', '‡': r'\ddagger', '§': r'\S', '¶': r'\P'}
 
 
 def _names(cell) -> tuple:
-    from .grid import slug
-    return slug(cell.collection.name), slug(cell.encoder)
+    """The cell's collection and encoder labels, distinct within the grid (:func:`.grid.distinct_labels`)."""
+    return cell.collection_label, cell.encoder_label
 
 
 def long_table(cells: Sequence) -> pd.DataFrame:
