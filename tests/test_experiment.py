@@ -23,7 +23,7 @@ from pyterrier_rdime.experiment.first_stage import first_stage_results
 from pyterrier_rdime.experiment.indexes import existing_index
 from pyterrier_rdime.experiment.parity import significance
 from pyterrier_rdime.experiment.report import ExperimentResult
-from pyterrier_rdime.experiment.runner import check_options, run_experiment
+from pyterrier_rdime.experiment.runner import Options, run_experiment
 
 NUM_QUERIES = 4
 DEPTH = 12
@@ -281,7 +281,7 @@ def test_cli_rejects_bad_options_before_any_work(argv, message, mini, tmp_path, 
 
 
 def test_topk_values_are_fractions_even_as_integers():
-    assert check_options(ks=[1, 0.5]).ks == [1.0, 0.5]  # 1 is the whole query, not one dimension
+    assert Options(ks=[1, 0.5]).ks == (1.0, 0.5)  # 1 is the whole query, not one dimension
 
 
 def test_cli_rejects_unusable_folders_before_any_work(mini, tmp_path, capsys):

@@ -143,7 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _quiet_libraries(verbose=not args.quiet)
     from .._config import default_cache_dir
     from .arguments import check_arguments
-    from .runner import check_options, run_experiment
+    from .runner import Options, run_experiment
     start = time.time()
     out = Path(args.out)
     cache = Path(args.cache) if args.cache else default_cache_dir()
@@ -158,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     encoders = _split(args.encoder)
     try:
         check_arguments(args)
-        check_options(**settings)
+        Options(**settings)
         check_writable('--out', out)
         check_writable('--cache', cache)
         check_workers(args.workers)

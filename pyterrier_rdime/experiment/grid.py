@@ -22,7 +22,7 @@ from . import evaluate as ev
 from .collection import Collection, load_collection
 from .encoders import encoder_fingerprint
 from .report import ExperimentResult
-from .runner import check_options, run_experiment
+from .runner import OPTION_NAMES, Options, run_experiment
 from .tables import write_combined
 
 logger = logging.getLogger(__name__)
@@ -30,8 +30,6 @@ logger = logging.getLogger(__name__)
 CELL_FILE = 'cell.json'
 #: run_experiment's arguments that change no number: left out of a cell's options fingerprint.
 NEUTRAL = ('cache_dir', 'batch_size', 'workers', 'parallel_backend', 'verbose')
-CHECKED = ('mode', 'first_stage', 'dimes', 'ks', 'modulators', 'feedback', 'retriever', 'test', 'depth', 'num_results',
-           'max_queries', 'sweep', 'folds', 'margin', 'alternative')
 
 
 @dataclass
@@ -77,7 +75,7 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     another name) is planned once, with a warning. Errors name the option or cell and the fix."""
     if not collections or not encoders:
         raise ValueError('the grid needs at least one collection and one --encoder')
-    check_options(**{k: v for k, v in settings.items() if k in CHECKED})
+    options = Options(**{k: v for k, v in settings.items() if k in OPTION_NAMES})
     ev.parse_measures(settings.get('measures') or ev.DEFAULT_MEASURES, settings.get('rel'))
     answers = settings.get('answers')
     answers_key = _digest(sorted(read_answers_tsv(answers).items())) if answers is not None else None
@@ -93,7 +91,8 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
                          '(each cell encodes its collection, cached under --cache)')
     common = {'first-stage file': _file_digest(settings.get('first_stage')),
               'index': _file_digest(settings.get('index')),
-              'options': _digest({k: v for k, v in settings.items() if k not in NEUTRAL and k != 'answers'})}
+              'options': _digest({**options.settings(), **{k: v for k, v in settings.items()
+                                                          if k not in (*OPTION_NAMES, *NEUTRAL, 'answers')}})}
     collection_labels = distinct_labels([_identity(c.name) for c in loaded])
     encoder_labels = distinct_labels([_identity(e) for e in fingerprints])
     cells = []

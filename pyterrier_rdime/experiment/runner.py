@@ -5,13 +5,13 @@ Over ~250 lines on purpose: the options' checks, the one-cell pipeline (load, in
 and the assembly of its result are the data flow the CLI and the grid share, and read best as one sequence."""
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
-from .._config import check_choice, check_fraction, check_int, default_cache_dir
+from .._config import check_bool, check_choice, check_fraction, check_int, default_cache_dir
 from ..llm import LlmGenerator, read_answers_tsv
 from . import evaluate as ev
 from . import parity
@@ -32,99 +32,110 @@ MODES = ('rerank', 'retrieve')
 STAGE = 'rdime-experiment'
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
-    """The checked settings of a run (everything that can be checked before any work starts)."""
-    mode: str
-    first_stage: str
-    dimes: List[str]
-    ks: List[float]
-    modulators: List[str]
-    feedback: str
-    retriever: str
-    test: str
-    depth: int
-    num_results: int
-    max_queries: Optional[int]
-    sweep: List[float]
-    folds: int
-    margin: float
-    alternative: str
+    """The run's protocol options, checked when built: each error names the option (as the command spells it) and
+    the fix. The one list of them: :func:`run_experiment` takes them by keyword, the command builds them from its
+    parser, and the grid's cell key and the recorded settings derive from the fields (:data:`OPTION_NAMES`), so that
+    a new option is one field here and one line in the parser.
+
+    Lists are normalised to tuples without repeats, fractions to floats; ``sweep`` is ``True`` for the Top-k sweep
+    (:data:`~.sweep.SWEEP`) and its cross-validated Top-k."""
+    mode: str = 'rerank'
+    first_stage: str = 'auto'
+    feedback: str = 'dense'
+    depth: int = 100
+    num_results: int = 1000
+    dimes: Tuple[str, ...] = DEFAULT_DIMES
+    ks: Tuple[float, ...] = DEFAULT_KS
+    modulators: Tuple[str, ...] = ()
+    test: str = 't'
+    alternative: str = 'two-sided'
+    margin: float = parity.DEFAULT_MARGIN
+    sweep: bool = True
+    folds: int = sw.CV_FOLDS
+    retriever: str = 'numpy'
+    max_queries: Optional[int] = None
+
+    def __post_init__(self):
+        normalised = {'first_stage': str(self.first_stage), 'dimes': tuple(dict.fromkeys(self.dimes)),
+                      'ks': tuple(self.ks), 'modulators': tuple(dict.fromkeys(self.modulators))}
+        for name, value in normalised.items():
+            object.__setattr__(self, name, value)
+        self._check()
+        object.__setattr__(self, 'ks', tuple(float(k) for k in self.ks))
+
+    def _check(self) -> None:
+        for option, value, choices in (('--mode', self.mode, MODES), ('--feedback', self.feedback, FEEDBACKS),
+                                       ('--retriever', self.retriever, tuple(RETRIEVERS)),
+                                       ('--test', self.test, parity.TESTS),
+                                       ('--alternative', self.alternative, parity.ALTERNATIVES)):
+            check_choice(STAGE, option, value, choices)
+        if not self.dimes:
+            raise ValueError(f'{STAGE}: --dimes is empty; choose among {", ".join(DIME_NAMES)}')
+        for dime in self.dimes:
+            check_choice(STAGE, '--dimes', dime, DIME_NAMES)
+        for modulator in self.modulators:
+            check_choice(STAGE, '--modulators', modulator, tuple(MODULATORS))
+        for k in self.ks:
+            check_fraction(STAGE, '--ks', k, hint='Top-k values are fractions of the dimensions, e.g. 0.4,0.6,0.8')
+        check_int(STAGE, '--depth', self.depth, 1)
+        check_int(STAGE, '--num-results', self.num_results, 1)
+        if self.max_queries is not None:
+            check_int(STAGE, '--max-queries', self.max_queries, 1)
+        check_int(STAGE, '--folds', self.folds, 2, 'cross-validation needs at least 2 folds of queries')
+        check_bool(STAGE, '--sweep', self.sweep)
+        margin = self.margin
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
+            raise ValueError(f'{STAGE}: --margin must be a fraction of the Baseline in (0, 1), got {margin!r}; e.g. '
+                             f'{parity.DEFAULT_MARGIN} (±{100 * parity.DEFAULT_MARGIN:g} % of the Baseline)')
+        if self.mode == 'retrieve' and self.feedback == 'first-stage':
+            raise ValueError(f'{STAGE}: --feedback first-stage applies to --mode rerank; --mode retrieve has no first '
+                             'stage (its feedback documents come from the dense ranking): leave --feedback out')
+        if self.mode == 'rerank' and self.retriever != 'numpy':
+            raise ValueError(f'{STAGE}: --retriever {self.retriever!r} applies to --mode retrieve; re-ranking '
+                             're-scores the candidates with the vectors of the index')
+        if self.first_stage not in ('auto', 'bm25') and not Path(self.first_stage).is_file():
+            raise ValueError(f"{STAGE}: --first-stage {self.first_stage!r} is not 'auto', 'bm25' or an existing TREC "
+                             'run file')
+        if self.retriever.startswith('faiss-'):
+            require_faiss()
+
+    @property
+    def fractions(self) -> List[float]:
+        """The Top-k sweep's fractions (none without ``sweep``)."""
+        return list(sw.SWEEP) if self.sweep else []
+
+    def settings(self) -> Dict[str, object]:
+        """The options as recorded in a result and keyed in a grid cell (lists as lists)."""
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in asdict(self).items()}
 
 
-def check_options(*, mode: str = 'rerank', first_stage: str = 'auto', dimes: Sequence[str] = DEFAULT_DIMES,
-                  ks: Sequence[float] = DEFAULT_KS,
-                  modulators: Sequence[str] = (), feedback: str = 'dense', retriever: str = 'numpy',
-                  test: str = 't', depth: int = 100, num_results: int = 1000,
-                  max_queries: Optional[int] = None, sweep: bool = True, folds: int = sw.CV_FOLDS,
-                  margin: float = parity.DEFAULT_MARGIN, alternative: str = 'two-sided') -> Options:
-    """Validates the options of :func:`run_experiment`; each error names the option and the fix."""
-    for option, value, choices in (('--mode', mode, MODES), ('--feedback', feedback, FEEDBACKS),
-                                   ('--retriever', retriever, tuple(RETRIEVERS)), ('--test', test, parity.TESTS),
-                                   ('--alternative', alternative, parity.ALTERNATIVES)):
-        check_choice(STAGE, option, value, choices)
-    if not dimes:
-        raise ValueError(f'{STAGE}: --dimes is empty; choose among {", ".join(DIME_NAMES)}')
-    for dime in dimes:
-        check_choice(STAGE, '--dimes', dime, DIME_NAMES)
-    for modulator in modulators:
-        check_choice(STAGE, '--modulators', modulator, tuple(MODULATORS))
-    for k in ks:
-        check_fraction(STAGE, '--ks', k, hint='Top-k values are fractions of the dimensions, e.g. 0.4,0.6,0.8')
-    check_int(STAGE, '--depth', depth, 1)
-    check_int(STAGE, '--num-results', num_results, 1)
-    if max_queries is not None:
-        check_int(STAGE, '--max-queries', max_queries, 1)
-    check_int(STAGE, '--folds', folds, 2, 'cross-validation needs at least 2 folds of queries')
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
-        raise ValueError(f'{STAGE}: --margin must be a fraction of the Baseline in (0, 1), got {margin!r}; e.g. '
-                         f'{parity.DEFAULT_MARGIN} (±{100 * parity.DEFAULT_MARGIN:g} % of the Baseline)')
-    if mode == 'retrieve' and feedback == 'first-stage':
-        raise ValueError(f'{STAGE}: --feedback first-stage applies to --mode rerank; --mode retrieve has no first '
-                         'stage (its feedback documents come from the dense ranking): leave --feedback out')
-    if mode == 'rerank' and retriever != 'numpy':
-        raise ValueError(f'{STAGE}: --retriever {retriever!r} applies to --mode retrieve; re-ranking re-scores the '
-                         'candidates with the vectors of the index')
-    if first_stage not in ('auto', 'bm25') and not Path(first_stage).is_file():
-        raise ValueError(f"{STAGE}: --first-stage {first_stage!r} is not 'auto', 'bm25' or an existing TREC run file")
-    if retriever.startswith('faiss-'):
-        require_faiss()
-    return Options(mode, str(first_stage), list(dict.fromkeys(dimes)), [float(k) for k in ks],
-                   list(dict.fromkeys(modulators)), feedback, retriever, test, depth, num_results, max_queries,
-                   list(sw.SWEEP) if sweep else [], int(folds), float(margin), alternative)
+#: The options' names: the keyword arguments of :func:`run_experiment` that :class:`Options` checks.
+OPTION_NAMES = tuple(f.name for f in fields(Options))
 
 
 def run_experiment(
     collection: Union[str, Path, Collection],
+    options: Optional[Options] = None,
     *,
     encoder: str = DEFAULT_ENCODER,
-    mode: str = 'rerank',
-    first_stage: str = 'auto',
-    feedback: str = 'dense',
-    depth: int = 100,
-    num_results: int = 1000,
-    dimes: Sequence[str] = DEFAULT_DIMES,
-    ks: Sequence[float] = DEFAULT_KS,
-    modulators: Sequence[str] = (),
     rel: Optional[int] = None,
     measures: Optional[Sequence[str]] = None,
-    test: str = 't',
-    alternative: str = 'two-sided',
-    margin: float = parity.DEFAULT_MARGIN,
-    sweep: bool = True,
-    folds: int = sw.CV_FOLDS,
     index: Optional[str] = None,
-    retriever: str = 'numpy',
     answers: Optional[Union[str, Path]] = None,
     cache_dir: Optional[Union[str, Path]] = None,
     batch_size: int = 32,
-    max_queries: Optional[int] = None,
     llm_generator: Optional[str] = None,
     workers: int = 1,
     parallel_backend: str = 'joblib',
     verbose: bool = True,
+    **option_values,
 ) -> ExperimentResult:
     """Run the paper's grid on a collection, in the reference implementations' protocol.
+
+    The protocol options (:class:`Options`: ``mode`` … ``max_queries`` below) come as an ``Options`` or by
+    keyword; the other arguments choose the inputs and how the work is done.
 
     Args:
         collection: ``irds:<id>``, a collection folder, or a loaded :class:`Collection`.
@@ -159,10 +170,14 @@ def run_experiment(
         workers: processes for the query-level work (encoding queries, DIME, thresholds, scoring, retrieval),
             through PyTerrier's ``.parallel`` with ``parallel_backend`` ``'joblib'`` or ``'ray'``.
     """
-    options = check_options(mode=mode, first_stage=first_stage, dimes=dimes, ks=ks, modulators=modulators,
-                            feedback=feedback, retriever=retriever, test=test, depth=depth, num_results=num_results,
-                            max_queries=max_queries, sweep=sweep, folds=folds, margin=margin,
-                            alternative=alternative)
+    if options is not None and option_values:
+        raise TypeError(f'run_experiment: pass the options either as Options or by keyword, not both '
+                        f'({", ".join(option_values)})')
+    unknown = sorted(set(option_values) - set(OPTION_NAMES))
+    if unknown:
+        raise TypeError(f'run_experiment: unknown argument {unknown[0]!r}; the options are {", ".join(OPTION_NAMES)}')
+    options = options if options is not None else Options(**option_values)
+    mode = options.mode
     if measures is None:
         measures = ev.DEFAULT_MEASURES + (ev.DEEP_MEASURES if mode == 'retrieve' else ())
     measure_objects = ev.parse_measures(measures, rel)
@@ -173,7 +188,7 @@ def run_experiment(
     if not isinstance(collection, Collection):
         collection = load_collection(collection)
     ev.check_rel(rel, collection.qrels)
-    topics = collection.topics if max_queries is None else collection.topics.head(max_queries)
+    topics = collection.topics if options.max_queries is None else collection.topics.head(options.max_queries)
     notes = _measure_notes(measure_objects, rel, options)
     if collection.dropped_queries:
         notes.append(f'{len(collection.dropped_queries)} queries without judgments were left out.')
@@ -184,11 +199,11 @@ def run_experiment(
         check_index_matches(external, model.encode_queries(['dimension check']).shape[1], encoder, index)
     if llm_generator is not None:
         llm_answers = _generate_answers(llm_generator, topics, cache_dir, verbose, timings)
-        options.dimes += [] if 'llm' in options.dimes else ['llm']
+        options = replace(options, dimes=options.dimes + ('llm',))
         notes.append(f'LLM DIME answers generated by {llm_generator}, not read from a file.')
     if 'llm' in options.dimes and llm_answers is None:
         notes.append('LLM DIME skipped: no LLM answers (no llm_answers.tsv in the collection, no --answers).')
-        options.dimes.remove('llm')
+        options = replace(options, dimes=tuple(d for d in options.dimes if d != 'llm'))
     timings['load'] = time.time() - clock - timings.get('generation', 0.0)
 
     clock = time.time()
@@ -250,12 +265,12 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
     timings['index'] = time.time() - clock
     if options.mode == 'rerank':
         grid = rerank_grid(first, model, dense, answers, options.dimes, stages, collection.qrels, judged,
-                           options.feedback, options.depth, run, options.sweep)
+                           options.feedback, options.depth, run, options.fractions)
         grid.source = source
         return grid
     return retrieve_grid(topics, model, dense, retriever(dense, options.retriever, options.num_results),
                          options.retriever, answers,
-                         options.dimes, stages, collection.qrels, judged, options.num_results, run, options.sweep)
+                         options.dimes, stages, collection.qrels, judged, options.num_results, run, options.fractions)
 
 
 def _judged_documents(collection: Collection, topics: pd.DataFrame, external) -> List[str]:
@@ -304,13 +319,11 @@ def _result(collection, encoder, topics, grid, aggregate, perquery, significance
     if fallbacks:
         notes.append(f'RDIME kept no dimension for {fallbacks} (DIME, query) pairs; those queries used the unpruned '
                      "query (fallback='full').")
-    settings = {'collection': collection.name, 'encoder': encoder, 'mode': options.mode,
+    settings = {'collection': collection.name, 'encoder': encoder, **options.settings(),
                 'first_stage': grid.source, 'feedback': options.feedback if options.mode == 'rerank' else 'dense',
                 'depth': options.depth if options.mode == 'rerank' else options.num_results,
-                'retriever': options.retriever if options.mode == 'retrieve' else None, 'test': options.test,
-                'alternative': options.alternative, 'margin': options.margin, 'sweep': options.sweep,
-                'folds': options.folds, 'cv_seed': sw.CV_SEED,
-                'num_queries': int(topics['qid'].nunique()), 'dimes': options.dimes, 'ks': options.ks,
-                'modulators': options.modulators, 'measures': measures}
+                'retriever': options.retriever if options.mode == 'retrieve' else None,
+                'sweep': options.fractions, 'cv_seed': sw.CV_SEED, 'num_queries': int(topics['qid'].nunique()),
+                'measures': measures}
     return ExperimentResult(measures, table, perquery, kept, significance, grid.labels, settings, notes, timings,
                             swept, cv)
