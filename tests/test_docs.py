@@ -205,6 +205,47 @@ def test_the_clone_address_is_the_same_everywhere():
     assert f'REPO={url}' in texts['README.md']
 
 
+def readme_link_problems(text: str, url: str) -> list:
+    """What would break when ``text``, a Markdown page, is shown away from the repository (PyPI's long description):
+    a link or image that is not absolute, a reference without its definition, a link into the repository (``url``
+    ``/blob/main/…`` or, for an image, ``/raw/main/…``, which serves the file itself) naming a file that does not
+    exist."""
+    problems = []
+    inline = re.findall(r'(!?)\[[^\]]*\]\(([^)\s]+)\)', text)
+    definitions = dict(re.findall(r'^\[([^\]]+)\]:\s*(\S+)', text, re.M))
+    referenced = re.findall(r'(!?)\[[^\]]*\]\[([^\]]+)\]', text)
+    for label in {label for _, label in referenced} - set(definitions):
+        problems.append(f'[{label}] is used but not defined')
+    targets = inline + [(bang, definitions[label]) for bang, label in referenced if label in definitions]
+    for bang, target in targets:
+        if not target.startswith('https://'):
+            problems.append(f'{target}: not an absolute https:// address')
+            continue
+        kind, what = ('raw', 'an image') if bang else ('blob', 'a link')
+        if target.startswith(f'{url}/') and not target.startswith(f'{url}/{kind}/main/'):
+            problems.append(f'{target}: {what} into the repository starts {url}/{kind}/main/')
+        elif target.startswith(f'{url}/{kind}/main/'):
+            path = target[len(f'{url}/{kind}/main/'):].split('#')[0]
+            if not (ROOT / path).exists():
+                problems.append(f'{target}: no {path} in the repository')
+    return problems
+
+
+def test_the_readme_links_absolutely_as_pypi_needs():
+    """setup.cfg uses the README as the long description: PyPI shows it away from the repository, where a relative
+    link or image is broken."""
+    url = _clone_address()
+    assert readme_link_problems((ROOT / 'README.md').read_text(encoding='utf-8'), url) == []
+    bad = (f'[a](pyterrier_rdime/pt_docs/dime.rst) ![b][svg] [c][nowhere] [d]({url}/blob/main/no_such_file.rst)\n\n'
+           f'[svg]: {url}/blob/main/pyterrier_rdime/pt_docs/speed_pipelines.svg\n')
+    assert readme_link_problems(bad, url) == [
+        '[nowhere] is used but not defined',
+        'pyterrier_rdime/pt_docs/dime.rst: not an absolute https:// address',
+        f'{url}/blob/main/no_such_file.rst: no no_such_file.rst in the repository',
+        f'{url}/blob/main/pyterrier_rdime/pt_docs/speed_pipelines.svg: an image into the repository starts '
+        f'{url}/raw/main/']
+
+
 def test_nothing_points_outside_the_repository():
     for path in [ROOT / 'README.md', *PAGES]:
         for number, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1):
