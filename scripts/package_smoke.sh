@@ -10,6 +10,11 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/rdime-package.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 "$python" -m build --outdir "$work/dist" . > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 "$python" -m twine check --strict "$work"/dist/*
+# the sdist leaves the tests out (MANIFEST.in): they read the test collections placed beside a checkout
+if tar tzf "$work"/dist/*.tar.gz | grep -q '^[^/]*/tests/'; then
+  echo "package_smoke: the sdist ships tests/; MANIFEST.in prunes them" >&2
+  exit 1
+fi
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q "$work"/dist/*.whl
 # the core install stays light: pyterrier, numpy, pandas (pyterrier brings scipy and statsmodels); an open torch

@@ -56,13 +56,15 @@ def _assert_same_vectors(got, expected):
         np.testing.assert_allclose(got[docno], expected[docno], atol=1e-6, err_msg=docno)
 
 
-@pytest.mark.parametrize('edit, re_encoded', [
-    (lambda docs: docs.update(d5='a new document about caches'), ['a new document about caches']),
-    (lambda docs: docs.update(d1='pruning the dimensions of the query'), ['pruning the dimensions of the query']),
-    (lambda docs: docs.pop('d2'), []),
+@pytest.mark.parametrize('edit, re_encoded, counts', [
+    (lambda docs: docs.update(d5='a new document about caches'), ['a new document about caches'],
+     '0 of its 5 documents changed, 0 removed, 1 added'),
+    (lambda docs: docs.update(d1='pruning the dimensions of the query'), ['pruning the dimensions of the query'],
+     '1 of its 5 documents changed, 0 removed, 0 added'),
+    (lambda docs: docs.pop('d2'), [], '0 of its 5 documents changed, 1 removed, 0 added'),
 ])
 def test_a_changed_corpus_gives_the_vectors_of_a_from_scratch_build(tmp_path, model, encoded, edit, re_encoded,
-                                                                   caplog):
+                                                                   counts, caplog):
     docs = {f'd{i}': t for i, t in enumerate(TEXTS)}
     folder = _write(tmp_path / 'coll', docs)
     cache = tmp_path / 'cache'
@@ -73,13 +75,14 @@ def test_a_changed_corpus_gives_the_vectors_of_a_from_scratch_build(tmp_path, mo
     with caplog.at_level(logging.WARNING, logger='pyterrier_rdime'):
         index = dense_index(load_collection(folder), model, 'minilm', cache, None, verbose=False)
     assert encoded == re_encoded
-    assert len([r for r in caplog.records if 'changed since this index was built' in r.message]) == 1
+    warnings = [r.getMessage() for r in caplog.records if 'changed since this index was built' in r.message]
+    assert len(warnings) == 1 and f'({counts}); keeping' in warnings[0]
     assert read_fingerprint(index.index_path)['complete']
     expected = _from_scratch(tmp_path, folder, model)
     _assert_same_vectors(dict(sorted(_vectors(index).items())), dict(sorted(expected.items())))
 
 
-def test_a_partial_index_re_encodes_a_changed_document_it_needs(tmp_path, model, encoded):
+def test_a_partial_index_re_encodes_a_changed_document_it_needs(tmp_path, model, encoded, caplog):
     docs = {f'd{i}': t for i, t in enumerate(TEXTS)}
     folder = _write(tmp_path / 'coll', docs)
     cache = tmp_path / 'cache'
@@ -88,7 +91,11 @@ def test_a_partial_index_re_encodes_a_changed_document_it_needs(tmp_path, model,
     docs['d2'] = 'another edited passage, not needed now'
     _write(folder, docs)
     encoded.clear()
-    index = dense_index(load_collection(folder), model, 'minilm', cache, ['d1', 'd0', 'd3'], verbose=False)
+    with caplog.at_level(logging.WARNING, logger='pyterrier_rdime'):
+        index = dense_index(load_collection(folder), model, 'minilm', cache, ['d1', 'd0', 'd3'], verbose=False)
+    assert [r.getMessage() for r in caplog.records if 'changed since' in r.message][0].endswith(
+        '(2 of its 3 documents changed, 0 removed; the corpus holds 2 other documents that this partial index does '
+        'not); keeping the 1 other vectors')
     assert sorted(encoded) == ['an edited passage', 'the cat sat on the mat']
     got = _vectors(index)
     assert sorted(got) == ['d0', 'd1', 'd3']  # d2's stale vector is gone, not kept for a later run

@@ -2,8 +2,11 @@
 docutils without a warning, PyTerrier's own directives (``schematic``, ``related``, ``cite``, ``cite.dblp``: they live
 in PyTerrier's docs tree, not in an installable package) are accepted, and every Python name a page points at
 (``autoclass``, ``autofunction``, ``related``, ``:class:``, ``:func:``, ``:meth:``, ``:mod:``, ...) imports, every
-``:doc:`` and toctree entry is a page. Also: the clone address is written the same everywhere, and nothing points
-outside the repository."""
+``:doc:`` and toctree entry is a page; every name a Python code block uses is bound by the block, an earlier block of
+its page or the index page's setup for the examples. Also: the clone address is written the same everywhere, and
+nothing points outside the repository."""
+import ast
+import builtins
 import configparser
 import importlib
 import io
@@ -182,6 +185,59 @@ def test_the_checker_catches_a_broken_page(tmp_path):
     assert 'bad.rst:11' in warnings.getvalue()  # the unindented list continuation
 
 
+def python_blocks(page: Path) -> list:
+    """The sources of a page's ``code-block:: python`` blocks, in order (``schematic`` blocks are the docs build's)."""
+    tree = publish_doctree(page.read_text(encoding='utf-8'), source_path=str(page),
+                           settings_overrides={'report_level': 5, 'file_insertion_enabled': False})
+    return [block.astext() for block in tree.findall(nodes.literal_block) if 'python' in block.get('classes', [])]
+
+
+def bound_and_used(source: str):
+    """The names a block of code binds (assignments, imports, definitions, parameters, loop and ``with`` targets)
+    and those it reads."""
+    bound, used = set(), set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            (used if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((alias.asname or alias.name).split('.')[0] for alias in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound, used
+
+
+def undefined_names(blocks: list, given: set) -> list:
+    """``(block number, names)`` for each block that reads a name that neither it, an earlier block nor ``given``
+    binds, nor a builtin: the blocks of a page run in order, like a notebook's cells."""
+    known, problems = set(given) | set(dir(builtins)), []
+    for number, source in enumerate(blocks, 1):
+        bound, used = bound_and_used(source)
+        known |= bound
+        if used - known:
+            problems.append((number, sorted(used - known)))
+    return problems
+
+
+def test_every_code_block_is_given_the_names_it_uses():
+    """A reader runs a page's code after the index page's setup for the examples (``dataset``, ``model``, ``index``,
+    ``bm25``, ``candidates``): each block must use only those, builtins and what the page's blocks bind."""
+    given = bound_and_used(python_blocks(DOCS / 'index.rst')[0])[0]  # the setup: the index page's first block
+    assert {'dataset', 'model', 'index', 'bm25', 'candidates'} <= given
+    problems = {page.name: undefined_names(python_blocks(page), given) for page in PAGES}
+    assert {name: found for name, found in problems.items() if found} == {}
+
+
+def test_the_name_check_catches_an_undefined_name():
+    blocks = ['from pyterrier_rdime import Rdime\npipe = candidates >> Rdime()',
+              'for k in (1, 2):\n    print(pipe % k, len(unknown))']
+    assert undefined_names(blocks, given={'candidates'}) == [(2, ['unknown'])]
+    assert undefined_names(blocks, given=set()) == [(1, ['candidates']), (2, ['unknown'])]
+
+
 def _clone_address() -> str:
     setup = configparser.ConfigParser()
     setup.read(ROOT / 'setup.cfg', encoding='utf-8')
@@ -203,6 +259,47 @@ def test_the_clone_address_is_the_same_everywhere():
             seen.setdefault(found, []).append(name)
     assert set(seen) == {owner_repo}, f'setup.cfg says {owner_repo}; these files differ: {seen}'
     assert f'REPO={url}' in texts['README.md']
+
+
+def readme_link_problems(text: str, url: str) -> list:
+    """What would break when ``text``, a Markdown page, is shown away from the repository (PyPI's long description):
+    a link or image that is not absolute, a reference without its definition, a link into the repository (``url``
+    ``/blob/main/…`` or, for an image, ``/raw/main/…``, which serves the file itself) naming a file that does not
+    exist."""
+    problems = []
+    inline = re.findall(r'(!?)\[[^\]]*\]\(([^)\s]+)\)', text)
+    definitions = dict(re.findall(r'^\[([^\]]+)\]:\s*(\S+)', text, re.M))
+    referenced = re.findall(r'(!?)\[[^\]]*\]\[([^\]]+)\]', text)
+    for label in {label for _, label in referenced} - set(definitions):
+        problems.append(f'[{label}] is used but not defined')
+    targets = inline + [(bang, definitions[label]) for bang, label in referenced if label in definitions]
+    for bang, target in targets:
+        if not target.startswith('https://'):
+            problems.append(f'{target}: not an absolute https:// address')
+            continue
+        kind, what = ('raw', 'an image') if bang else ('blob', 'a link')
+        if target.startswith(f'{url}/') and not target.startswith(f'{url}/{kind}/main/'):
+            problems.append(f'{target}: {what} into the repository starts {url}/{kind}/main/')
+        elif target.startswith(f'{url}/{kind}/main/'):
+            path = target[len(f'{url}/{kind}/main/'):].split('#')[0]
+            if not (ROOT / path).exists():
+                problems.append(f'{target}: no {path} in the repository')
+    return problems
+
+
+def test_the_readme_links_absolutely_as_pypi_needs():
+    """setup.cfg uses the README as the long description: PyPI shows it away from the repository, where a relative
+    link or image is broken."""
+    url = _clone_address()
+    assert readme_link_problems((ROOT / 'README.md').read_text(encoding='utf-8'), url) == []
+    bad = (f'[a](pyterrier_rdime/pt_docs/dime.rst) ![b][svg] [c][nowhere] [d]({url}/blob/main/no_such_file.rst)\n\n'
+           f'[svg]: {url}/blob/main/pyterrier_rdime/pt_docs/speed_pipelines.svg\n')
+    assert readme_link_problems(bad, url) == [
+        '[nowhere] is used but not defined',
+        'pyterrier_rdime/pt_docs/dime.rst: not an absolute https:// address',
+        f'{url}/blob/main/no_such_file.rst: no no_such_file.rst in the repository',
+        f'{url}/blob/main/pyterrier_rdime/pt_docs/speed_pipelines.svg: an image into the repository starts '
+        f'{url}/raw/main/']
 
 
 def test_nothing_points_outside_the_repository():

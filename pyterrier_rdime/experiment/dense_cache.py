@@ -154,9 +154,18 @@ def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached
         return _Cached(index, np.arange(len(docnos)), docnos, hashes, True, bool(recorded.get('complete')))
     now = {doc['docno']: text_hash(doc['text']) for doc in collection.docs(docnos)}
     keep = np.array([now.get(d) == int(h) for d, h in zip(docnos, hashes)], dtype=bool)
+    # The corpus's documents that the index does not hold: added since, for a complete index; for a partial one
+    # (the candidates of a re-ranking), possibly never needed.
+    others = collection.num_docs - len(now) if collection.num_docs is not None else None
+    if others is None:
+        others_note = ''
+    elif recorded.get('complete'):
+        others_note = f', {others} added'
+    else:
+        others_note = f'; the corpus holds {others} other documents that this partial index does not'
     logger.warning('%s: the documents of %s changed since this index was built (%d of its %d documents changed, %d '
-                   'removed); keeping the %d other vectors', path, collection.name, len(now) - keep.sum(),
-                   len(docnos), len(docnos) - len(now), keep.sum())
+                   'removed%s); keeping the %d other vectors', path, collection.name, len(now) - keep.sum(),
+                   len(docnos), len(docnos) - len(now), others_note, keep.sum())
     docids = np.flatnonzero(keep)
     return _Cached(index, docids, [docnos[i] for i in docids], hashes[docids])
 

