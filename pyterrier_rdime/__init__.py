@@ -1,12 +1,15 @@
 __version__ = '0.1.0'
 
 from pyterrier_rdime import maths
+from pyterrier_rdime.controls import SameBudget
 from pyterrier_rdime.dime import (
+    ActiveFeedbackDime,
     DimeScorer,
     EclipseDime,
     FeedbackCutoff,
     KernelDime,
     LlmDime,
+    LlmEclipseDime,
     MagnitudeDime,
     OracleDime,
     PrfDime,
@@ -15,13 +18,13 @@ from pyterrier_rdime.dime import (
 from pyterrier_rdime.llm import LlmAnswers, LlmGenerator, read_answers_tsv, smollm2_gguf_path
 from pyterrier_rdime.pruned import PrunedRetriever
 from pyterrier_rdime.scorer import VectorScorer
-from pyterrier_rdime.threshold import DimensionThreshold, Rdime, TopK
+from pyterrier_rdime.threshold import DimensionThreshold, Rdime, ScoreMass, TopK
 
 __all__ = [
     'maths',
     'DimeScorer', 'KernelDime', 'PrfDime', 'SwcDime', 'LlmDime', 'MagnitudeDime', 'EclipseDime', 'OracleDime',
-    'FeedbackCutoff',
-    'DimensionThreshold', 'Rdime', 'TopK',
+    'LlmEclipseDime', 'ActiveFeedbackDime', 'FeedbackCutoff',
+    'DimensionThreshold', 'Rdime', 'TopK', 'ScoreMass', 'SameBudget',
     'VectorScorer', 'PrunedRetriever',
     'LlmAnswers', 'read_answers_tsv', 'LlmGenerator', 'smollm2_gguf_path',
 ]

@@ -5,7 +5,8 @@ to ``m`` slots and ``doc_mask`` (n, m) marks the real ones, so queries with fewe
 use what they have. Computation is in float64 (float32 encoder outputs make ``u > eps2`` ties fragile); callers
 cast results to float32 at the edges.
 """
-from typing import Callable, Optional, Tuple, Union
+import hashlib
+from typing import Callable, Iterable, Optional, Tuple, Union
 
 import numpy as np
 
@@ -236,3 +237,77 @@ def modulate(query_vecs: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """The modulated query ``f * q`` for weights ``f``: with a 0/1 (or bool) mask, the pruned query (dimensions not
     kept set to 0; documents stay untouched); exactly 0 (never -0) where ``f = 0``."""
     return np.where(weights != 0, weights * query_vecs, 0.0)
+
+
+def score_mass_threshold(importance: np.ndarray, mass: float) -> np.ndarray:
+    """Score mass: keep the most important dimensions of each query until their share of the query's positive
+    importance mass ``sum_j max(u_j, 0)`` reaches ``mass`` (in (0, 1]); ties keep the lower index. ``mass = 1``
+    keeps exactly the dimensions with ``u_j > 0``. A share is compared with a relative tolerance of 1e-9, so that a
+    cut that is exact on paper (a share of 0.7 as ``7 / 10``) is not missed by a rounding error.
+
+    Returns ``keep`` (n, p) bool; a query with no positive importance keeps nothing (the caller decides the fallback).
+    """
+    importance = np.asarray(importance, dtype=np.float64)
+    order = np.argsort(-importance, axis=1, kind='stable')
+    positive = np.maximum(np.take_along_axis(importance, order, axis=1), 0.0)
+    total = positive.sum(axis=1, keepdims=True)
+    before = np.cumsum(positive, axis=1) - positive  # the mass of the dimensions ranked above each one
+    # a dimension is kept while the mass above it is still short of the target (and it adds some mass)
+    kept_sorted = (before < mass * total * (1 - 1e-9)) & (positive > 0)
+    keep = np.zeros(importance.shape, dtype=bool)
+    np.put_along_axis(keep, order, kept_sorted, axis=1)
+    return keep
+
+
+def keep_counts(order_key: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Keep the ``counts[i]`` dimensions of largest ``order_key[i]`` in each row ``i`` (n, p); among ties the lower
+    index wins, as :func:`topk_threshold`. ``order_key`` may be one ``(p,)`` order shared by every row."""
+    counts = np.asarray(counts, dtype=np.int64)
+    order_key = np.broadcast_to(np.asarray(order_key, dtype=np.float64), (len(counts), np.shape(order_key)[-1]))
+    order = np.argsort(-order_key, axis=1, kind='stable')
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(order.shape[1]), axis=1)
+    return ranks < counts[:, None]
+
+
+def query_rng(seed: int, key: str) -> np.random.Generator:
+    """A random generator fixed by ``seed`` and a query's ``key`` (its qid as text): the same pair gives the same
+    draws in every process and on every machine (a SHA-256 of the key, not Python's salted ``hash``), and the draws
+    of one query do not depend on which other queries are in the batch."""
+    digest = hashlib.sha256(str(key).encode('utf-8')).digest()
+    return np.random.default_rng(np.random.SeedSequence([int(seed), int.from_bytes(digest[:8], 'little')]))
+
+
+def random_ranks(seeds: Iterable[Tuple[int, str]], dims: int) -> np.ndarray:
+    """For each ``(seed, key)``, a uniformly random order of the ``dims`` dimensions from :func:`query_rng`, as the
+    rank of each dimension (n, p): keeping the ranks below ``k`` is a uniform draw of ``k`` dimensions, and the draw
+    for ``k`` is contained in the draw for ``k + 1``."""
+    perms = [query_rng(seed, key).permutation(dims) for seed, key in seeds]
+    order = np.array(perms, dtype=np.int64).reshape(len(perms), dims)
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(dims), axis=1)
+    return ranks
+
+
+def column_variance(blocks: Iterable[np.ndarray]) -> Tuple[np.ndarray, int]:
+    """The population variance (ddof 0) of each column over the rows of ``blocks`` (arrays of shape (rows, p)), in one
+    pass of float64 sums per block combined with Chan et al.'s pairwise update (stable where a plain
+    ``E[x^2] - E[x]^2`` cancels). Returns ``(variance (p,), rows)``; no rows gives an empty variance."""
+    count, mean, m2 = 0, None, None
+    for block in blocks:
+        block = np.asarray(block, dtype=np.float64)
+        if not len(block):
+            continue
+        b_count, b_mean = len(block), block.mean(axis=0)
+        b_m2 = ((block - b_mean) ** 2).sum(axis=0)
+        if mean is None:
+            count, mean, m2 = b_count, b_mean, b_m2
+            continue
+        total = count + b_count
+        delta = b_mean - mean
+        mean = mean + delta * (b_count / total)
+        m2 = m2 + b_m2 + delta ** 2 * (count * b_count / total)
+        count = total
+    if mean is None:
+        return np.zeros(0), 0
+    return m2 / count, count

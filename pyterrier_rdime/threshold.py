@@ -6,7 +6,7 @@ import pandas as pd
 import pyterrier as pt
 
 from . import maths
-from ._config import ConfigTransformer, check_choice, check_topk
+from ._config import ConfigTransformer, check_choice, check_fraction, check_topk
 from ._frames import check_same_dims, empty_frame, group_queries, per_row, query_vectors
 
 FALLBACKS = ('full', 'top1')
@@ -15,12 +15,17 @@ FALLBACKS = ('full', 'top1')
 class DimensionThreshold(ConfigTransformer):
     """Base of the threshold rewriters: replaces ``query_vec`` by the pruned query and adds ``query_kept`` (number of
     dimensions kept) and ``query_kept_frac`` (their fraction). Rows and other columns pass through, so it works on
-    result frames (re-ranking) and query frames (full retrieval) alike."""
+    result frames (re-ranking) and query frames (full retrieval) alike.
+
+    The query vector before any threshold is kept in ``query_vec_full`` (the input's own arrays, not a copy): a
+    same-budget control (:class:`~pyterrier_rdime.SameBudget`) after the threshold selects other dimensions of it.
+    When the input already has ``query_vec_full`` (a second threshold), it is left as it is."""
     output_columns: Tuple[str, ...] = ('query_kept', 'query_kept_frac')
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.columns(inp, includes=['qid', 'query_vec', 'query_dime'], context=self)
-        columns = list(inp.columns) + [c for c in self.output_columns if c not in inp.columns]
+        added = ('query_vec_full',) + tuple(self.output_columns)
+        columns = list(inp.columns) + [c for c in added if c not in inp.columns]
         if not len(inp):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
@@ -32,6 +37,8 @@ class DimensionThreshold(ConfigTransformer):
         pruned = maths.modulate(query_vecs, keep).astype(np.float32)
         kept = np.count_nonzero(keep, axis=1)
         per_query = {'query_kept': kept, 'query_kept_frac': kept / keep.shape[1], **extra}
+        if 'query_vec_full' not in inp.columns:
+            inp = inp.assign(query_vec_full=inp['query_vec'])
         return inp.assign(query_vec=per_row(pruned, groups.codes),
                           **{c: np.asarray(v)[groups.codes] for c, v in per_query.items()})[columns]
 
@@ -65,7 +72,8 @@ class Rdime(DimensionThreshold):
     ``query_vec`` modulated (float32), plus ``query_kept`` (number of non-zero weights), ``query_kept_frac``,
     ``query_eps2`` (the estimated noise variance, as estimated), ``query_fallback`` (True where the kept set was
     empty and the fallback applied) and ``query_mean_weight`` (the mean weight over the kept dimensions; 1.0 for
-    ``'hard'`` and for a fallback).
+    ``'hard'`` and for a fallback), and ``query_vec_full`` (the query before pruning, see
+    :class:`DimensionThreshold`).
 
     Example::
 
@@ -88,13 +96,7 @@ class Rdime(DimensionThreshold):
 
     def _keep(self, query_vecs, importance):
         weights, eps2 = maths.modulation_weights(query_vecs, importance, self.modulator)
-        empty = ~weights.any(axis=1)
-        if empty.any():
-            if self.fallback == 'full':
-                replacement = np.ones_like(weights)
-            else:
-                replacement = maths.topk_threshold(importance, 1).astype(np.float64)
-            weights = np.where(empty[:, None], replacement, weights)
+        weights, empty = _fall_back(weights, importance, self.fallback)
         mean_weight = weights.sum(axis=1) / np.count_nonzero(weights, axis=1)
         return weights, {'query_eps2': eps2, 'query_fallback': empty, 'query_mean_weight': mean_weight}
 
@@ -105,7 +107,7 @@ class TopK(DimensionThreshold):
     Ties keep the lower index.
 
     Input columns: ``qid, query_vec, query_dime``. Output columns: the input's, with ``query_vec`` pruned, plus
-    ``query_kept`` and ``query_kept_frac``.
+    ``query_vec_full`` (the query before pruning), ``query_kept`` and ``query_kept_frac``.
 
     Example::
 
@@ -135,3 +137,62 @@ class TopK(DimensionThreshold):
     def _keep(self, query_vecs, importance):
         count = maths.topk_count(importance.shape[1], fraction=self.fraction, count=self.count)
         return maths.topk_threshold(importance, count), {}
+
+
+class ScoreMass(DimensionThreshold):
+    """Score mass: keep the most important dimensions of each query until their share of its positive importance
+    mass ``sum_j max(u_j, 0)`` reaches ``mass``; ties keep the lower index. ``mass=1`` keeps every dimension with
+    ``u_j > 0``. Like Top-k it has a hyper-parameter, but it adapts the number kept to how concentrated each query's
+    importance is: a query whose importance sits in a few dimensions keeps few.
+
+    A query with no positive importance keeps nothing and falls back as :class:`Rdime` does: ``fallback='full'``
+    (default, the unpruned query) or ``'top1'`` (the single most important dimension), flagged in
+    ``query_fallback``.
+
+    The reference (pinecone-io/unveiling-dime, ``--score-mass-to-retain``) accumulates ``log |u_j|`` instead, whose
+    total is negative once most ``|u_j| < 1`` (a target share of a negative total is then reached at once or never);
+    this stage uses the positive mass itself, which is what the option's description says.
+
+    Input columns: ``qid, query_vec, query_dime``. Output columns: the input's, with ``query_vec`` pruned, plus
+    ``query_vec_full``, ``query_kept``, ``query_kept_frac`` and ``query_fallback``.
+
+    Example::
+
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> ScoreMass(mass=0.8) \\
+            >> VectorScorer()
+
+    Paper: Unveiling DIME (SIGIR 2025), the score-mass mode of its dimension zero-out.
+    """
+    schematic = {'label': 'Score mass'}
+    output_columns = ('query_kept', 'query_kept_frac', 'query_fallback')
+
+    def __init__(self, *, mass: float = 0.8, fallback: str = 'full'):
+        """
+        Args:
+            mass: Share of the positive importance mass to keep, in (0, 1].
+            fallback: ``'full'`` or ``'top1'``, for a query without positive importance.
+        """
+        stage = type(self).__name__
+        check_fraction(stage, 'mass', mass, 'a share of the positive importance mass')
+        check_choice(stage, 'fallback', fallback, FALLBACKS)
+        self.mass = float(mass)
+        self.fallback = fallback
+
+    def _keep(self, query_vecs, importance):
+        keep = maths.score_mass_threshold(importance, self.mass).astype(np.float64)
+        keep, empty = _fall_back(keep, importance, self.fallback)
+        return keep, {'query_fallback': empty}
+
+
+def _fall_back(weights: np.ndarray, importance: np.ndarray, fallback: str) -> Tuple[np.ndarray, np.ndarray]:
+    """Queries that keep no dimension (searching with an all-zero query would rank arbitrarily) get the full query
+    (``'full'``) or the single most important dimension (``'top1'``), with weight 1. Returns the weights and which
+    queries fell back."""
+    empty = ~weights.any(axis=1)
+    if empty.any():
+        if fallback == 'full':
+            replacement = np.ones_like(weights)
+        else:
+            replacement = maths.topk_threshold(importance, 1).astype(np.float64)
+        weights = np.where(empty[:, None], replacement, weights)
+    return weights, empty

@@ -118,8 +118,8 @@ def test_keep_ranking_false_gives_one_row_per_query_with_query_columns():
     assert_vec(by_qid.loc['q2', 'query_dime'], [2, 0, 0, 2])
     assert by_qid.loc['q2', 'query'] == 'text of q2'
     out = (PrfDime(keep_ranking=False) >> Rdime()).transform(interleaved())
-    assert list(out.columns)[:8] == ['qid', 'query', 'query_vec', 'query_dime', 'query_kept', 'query_kept_frac',
-                                     'query_eps2', 'query_fallback']
+    assert list(out.columns)[:9] == ['qid', 'query', 'query_vec', 'query_dime', 'query_vec_full', 'query_kept',
+                                     'query_kept_frac', 'query_eps2', 'query_fallback']
     assert_vec(out.set_index('qid').loc['q2', 'query_vec'], [1, 0, 0, 2])
 
 

@@ -286,7 +286,8 @@ RESULT_COLUMNS = ['qid', 'query', 'query_vec', 'docno', 'doc_vec', 'score']
     (EclipseDime(keep_ranking=False), ['qid', 'query', 'query_vec', 'query_dime']),
     (VectorScorer(), RESULT_COLUMNS + ['rank']),
     (LlmAnswers(answers={'1': 'a'}), RESULT_COLUMNS + ['query_answer']),
-    (PrfDime() >> TopK() >> VectorScorer(), RESULT_COLUMNS + ['query_dime', 'query_kept', 'query_kept_frac', 'rank']),
+    (PrfDime() >> TopK() >> VectorScorer(), RESULT_COLUMNS + ['query_dime', 'query_vec_full', 'query_kept',
+                                                'query_kept_frac', 'rank']),
 ])
 def test_empty_result_frame(stage, expected):
     out = stage.transform(interleaved().iloc[:0])
@@ -295,8 +296,8 @@ def test_empty_result_frame(stage, expected):
 
 
 @pytest.mark.parametrize('stage, expected', [
-    (Rdime(), ['query_kept', 'query_kept_frac', 'query_eps2', 'query_fallback']),
-    (TopK(), ['query_kept', 'query_kept_frac']),
+    (Rdime(), ['query_vec_full', 'query_kept', 'query_kept_frac', 'query_eps2', 'query_fallback']),
+    (TopK(), ['query_vec_full', 'query_kept', 'query_kept_frac']),
 ])
 def test_empty_threshold_input(stage, expected):
     out = stage.transform(topk_input().iloc[:0])

@@ -215,8 +215,8 @@ def test_plug_in_soft_modulators_lose_to_hard_when_the_query_is_much_cleaner_tha
 # The stage
 # ----------------------------------------------------------------------------------------------------------------
 
-OUTPUT = ['qid', 'query', 'query_vec', 'query_dime', 'query_kept', 'query_kept_frac', 'query_eps2', 'query_fallback',
-          'query_mean_weight']
+OUTPUT = ['qid', 'query', 'query_vec', 'query_dime', 'query_vec_full', 'query_kept', 'query_kept_frac', 'query_eps2',
+          'query_fallback', 'query_mean_weight']
 
 
 @pytest.mark.parametrize('modulator, query_vec, kept, mean_weight', [

@@ -20,7 +20,8 @@ from pyterrier_rdime import (
 ])
 def test_topk_fraction_and_count(kwargs, expected):
     out = TopK(**kwargs).transform(topk_input())
-    assert list(out.columns) == ['qid', 'query', 'query_vec', 'query_dime', 'query_kept', 'query_kept_frac']
+    assert list(out.columns) == ['qid', 'query', 'query_vec', 'query_dime', 'query_vec_full', 'query_kept',
+                                 'query_kept_frac']
     row = out.iloc[0]
     assert_vec(row['query_vec'], expected)
     kept = int(np.count_nonzero(expected))

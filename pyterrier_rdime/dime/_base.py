@@ -1,5 +1,6 @@
 """The base of the DIME scorers: validation, grouping by query, the float32 check and the magnitude fallback."""
 import warnings
+from typing import Dict, Tuple
 
 import numpy as np
 import pandas as pd
@@ -28,25 +29,36 @@ class DimeScorer(ConfigTransformer):
         else:  # PyTerrier's query columns, in the input's order (pt.model.query_columns returns them in set order)
             query_level = set(pt.model.query_columns(inp))
             columns = [c for c in inp.columns if c in query_level]
-        columns = [c for c in columns if c != 'query_dime'] + ['query_dime']
+        added = ('query_dime',) + self._extra_columns()
+        columns = [c for c in columns if c not in added] + list(added)
         if not len(inp):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
         groups = group_queries(inp, self)
         query_vecs = query_vectors(inp, 'query_vec', groups, self)
-        importance = self._importance(inp, groups, query_vecs)
+        importance, extra = self._importance_and_columns(inp, groups, query_vecs)
         self._check_float32(importance, query_vecs, inp, groups)
         importance = importance.astype(_output_dtype(importance))
         if self.keep_ranking:
-            return inp.assign(query_dime=per_row(importance, groups.codes))[columns]
+            return inp.assign(query_dime=per_row(importance, groups.codes),
+                              **{c: np.asarray(v)[groups.codes] for c, v in extra.items()})[columns]
         out = inp.iloc[groups.first_rows].reset_index(drop=True)
-        return out.assign(query_dime=list(importance))[columns]
+        return out.assign(query_dime=list(importance), **extra)[columns]
 
     def _validate(self, inp: pd.DataFrame) -> None:
         pt.validate.result_frame(inp, extra_columns=['query_vec', 'doc_vec', 'score'], context=self)
 
     def _importance(self, inp: pd.DataFrame, groups: QueryGroups, query_vecs: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def _extra_columns(self) -> Tuple[str, ...]:
+        """Per-query columns a stage adds beside ``query_dime`` (e.g. which queries an option changed)."""
+        return ()
+
+    def _importance_and_columns(self, inp: pd.DataFrame, groups: QueryGroups,
+                                query_vecs: np.ndarray) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+        """The importance (n, p) and the values (n,) of :meth:`_extra_columns`."""
+        return self._importance(inp, groups, query_vecs), {}
 
     def _check_float32(self, importance: np.ndarray, query_vecs: np.ndarray, inp: pd.DataFrame,
                        groups: QueryGroups) -> None:

@@ -1,8 +1,14 @@
-"""Eclipse DIME: positive and negative feedback."""
+"""Eclipse DIME: positive and negative feedback, the positives from the ranking or from an LLM answer."""
+import warnings
+from typing import Optional
+
+import numpy as np
+
 from .. import maths
 from .._config import check_bool, check_int, check_nonnegative
 from .._frames import gather_vectors, select_feedback
 from ._base import DimeScorer
+from .llm import answer_vectors, check_encoder, validate_answers
 
 
 class EclipseDime(DimeScorer):
@@ -37,4 +43,61 @@ class EclipseDime(DimeScorer):
         neg = select_feedback(inp, groups, self.num_neg, self, from_bottom=True, skip_top=self.num_pos)
         return maths.eclipse_dime(query_vecs, gather_vectors(inp, 'doc_vec', pos, dims, self), pos.mask,
                                   gather_vectors(inp, 'doc_vec', neg, dims, self), neg.mask,
+                                  alpha=self.alpha, beta=self.beta)
+
+
+class LlmEclipseDime(DimeScorer):
+    """Eclipse with an LLM answer as the positive: ``u = alpha * q * a - beta * q * mean(bottom-num_neg docs)``, ``a``
+    the embedding of an LLM-generated answer to the query (as :class:`~pyterrier_rdime.LlmDime` reads it) and the
+    negatives the ``num_neg`` lowest-scored candidates of the incoming ranking (defaults 5, 1.0, 0.5 as in the Eclipse
+    code). A query without an answer uses ``q`` in its place (``u = alpha * q * q - beta * ...``: the magnitude
+    fallback of LLM DIME, with the negatives still subtracted, as dime-library's Eclipse wrapper of its LLM filter
+    does), with a warning. It needs the bottom of the first ranking, so ``compile()`` does not cut it.
+
+    Input columns: ``qid, query_vec, docno, doc_vec, score`` and ``query_answer_vec`` or ``query_answer`` (text,
+    encoded with ``encoder.encode_docs``). Output columns: the input's plus ``query_dime``.
+
+    Example::
+
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> LlmAnswers.from_tsv('answers.tsv') \\
+            >> LlmEclipseDime(encoder=model) >> Rdime() >> VectorScorer()
+
+    Paper: D'Erasmo et al., *Eclipse: Contrastive Dimension Importance Estimation with Pseudo-Irrelevance Feedback*
+    (ICTIR 2025), Eclipse-LLM (dime-library ``filters/eclipse.py``; the Missing-Role repository's ``LLMEclipse``).
+    """
+    schematic = {'label': 'LLM-Eclipse'}
+
+    def __init__(self, *, encoder: Optional[object] = None, num_neg: int = 5, alpha: float = 1.0, beta: float = 0.5,
+                 keep_ranking: bool = True):
+        stage = type(self).__name__
+        check_encoder(stage, encoder)
+        check_int(stage, 'num_neg', num_neg, 1)
+        check_nonnegative(stage, 'alpha', alpha)
+        check_nonnegative(stage, 'beta', beta)
+        if alpha == 0 and beta == 0:
+            raise ValueError(f'{stage}: alpha and beta are both 0, so every importance would be 0 (no signal); give '
+                             'the answer (alpha) or the negatives (beta) a positive weight')
+        check_bool(stage, 'keep_ranking', keep_ranking)
+        self.encoder = encoder
+        self.num_neg = num_neg
+        self.alpha = alpha
+        self.beta = beta
+        self.keep_ranking = keep_ranking
+
+    def _validate(self, inp):
+        validate_answers(inp, self, ['docno', 'doc_vec', 'score'])
+
+    def _importance(self, inp, groups, query_vecs):
+        answers, present = answer_vectors(self, self.encoder, inp, groups, query_vecs)
+        if not present.all():
+            qids = inp['qid'].to_numpy()[groups.first_rows[~present]]
+            shown = ', '.join(map(repr, qids[:5])) + (' ...' if len(qids) > 5 else '')
+            warnings.warn(f'{self}: no LLM answer for {len(qids)} quer{"y" if len(qids) == 1 else "ies"} ({shown}); '
+                          'using the query itself as their positive (u = alpha * q * q - beta * q * mean(negatives))',
+                          stacklevel=3)
+            answers = np.where(present[:, None], answers, query_vecs)
+        neg = select_feedback(inp, groups, self.num_neg, self, from_bottom=True)
+        one = np.ones((groups.size, 1), dtype=bool)
+        return maths.eclipse_dime(query_vecs, answers[:, None, :], one,
+                                  gather_vectors(inp, 'doc_vec', neg, query_vecs.shape[1], self), neg.mask,
                                   alpha=self.alpha, beta=self.beta)

@@ -1,12 +1,12 @@
 """LLM DIME: the importance from the embedding of an LLM-generated answer."""
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
 from .._config import check_bool
-from .._frames import check_same_dims, stack_vectors
+from .._frames import QueryGroups, check_same_dims, stack_vectors
 from ._base import DimeScorer
 
 
@@ -31,60 +31,80 @@ class LlmDime(DimeScorer):
 
     def __init__(self, *, encoder: Optional[object] = None, keep_ranking: bool = True):
         stage = type(self).__name__
-        if encoder is not None and not callable(getattr(encoder, 'encode_docs', None)):
-            raise ValueError(f'{stage}: encoder {encoder!r} has no encode_docs(texts) method; pass a pyterrier-dr '
-                             'BiEncoder such as pyterrier_dr.SBertBiEncoder(...)')
+        check_encoder(stage, encoder)
         check_bool(stage, 'keep_ranking', keep_ranking)
         self.encoder = encoder
         self.keep_ranking = keep_ranking
 
     def _validate(self, inp):
-        with pt.validate.any(inp, context=self) as v:
-            v.columns(includes=['qid', 'query_vec', 'query_answer_vec'], mode='vector')
-            v.columns(includes=['qid', 'query_vec', 'query_answer'], mode='text')
+        validate_answers(inp, self, [])
 
     def _importance(self, inp, groups, query_vecs):
-        dims = query_vecs.shape[1]
-        qids = inp['qid'].to_numpy()[groups.first_rows]
-        answers = np.zeros_like(query_vecs)
-        if 'query_answer_vec' in inp.columns:
-            present = ~np.array([_missing(v) for v in inp['query_answer_vec'].to_numpy()[groups.first_rows]],
-                                dtype=bool)
-            if present.any():
-                stacked = stack_vectors(inp, 'query_answer_vec', groups.first_rows[present], self, 'qid')
-                check_same_dims(self, dims, stacked.shape[1], 'query_answer_vec', f' (qid={qids[present][0]!r})')
-                answers[present] = stacked
-        else:
-            if self.encoder is None:
-                raise ValueError(f'{self}: the input has query_answer text but no encoder was given; use '
-                                 'LlmDime(encoder=model) with the bi-encoder of the documents, or supply '
-                                 'query_answer_vec')
-            texts = inp['query_answer'].to_numpy()[groups.first_rows]
-            for qid, text in zip(qids, texts):
-                if not isinstance(text, str) and not _missing(text):
-                    raise ValueError(f'{self}: query_answer of qid={qid!r} is {text!r} ({type(text).__name__}), not '
-                                     'text; give the answer as a string (or None when there is none)')
-            present = np.array([isinstance(t, str) and t.strip() != '' for t in texts], dtype=bool)
-            if present.any():
-                answers[present] = self._encode(list(texts[present]), qids[present], dims)
+        answers, present = answer_vectors(self, self.encoder, inp, groups, query_vecs)
         importance = query_vecs * answers
         return self._magnitude_fallback(importance, query_vecs, ~present, inp, groups, 'no LLM answer')
 
-    def _encode(self, texts: list, qids: np.ndarray, dims: int) -> np.ndarray:
-        encoded = np.asarray(self.encoder.encode_docs(texts))
-        if encoded.ndim != 2 or encoded.shape[0] != len(texts):
-            raise ValueError(f'{self}: {self.encoder!r}.encode_docs returned shape {encoded.shape} for {len(texts)} '
-                             f'answer texts; it must return one vector per text, shape ({len(texts)}, {dims})')
-        if encoded.dtype.kind not in 'biuf':
-            raise ValueError(f'{self}: {self.encoder!r}.encode_docs returned {encoded.dtype} values, not real '
-                             'numbers')
-        encoded = encoded.astype(np.float64)
-        check_same_dims(self, dims, encoded.shape[1], 'the encoded query_answer')
-        finite = np.isfinite(encoded).all(axis=1)
-        if not finite.all():
-            raise ValueError(f'{self}: {self.encoder!r}.encode_docs returned NaN or inf for the query_answer of '
-                             f'qid={qids[np.argmin(finite)]!r}; check the encoder (and the answer text)')
-        return encoded
+
+def check_encoder(stage: str, encoder: Optional[object]) -> None:
+    """None, or an object with ``encode_docs(texts)`` (a pyterrier-dr bi-encoder)."""
+    if encoder is not None and not callable(getattr(encoder, 'encode_docs', None)):
+        raise ValueError(f'{stage}: encoder {encoder!r} has no encode_docs(texts) method; pass a pyterrier-dr '
+                         'BiEncoder such as pyterrier_dr.SBertBiEncoder(...)')
+
+
+def validate_answers(inp: pd.DataFrame, stage: object, extra_columns: list) -> None:
+    """The input has ``qid, query_vec`` and ``extra_columns``, and ``query_answer_vec`` or ``query_answer``."""
+    with pt.validate.any(inp, context=stage) as v:
+        v.columns(includes=['qid', 'query_vec', *extra_columns, 'query_answer_vec'], mode='vector')
+        v.columns(includes=['qid', 'query_vec', *extra_columns, 'query_answer'], mode='text')
+
+
+def answer_vectors(stage: object, encoder: Optional[object], inp: pd.DataFrame, groups: QueryGroups,
+                   query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The answer embedding of each query (n, p), from ``query_answer_vec`` or by encoding ``query_answer`` with
+    ``encoder``, and which queries have one (n,) bool (the others hold zeros). Malformed answers raise, naming
+    ``stage`` and the qid."""
+    dims = query_vecs.shape[1]
+    qids = inp['qid'].to_numpy()[groups.first_rows]
+    answers = np.zeros_like(query_vecs)
+    if 'query_answer_vec' in inp.columns:
+        present = ~np.array([_missing(v) for v in inp['query_answer_vec'].to_numpy()[groups.first_rows]],
+                            dtype=bool)
+        if present.any():
+            stacked = stack_vectors(inp, 'query_answer_vec', groups.first_rows[present], stage, 'qid')
+            check_same_dims(stage, dims, stacked.shape[1], 'query_answer_vec', f' (qid={qids[present][0]!r})')
+            answers[present] = stacked
+        return answers, present
+    if encoder is None:
+        raise ValueError(f'{stage}: the input has query_answer text but no encoder was given; use '
+                         f'{type(stage).__name__}(encoder=model) with the bi-encoder of the documents, or supply '
+                         'query_answer_vec')
+    texts = inp['query_answer'].to_numpy()[groups.first_rows]
+    for qid, text in zip(qids, texts):
+        if not isinstance(text, str) and not _missing(text):
+            raise ValueError(f'{stage}: query_answer of qid={qid!r} is {text!r} ({type(text).__name__}), not '
+                             'text; give the answer as a string (or None when there is none)')
+    present = np.array([isinstance(t, str) and t.strip() != '' for t in texts], dtype=bool)
+    if present.any():
+        answers[present] = _encode(stage, encoder, list(texts[present]), qids[present], dims)
+    return answers, present
+
+
+def _encode(stage: object, encoder: object, texts: list, qids: np.ndarray, dims: int) -> np.ndarray:
+    encoded = np.asarray(encoder.encode_docs(texts))
+    if encoded.ndim != 2 or encoded.shape[0] != len(texts):
+        raise ValueError(f'{stage}: {encoder!r}.encode_docs returned shape {encoded.shape} for {len(texts)} '
+                         f'answer texts; it must return one vector per text, shape ({len(texts)}, {dims})')
+    if encoded.dtype.kind not in 'biuf':
+        raise ValueError(f'{stage}: {encoder!r}.encode_docs returned {encoded.dtype} values, not real '
+                         'numbers')
+    encoded = encoded.astype(np.float64)
+    check_same_dims(stage, dims, encoded.shape[1], 'the encoded query_answer')
+    finite = np.isfinite(encoded).all(axis=1)
+    if not finite.all():
+        raise ValueError(f'{stage}: {encoder!r}.encode_docs returned NaN or inf for the query_answer of '
+                         f'qid={qids[np.argmin(finite)]!r}; check the encoder (and the answer text)')
+    return encoded
 
 
 def _missing(value: object) -> bool:

@@ -1,0 +1,201 @@
+"""Same-budget controls: keep as many dimensions as the threshold before them, chosen by another rule, to test
+whether the DIME's *choice* of dimensions matters."""
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+from . import maths
+from ._config import ConfigTransformer, check_choice, check_int
+from ._frames import check_same_dims, empty_frame, group_queries, numeric_column, per_row, query_vectors
+from .pruned.layout import fingerprint, flex_layout_path, portable_index
+
+CONTROLS = ('random', 'magnitude', 'variance', 'prefix')
+
+
+class SameBudget(ConfigTransformer):
+    """A same-budget control: per query, keep exactly as many dimensions as the threshold before it kept
+    (``query_kept``), but chosen by a rule that ignores the DIME importance; the query vector is the original ``q``
+    on those dimensions and 0 elsewhere. Comparing ``Rdime`` (or ``TopK``) with its control at the same budget says
+    how much the DIME's choice of dimensions adds over that rule. Controls:
+
+    - ``'random'``: a uniform draw of dimensions from a generator fixed by ``seed`` and the qid (a SHA-256 of the
+      qid's text, so runs repeat exactly in any process); the draw for ``k`` dimensions is contained in the draw for
+      ``k + 1``. Report the mean over several seeds.
+    - ``'magnitude'``: the largest ``q_j^2`` of the original query (the query alone, no feedback).
+    - ``'variance'``: the dimensions of largest variance over the collection's document vectors (``index``): one
+      global order, as an index-time (static) pruning would choose. For a FlexIndex the variances are computed once,
+      streaming the vectors, and cached beside the index's dimension-major layout (the index folder, or the package
+      cache folder when it is read-only) with the fingerprint of its vectors: a changed index is recomputed.
+    - ``'prefix'``: the first dimensions, as Matryoshka truncation keeps them. This means something only for a model
+      trained for truncation (Matryoshka representation learning); for others the order of dimensions is arbitrary
+      and ``'prefix'`` is one more random draw.
+
+    Ties keep the lower index (as :class:`~pyterrier_rdime.TopK`).
+
+    The original query comes from ``query_vec_full``, where every threshold (``Rdime``, ``TopK``, ``ScoreMass``)
+    keeps the query it was given: ``query_vec`` after a threshold is already pruned or weighted, and the dimensions
+    it zeroed cannot be recovered from it. The budget is ``query_kept``: after a soft modulator (``Rdime(modulator=
+    'wiener')``) that is the number of non-zero weights. The threshold's columns are kept true to what the control
+    kept: ``query_kept`` and ``query_kept_frac`` are unchanged (the same count), ``query_mean_weight`` becomes 1.0
+    (a control is a hard 0/1 selection); ``query_eps2`` and ``query_fallback`` pass through unchanged: they describe
+    how the budget was set (a query whose threshold fell back to the full query keeps every dimension here too).
+
+    Args:
+        control: ``'random'``, ``'magnitude'``, ``'variance'`` or ``'prefix'``.
+        seed: the seed of ``'random'`` (an integer >= 0; other controls ignore it).
+        index: for ``'variance'`` only, a pyterrier-dr ``FlexIndex`` or a ``(docs, p)`` array of document vectors.
+
+    Input columns: ``qid, query_vec, query_vec_full, query_kept`` (a query or result frame, after a threshold).
+    Output columns: the input's, with ``query_vec`` replaced (float32) and ``query_mean_weight`` set to 1.0 where
+    present.
+
+    Example::
+
+        dense = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> VectorScorer()
+        rdime = dense >> PrfDime() >> Rdime() >> VectorScorer()
+        chance = dense >> PrfDime() >> Rdime() >> SameBudget(control='random', seed=0) >> VectorScorer()
+        static = dense >> PrfDime() >> Rdime() >> SameBudget(control='variance', index=index) >> VectorScorer()
+
+    Paper: the controls answer Takeshita et al. (arXiv 2508.17744: a random half of the dimensions costs under 10 %)
+    and index-time pruning (Siciliano et al., arXiv 2412.09983); no DIME reference reports them.
+    """
+    schematic = {'label': 'same budget'}
+
+    def __init__(self, *, control: str, seed: int = 0, index: Optional[object] = None):
+        stage = type(self).__name__
+        check_choice(stage, 'control', control, CONTROLS)
+        check_int(stage, 'seed', seed, 0, 'the seed of the random control')
+        if control == 'variance':
+            if not (isinstance(index, np.ndarray) or hasattr(index, 'index_path')):
+                raise ValueError(f"{stage}: control='variance' needs index=, a pyterrier-dr FlexIndex or a (docs, p) "
+                                 f'array of the document vectors; got {index!r}')
+            if isinstance(index, np.ndarray) and (index.ndim != 2 or not len(index) or index.dtype.kind not in 'biuf'):
+                raise ValueError(f"{stage}: index must be a non-empty (docs, p) array of real numbers, got an array of "
+                                 f'shape {index.shape} and dtype {index.dtype}')
+        elif index is not None:
+            raise ValueError(f"{stage}: index= is used only by control='variance', not {control!r}; leave it out")
+        self.control = control
+        self.seed = seed
+        self.index = index
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pt.validate.columns(inp, includes=['qid', 'query_vec'], context=self)
+        missing = [c for c in ('query_kept', 'query_vec_full') if c not in inp.columns]
+        if missing:
+            raise ValueError(f'{self}: the input has no {" or ".join(missing)}; put SameBudget after a threshold '
+                             '(Rdime, TopK or ScoreMass), which writes the budget query_kept and keeps the unpruned '
+                             'query in query_vec_full')
+        if not len(inp):
+            return empty_frame(inp, list(inp.columns))
+        inp = inp.reset_index(drop=True)
+        groups = group_queries(inp, self)
+        full = query_vectors(inp, 'query_vec_full', groups, self)
+        counts = self._budgets(inp, groups, full.shape[1])
+        keep = maths.keep_counts(self._order_key(inp, groups, full), counts) if self.control != 'random' else \
+            maths.random_ranks([(self.seed, str(q)) for q in inp['qid'].to_numpy()[groups.first_rows]],
+                               full.shape[1]) < counts[:, None]
+        pruned = maths.modulate(full, keep).astype(np.float32)
+        out = inp.assign(query_vec=per_row(pruned, groups.codes))
+        if 'query_mean_weight' in out.columns:
+            out = out.assign(query_mean_weight=1.0)
+        return out
+
+    def _budgets(self, inp: pd.DataFrame, groups, dims: int) -> np.ndarray:
+        """``query_kept`` per query, checked: a whole number in [0, p], the same on every row of a query."""
+        fix = 'query_kept is the number of dimensions the threshold before SameBudget kept'
+        kept = numeric_column(inp, 'query_kept', self, fix)
+        firsts = kept[groups.first_rows]
+        bad = ~((kept == firsts[groups.codes]) & (kept == np.round(kept)) & (kept >= 0) & (kept <= dims))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise ValueError(f'{self}: query_kept is {inp["query_kept"].iloc[row]!r} at qid={inp["qid"].iloc[row]!r}; '
+                             f'it must be a whole number of dimensions in [0, {dims}], the same on every row of a '
+                             f'query ({fix})')
+        return firsts.astype(np.int64)
+
+    def _order_key(self, inp: pd.DataFrame, groups, full: np.ndarray) -> np.ndarray:
+        """What the control keeps the largest of: per query (n, p), or one global order (p,)."""
+        if self.control == 'magnitude':
+            return full * full
+        if self.control == 'prefix':
+            return -np.arange(full.shape[1], dtype=np.float64)
+        variance = document_variance(self.index, stage=str(self))
+        check_same_dims(self, full.shape[1], len(variance), 'the index (document vectors)')
+        return variance
+
+
+_CACHE_LOCK = threading.Lock()
+_CACHED: Dict[Path, Tuple[dict, np.ndarray]] = {}
+
+
+def document_variance(index: object, *, stage: str = 'SameBudget') -> np.ndarray:
+    """The variance of each dimension over the document vectors of ``index`` (float64, (p,)).
+
+    For an array, computed on the spot. For a pyterrier-dr FlexIndex, computed once (streaming its vectors in blocks)
+    and cached in a small JSON record beside the index's dimension-major layout (``rdime.dim_major.variance.json`` in
+    the index folder, or under the package cache folder when the folder is read-only, as
+    :func:`pyterrier_rdime.pruned.layout.flex_layout_path` decides), with the fingerprint of ``vecs.f4`` (size,
+    modification time, a hash of three samples): a record that does not match the current vectors is recomputed.
+    """
+    if isinstance(index, np.ndarray):
+        return _variance(index, stage, 'the array index')
+    if not (Path(index.index_path) / 'pt_meta.json').is_file():
+        raise ValueError(f'{stage}: {index!r} is not built (no pt_meta.json in {index.index_path}); index the '
+                         'documents first, e.g. (encoder >> index.indexer()).index(docs)')
+    source = Path(index.index_path) / 'vecs.f4'
+    path = flex_layout_path(index).with_suffix('.variance.json')
+    current = fingerprint(source)
+    with _CACHE_LOCK:
+        cached = _CACHED.get(path)
+        if cached is not None and cached[0] == current:
+            return cached[1]
+        variance = _read_record(path, current)
+        if variance is None:
+            # a fresh FlexIndex: this one may hold a memory map of the vectors from before the index changed
+            vectors = portable_index(index).payload(return_docnos=False)[0]
+            variance = _variance(vectors, stage, str(index.index_path))
+            _write_record(path, current, variance)
+        _CACHED[path] = (current, variance)
+        return variance
+
+
+def _variance(vecs: np.ndarray, stage: str, source: str, block: int = 32768) -> np.ndarray:
+    variance, rows = maths.column_variance(vecs[start:start + block] for start in range(0, len(vecs), block))
+    if not rows:
+        raise ValueError(f'{stage}: {source} holds no documents; the variance control needs document vectors')
+    if not np.isfinite(variance).all():
+        raise ValueError(f'{stage}: a document vector of {source} has NaN or infinite values, so the variance of '
+                         'its dimensions is undefined; re-encode or drop that document')
+    return variance
+
+
+def _read_record(path: Path, current: dict) -> Optional[np.ndarray]:
+    """The cached variances if the record at ``path`` was computed from vectors with this fingerprint."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        if record['source_fingerprint'] != current:
+            return None
+        return np.asarray(record['variance'], dtype=np.float64)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_record(path: Path, current: dict, variance: np.ndarray) -> None:
+    """Written to a temporary file renamed into place, so a reader never sees half a record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'w') as out:
+            json.dump({'source_fingerprint': current, 'variance': [float(v) for v in variance]}, out)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
