@@ -75,8 +75,9 @@ def test_table_has_the_papers_structure(dl19):
     _, result = dl19
     assert result.measures == ['nDCG@10', 'AP']
     systems = set(result.table['system'])
-    assert systems == {'Baseline'} | {f'{d}/{t}' for d in ('prf', 'swc', 'llm')
-                                      for t in ('k=0.4', 'k=0.6', 'k=0.8', 'RDIME', 'CV Top-k')}
+    assert systems == {'Baseline', 'Vector PRF', 'Average PRF'} | {
+        f'{d}/{t}' for d in ('prf', 'swc', 'llm')
+        for t in ('k=0.4', 'k=0.6', 'k=0.8', 'RDIME', 'CV Top-k', 'RDIME:random', 'RDIME:magnitude', 'RDIME:variance')}
     table = result.paper_table('nDCG@10')
     assert list(table.columns) == ['DIME', 'k=0.4', 'k=0.6', 'k=0.8', 'RDIME (kept)', 'Δ% vs best Top-k',
                                    'best Top-k, tuned on test (k)', 'CV Top-k (mean k)']

@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     from .parity import ALTERNATIVES, DEFAULT_MARGIN
     from .runner import DEFAULT_DIMES, DEFAULT_KS
     from .sweep import CV_FOLDS, CV_SEED
-    from .systems import DIME_NAMES, MODULATORS
+    from .systems import CONTROLS, DEFAULT_CONTROLS, DIME_NAMES, MODULATORS
     p = argparse.ArgumentParser(
         prog='rdime-experiment',
         description='RDIME vs Top-k dimension pruning (and Baseline) for each DIME, in the reference '
@@ -65,6 +65,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--ks', default=','.join(map(str, DEFAULT_KS)),
                    help="Top-k fractions (default: %(default)s; '' for none)")
     p.add_argument('--modulators', default='', help=f'soft RDIME columns to add: {",".join(MODULATORS)}')
+    p.add_argument('--score-mass', default='',
+                   help='score-mass columns to add: keep the most important dimensions until they hold this share of '
+                        'the positive importance mass (comma-separated shares in (0, 1], e.g. 0.8)')
+    p.add_argument('--controls', default=','.join(DEFAULT_CONTROLS),
+                   help=f'comma-separated, among {",".join(CONTROLS)}: RDIME against the same number of dimensions '
+                        'per query chosen at random, by the query alone (magnitude), by the collection (variance) or '
+                        "as the first ones (prefix: Matryoshka models only), and against pyterrier-dr's vector PRF "
+                        "(default: %(default)s; '' for none)")
+    p.add_argument('--control-seeds', type=int, default=10,
+                   help='seeds of the random control: its value is the mean over them (default: %(default)s)')
     p.add_argument('--measures', default=None,
                    help='ir_measures names, comma-separated (default: nDCG@10,AP; plus R@1000,RR@10 in retrieve mode)')
     p.add_argument('--rel', type=int, default=None,
@@ -152,10 +162,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ks = [float(k) for k in _split(args.ks)]
     except ValueError:
         return _error(f'--ks {args.ks!r}: expected comma-separated fractions in (0, 1], e.g. 0.4,0.6,0.8')
+    try:
+        masses = [float(m) for m in _split(args.score_mass)]
+    except ValueError:
+        return _error(f'--score-mass {args.score_mass!r}: expected comma-separated shares in (0, 1], e.g. 0.8')
     settings = dict(mode=args.mode, first_stage=args.first_stage, feedback=args.feedback, depth=args.depth,
                     num_results=args.num_results, dimes=_split(args.dimes), ks=ks, modulators=_split(args.modulators),
                     test=args.test, retriever=args.retriever, max_queries=args.max_queries, sweep=args.sweep,
-                    folds=args.folds, margin=args.margin, alternative=args.alternative)
+                    folds=args.folds, margin=args.margin, alternative=args.alternative,
+                    masses=masses, controls=_split(args.controls), control_seeds=args.control_seeds)
     encoders = _split(args.encoder)
     try:
         check_arguments(args)

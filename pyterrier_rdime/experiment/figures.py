@@ -57,10 +57,11 @@ def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, 
                path: Union[str, Path]) -> None:
     """Each measure against the kept fraction, per DIME: the Top-k curve, RDIME as a point at its mean kept fraction
     with a bar over the per-query spread (:data:`SPREAD` percentiles), CV Top-k as a cross at its chosen fractions'
-    mean, and Baseline as a line.
+    mean, the random selection of as many dimensions (what the DIME's order adds over chance at each fraction), and
+    Baseline as a line.
 
     Args:
-        curves: ``dime, fraction, measure, value`` (mean over queries).
+        curves: ``dime, fraction, measure, value`` (mean over queries); dime ``random``: the random selection.
         points: ``dime, measure, system ('RDIME' or 'CV Top-k'), kept, low, high, value``.
         baseline: measure -> Baseline's value.
     """
@@ -84,6 +85,10 @@ def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, 
                 c = mine.loc['CV Top-k']
                 ax.plot(c['kept'], c['value'], 'x', color=colours[dime], markersize=8, markeredgewidth=2,
                         label=f'{label} CV Top-k')
+        chance = curves[(curves['dime'] == 'random') & (curves['measure'] == measure)].sort_values('fraction')
+        if len(chance):
+            ax.plot(chance['fraction'], chance['value'], '.:', color='grey', linewidth=1,
+                    label='random dimensions (mean over seeds)')
         ax.axhline(baseline[measure], color='black', linestyle='--', linewidth=1, label='Baseline (all dimensions)')
         ax.set_xlabel('fraction of dimensions kept')
         ax.set_ylabel(measure)

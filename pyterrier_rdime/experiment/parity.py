@@ -10,14 +10,22 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from ..controls import CONTROLS as SELECTIONS
+
 ALPHA = 0.05
 TESTS = ('t', 'wilcoxon', 'auto')
 ALTERNATIVES = ('two-sided', 'greater', 'less')
 #: Equivalence margin: a fraction of the Baseline's mean of the measure in the same cell (see ``--margin``).
 DEFAULT_MARGIN = 0.05
 VERDICTS = ('equivalent', 'different', 'inconclusive')
-COLUMNS = ['measure', 'dime', 'system', 'comparison', 'other', 'n', 'test', 'alternative', 'p_value', 'p_holm',
-           'significant', 'mean_diff', 'ci_low', 'ci_high', 'margin', 'tost_p', 'tost_p_holm', 'verdict']
+COLUMNS = ['measure', 'family', 'dime', 'system', 'comparison', 'other', 'n', 'test', 'alternative', 'p_value',
+           'p_holm', 'significant', 'mean_diff', 'ci_low', 'ci_high', 'margin', 'tost_p', 'tost_p_holm', 'verdict']
+#: The two families of comparisons, each Holm-corrected on its own per measure: RDIME against the Top-k comparators
+#: and Baseline (the paper's question), and against the same-budget controls and vector PRF (does DIME's choice of
+#: dimensions matter?). Adding controls thus leaves the first family's p-values as they were.
+FAMILIES = ('comparators', 'controls')
+#: Suffix of a same-budget control's comparison label.
+SAME_BUDGET = ' (same budget)'
 
 
 def choose_test(differences: np.ndarray, test: str) -> str:
@@ -88,6 +96,14 @@ def _holm(p_values: pd.Series) -> np.ndarray:
         gc.unfreeze()
 
 
+def controls(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str]]:
+    """(label, system) of the controls of ``<dime>/<column>`` present: each same-budget selection
+    ``<dime>/<column>:<selection>`` (label ``<selection> (same budget)``), then the vector-PRF systems."""
+    present = [f'{dime}/{column}:{selection}' for selection in SELECTIONS]
+    pairs = [(s.split(':')[-1] + SAME_BUDGET, s) for s in present if s in means.index]
+    return pairs + [(s, s) for s in ('Vector PRF', 'Average PRF') if s in means.index]
+
+
 def comparators(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str]]:
     """(label, system) of the comparisons of ``<dime>/<column>``: CV Top-k, the best Top-k tuned on the test
     queries, Baseline, and for a soft RDIME column RDIME itself."""
@@ -104,13 +120,15 @@ def comparators(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str
 
 def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequence[str], columns: Sequence[str],
                  test: str = 't', alternative: str = 'two-sided', margin: float = DEFAULT_MARGIN) -> pd.DataFrame:
-    """Each RDIME column (``RDIME`` and any soft one) of each DIME against its :func:`comparators`, per measure.
+    """Each RDIME column (``RDIME`` and any soft one) of each DIME against its :func:`comparators` and its
+    :func:`controls`, per measure.
 
     ``aggregate`` (``system, measure, value``) and ``perquery`` (``system, qid, measure, value``) hold every system,
     Top-k sweep points and ``<dime>/CV Top-k`` included. The significance test is ``test`` (``'auto'`` chooses per
     comparison) with ``alternative``; its p-values and TOST's are Holm-corrected over the comparisons of a measure
-    (statsmodels). The equivalence margin is ``margin`` times the Baseline's mean of the measure. Returns
-    :data:`COLUMNS`; ``significant`` and the verdict read the Holm-corrected p-values at :data:`ALPHA`.
+    (statsmodels), each of the :data:`FAMILIES` on its own. The equivalence margin is ``margin`` times the Baseline's
+    mean of the measure. Returns :data:`COLUMNS`; ``significant`` and the verdict read the Holm-corrected p-values
+    at :data:`ALPHA`.
     """
     rows = []
     for measure in dict.fromkeys(aggregate['measure']):
@@ -122,16 +140,19 @@ def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequenc
         for dime in dimes:
             for column in columns:
                 system = f'{dime}/{column}'
-                for label, other in comparators(means, dime, column):
+                compared = [('comparators', pair) for pair in comparators(means, dime, column)] + \
+                    [('controls', pair) for pair in controls(means, dime, column)]
+                for family, (label, other) in compared:
                     pair = scores[[system, other]].dropna()
                     a, b = pair[system].to_numpy(), pair[other].to_numpy()
                     chosen = choose_test(a - b, test)
-                    rows.append({'measure': measure, 'dime': dime, 'system': system, 'comparison': label,
-                                 'other': other, 'n': len(pair), 'test': chosen, 'alternative': alternative,
+                    rows.append({'measure': measure, 'family': family, 'dime': dime, 'system': system,
+                                 'comparison': label, 'other': other, 'n': len(pair), 'test': chosen,
+                                 'alternative': alternative,
                                  'p_value': paired_p_value(a, b, chosen, alternative), 'margin': absolute,
                                  **equivalence(a, b, absolute), '_diff': a - b})
     result = pd.DataFrame(rows, columns=COLUMNS + ['_diff'])
-    for _, group in result.groupby('measure', sort=False):
+    for _, group in result.groupby(['measure', 'family'], sort=False):
         result.loc[group.index, 'p_holm'] = _holm(group['p_value'])
         result.loc[group.index, 'tost_p_holm'] = _holm(group['tost_p'])
     result['significant'] = result['p_holm'] < ALPHA

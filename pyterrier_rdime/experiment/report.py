@@ -19,6 +19,9 @@ TEST_NAMES = {'t': 'paired t-test', 'wilcoxon': 'Wilcoxon signed-rank test',
               'auto': 'per comparison: Shapiro–Wilk on the paired differences, then paired t-test or Wilcoxon'}
 SWEEP_COLUMNS = ['dime', 'fraction', 'system', 'qid', 'measure', 'value']
 CV_COLUMNS = ['dime', 'measure', 'fold', 'fraction', 'queries']
+SEED_COLUMNS = ['system', 'seed', 'measure', 'value']
+#: How a control comparison reads: RDIME better or worse (the test rejects equality), equivalent, or inconclusive.
+OUTCOMES = ('better', 'equivalent', 'worse', 'inconclusive')
 
 
 @dataclass
@@ -37,8 +40,11 @@ class ExperimentResult:
         settings: the run's settings (collection, encoder, protocol, test, margin, folds, ...).
         notes: what the reader must know (feedback source, relevance level, skipped rows, dropped queries).
         timings: seconds per phase.
-        sweep: the Top-k sweep per query: ``dime, fraction, system, qid, measure, value``.
+        sweep: the Top-k sweep per query: ``dime, fraction, system, qid, measure, value``; the rows of ``dime``
+            ``random`` are the random-selection curve (the mean over the seeds of each query's measure).
         cv: the fraction cross-validation chose per fold: ``dime, measure, fold, fraction, queries``.
+        seeds: each seed's mean over the queries of the ``random`` controls: ``system, seed, measure, value`` (the
+            table's value of such a system is the mean over the seeds of each query's measure).
     """
     measures: List[str]
     table: pd.DataFrame
@@ -51,6 +57,7 @@ class ExperimentResult:
     timings: Dict[str, float] = field(default_factory=dict)
     sweep: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SWEEP_COLUMNS))
     cv: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CV_COLUMNS))
+    seeds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SEED_COLUMNS))
 
     def paper_table(self, measure: str) -> pd.DataFrame:
         """The paper's layout for one measure: rows DIME, columns the Top-k fractions, RDIME (mean kept fraction),
@@ -61,7 +68,7 @@ class ExperimentResult:
         values = self.table[self.table['measure'] == measure]
         columns = list(dict.fromkeys(values.loc[values['dime'] != '', 'threshold']))
         ks = [c for c in columns if c.startswith('k=')]
-        soft = [c for c in columns if not c.startswith('k=') and c not in ('RDIME', 'CV Top-k')]
+        soft = [c for c in columns if not c.startswith('k=') and c not in ('RDIME', 'CV Top-k') and ':' not in c]
         baseline = values.loc[values['threshold'] == 'Baseline', 'value'].iloc[0]
         rows = []
         for dime, label in self.labels.items():
@@ -90,7 +97,8 @@ class ExperimentResult:
     def parity_table(self, measure: str) -> pd.DataFrame:
         """RDIME (and any soft column) against each comparator for one measure: the paired mean difference with its
         95 % CI, the test used and its Holm-corrected p, TOST's Holm-corrected p at the margin, and the verdict."""
-        sig = self.significance[self.significance['measure'] == measure]
+        sig = self.significance
+        sig = sig[(sig['measure'] == measure) & (sig['family'] == 'comparators')]
         return pd.DataFrame({
             'DIME': sig['dime'].map(self.labels).fillna(sig['dime']),
             'system': sig['system'].str.split('/').str[-1],
@@ -101,6 +109,31 @@ class ExperimentResult:
             f'TOST p (Holm), ±{sig["margin"].iloc[0]:.4f}' if len(sig) else 'TOST p (Holm)':
                 sig['tost_p_holm'].map(lambda p: f'{p:.3g}'),
             'verdict': sig['verdict']})
+
+    def controls_table(self, measure: str) -> pd.DataFrame:
+        """Each RDIME column against the controls for one measure: its value, the control's at the same number of
+        dimensions per query (``random``: mean ± standard deviation over the seeds) or vector PRF's, the paired
+        difference with its 95 % CI, the Holm-corrected p-values of the controls' family, and the verdict."""
+        sig = self.significance
+        sig = sig[(sig['measure'] == measure) & (sig['family'] == 'controls')]
+        values = self.table[self.table['measure'] == measure].set_index('system')['value']
+        return pd.DataFrame({
+            'DIME': sig['dime'].map(self.labels).fillna(sig['dime']),
+            'system': [f'{s.split("/")[-1]} {values[s]:.4f} ({self.mean_kept(*s.split("/")):.2f})'
+                       for s in sig['system']],
+            'control': sig['comparison'],
+            'control value': [self.control_value(o, measure) for o in sig['other']],
+            'Δ mean [95 % CI]': [f'{r.mean_diff:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]' for r in sig.itertuples()],
+            'p (Holm)': sig['p_holm'].map(lambda p: f'{p:.3g}'),
+            'TOST p (Holm)': sig['tost_p_holm'].map(lambda p: f'{p:.3g}'),
+            'verdict': [outcome(r.verdict, r.mean_diff) for r in sig.itertuples()]})
+
+    def control_value(self, system: str, measure: str) -> str:
+        """A control's mean, with the standard deviation over its seeds where it has several."""
+        value = self.table.loc[(self.table['system'] == system) & (self.table['measure'] == measure), 'value']
+        seeds = self.seeds.loc[(self.seeds['system'] == system) & (self.seeds['measure'] == measure), 'value']
+        spread = f' ± {seeds.std(ddof=1):.4f} (sd over {len(seeds)} seeds)' if len(seeds) > 1 else ''
+        return f'{value.iloc[0]:.4f}{spread}'
 
     def mean_kept(self, dime: str, threshold: str) -> float:
         kept = self.kept
@@ -143,6 +176,10 @@ class ExperimentResult:
         for measure in self.measures:
             lines += [f'## {measure}', '', self.paper_table(measure).to_markdown(index=False, disable_numparse=True),
                       '', self.parity_table(measure).to_markdown(index=False, disable_numparse=True), '']
+            controls = self.controls_table(measure)
+            if len(controls):
+                lines += [f'### {measure}: does the choice of dimensions matter?', '',
+                          controls.to_markdown(index=False, disable_numparse=True), '']
         lines += [self.footnote(), '']
         lines += [f'- {note}' for note in self.notes]
         return '\n'.join(lines) + '\n'
@@ -177,6 +214,7 @@ class ExperimentResult:
             ('kept_fraction.csv', lambda p: self.kept.to_csv(p, index=False)),
             ('sweep.csv', lambda p: self.sweep.to_csv(p, index=False)),
             ('cv.csv', lambda p: self.cv.to_csv(p, index=False)),
+            ('seeds.csv', lambda p: self.seeds.to_csv(p, index=False)),
             ('results.json', lambda p: p.write_text(json.dumps(self._payload(), indent=2, default=_json_default),
                                                     encoding='utf-8')),
             ('results.md', lambda p: p.write_text(self.to_markdown(), encoding='utf-8')),
@@ -197,7 +235,8 @@ class ExperimentResult:
         results = pd.DataFrame(payload['results']).fillna({'dime': ''})
         return cls(payload['measures'], results, table('perquery.csv'), table('kept_fraction.csv'),
                    pd.DataFrame(payload['significance']), payload['labels'], payload['settings'], payload['notes'],
-                   payload['timings'], table('sweep.csv'), pd.DataFrame(payload['cv'], columns=CV_COLUMNS))
+                   payload['timings'], table('sweep.csv'), pd.DataFrame(payload['cv'], columns=CV_COLUMNS),
+                   table('seeds.csv'))
 
     def _payload(self) -> dict:
         return {'measures': self.measures, 'labels': self.labels, 'settings': self.settings, 'notes': self.notes,
@@ -238,6 +277,14 @@ class ExperimentResult:
                                    'value': values[f'{dime}/CV Top-k', measure]})
         baseline = pd.Series({m: values['Baseline', m] for m in self.measures})
         figures.sweep_plot(curves, pd.DataFrame(points), baseline, self.labels, self._title(), path)
+
+
+def outcome(verdict: str, mean_diff: float) -> str:
+    """A control comparison in one of :data:`OUTCOMES`: a ``different`` verdict becomes ``better`` or ``worse`` by the
+    sign of RDIME's mean difference."""
+    if verdict == 'different':
+        return 'better' if mean_diff > 0 else 'worse'
+    return verdict
 
 
 def _json_default(value):

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 
 from . import figures
-from .report import write_outputs
+from .parity import SAME_BUDGET
+from .report import outcome, write_outputs
 
 GRID_COLUMNS = ['collection', 'encoder', 'dime', 'threshold', 'system', 'measure', 'value', 'kept', 'k']
 BEST = 'best Top-k (tuned on test)'
@@ -54,6 +55,9 @@ def markdown(cells: Sequence) -> str:
     """grid.md: per measure, one row per (collection, encoder, DIME): Baseline, the best Top-k tuned on the test
     queries, CV Top-k, RDIME (kept), Δ% of RDIME over CV Top-k, and the three equivalence verdicts."""
     lines = ['# RDIME vs Top-k: the grid', '']
+    controls = control_rows(cells)
+    if len(controls):
+        lines += ['Does the choice of dimensions matter? ' + control_summary(controls), '']
     for measure in dict.fromkeys(m for c in cells for m in c.result.measures):
         rows = []
         for cell in cells:
@@ -80,11 +84,69 @@ def markdown(cells: Sequence) -> str:
                     **{f'vs {short}': _verdict(verdicts, prefix) for short, prefix in
                        (('CV', 'CV Top-k'), ('test-best', 'best Top-k'), ('Baseline', 'Baseline'))}})
         lines += [f'## {measure}', '', pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), '']
+        mine = controls[controls['measure'] == measure] if len(controls) else controls
+        if len(mine):
+            lines += [f'### {measure}: RDIME against the controls at the same budget, and vector PRF', '',
+                      control_grid(mine).to_markdown(index=False, disable_numparse=True), '',
+                      'Each control: its value, then how RDIME compares (better or worse: the test rejects equality, '
+                      'Holm over the controls of a measure; equivalent: TOST within the margin; inconclusive). '
+                      '`random`: the mean over the seeds of each query\'s measure, ± its standard deviation over the '
+                      'seeds.', '']
     lines += ['Verdicts of RDIME against CV Top-k, the best Top-k tuned on the test queries, and Baseline. '
               + cells[0].result.footnote(), '']
     lines += [f'- {c.collection.name} × {c.encoder}: {c.result.settings["num_queries"]} queries, first stage '
               f'{c.result.settings["first_stage"]}' for c in cells]
     return '\n'.join(lines) + '\n'
+
+
+def control_rows(cells: Sequence) -> pd.DataFrame:
+    """Every finished cell's control comparisons: ``collection, encoder, dime, label, system, measure, control,
+    value, kept, control_mean, control_value, outcome`` (value and kept: RDIME's; control_value: the control's mean as
+    text, ``random``'s with its spread over the seeds)."""
+    rows = []
+    for cell in cells:
+        result = cell.result
+        sig = result.significance
+        if 'family' not in sig:
+            continue
+        for r in sig[sig['family'] == 'controls'].itertuples():
+            values = result.table[result.table['measure'] == r.measure].set_index('system')['value']
+            rows.append({'collection': _names(cell)[0], 'encoder': _names(cell)[1], 'dime': r.dime,
+                         'label': result.labels.get(r.dime, r.dime), 'system': r.system.split('/')[-1],
+                         'measure': r.measure, 'control': r.comparison.removesuffix(SAME_BUDGET),
+                         'value': values[r.system], 'kept': result.mean_kept(*r.system.split('/')),
+                         'control_mean': values[r.other],
+                         'control_value': result.control_value(r.other, r.measure),
+                         'outcome': outcome(r.verdict, r.mean_diff)})
+    return pd.DataFrame(rows)
+
+
+def control_grid(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (collection, encoder, DIME, RDIME column): RDIME (kept), then each control's value and outcome."""
+    table = []
+    for key, group in rows.groupby(['collection', 'encoder', 'label', 'system'], sort=False):
+        first = group.iloc[0]
+        row = {'collection': key[0], 'encoder': key[1], 'DIME': key[2],
+               key[3] if key[3] != 'RDIME' else 'RDIME (kept)': f'{first["value"]:.4f} ({first["kept"]:.2f})'}
+        row.update({r.control: f'{r.control_value} {r.outcome}' for r in group.itertuples()})
+        table.append(row)
+    return pd.DataFrame(table).fillna('n/a')
+
+
+def control_summary(rows: pd.DataFrame) -> str:
+    """The sentence a reader needs first: per DIME and control, in how many (cell, measure) pairs RDIME (hard) is
+    better, equivalent, worse or inconclusive."""
+    rows = rows[rows['system'] == 'RDIME']
+    parts = []
+    for label, group in rows.groupby('label', sort=False):
+        counts = []
+        for control, mine in group.groupby('control', sort=False):
+            tally = mine['outcome'].value_counts()
+            counts.append(f'{control}: better in {tally.get("better", 0)}, equivalent in '
+                          f'{tally.get("equivalent", 0)}, worse in {tally.get("worse", 0)}, inconclusive in '
+                          f'{tally.get("inconclusive", 0)}')
+        parts.append(f'{label} RDIME against ' + '; '.join(counts) + f' (of {len(mine)} cell × measure pairs)')
+    return '. '.join(parts) + '.'
 
 
 def _verdict(verdicts: pd.Series, prefix: str) -> str:
@@ -128,7 +190,57 @@ def latex(cells: Sequence) -> str:
                 r'$^{\P}$ CV Top-$k$, $^{\dagger}$ the best Top-$k$ tuned on the test queries, $^{\ddagger}$ Baseline '
                 rf'({TEX_TESTS[first.settings.get("test", "t")]}, {first.settings.get("alternative", "two-sided")}, '
                 r'Holm-corrected per measure, $\alpha = 0.05$).}', r'\end{table*}', '']
-    return '\n'.join(out)
+    return '\n'.join(out + _latex_controls(cells))
+
+
+#: How a control's cell in grid.tex shows RDIME's outcome against it.
+TEX_OUTCOMES = {'better': r'$^{\uparrow}$', 'worse': r'$^{\downarrow}$', 'equivalent': r'$^{\approx}$',
+                'inconclusive': ''}
+
+
+def _latex_controls(cells: Sequence) -> List[str]:
+    """grid.tex's controls tables, one ``table*`` per measure: rows encoder × DIME (RDIME only), a column group per
+    collection with RDIME (kept) and each control's value, marked with RDIME's outcome against it."""
+    rows = control_rows(cells)
+    if rows.empty:
+        return []
+    rows = rows[rows['system'] == 'RDIME']
+    collections = list(dict.fromkeys(rows['collection']))
+    controls = list(dict.fromkeys(rows['control']))
+    width = len(controls) + 1
+    out = []
+    for measure, mine in rows.groupby('measure', sort=False):
+        out += [r'\begin{table*}[ht]', r'\centering', r'\resizebox{\textwidth}{!}{%',
+                r'\begin{tabular}{ll' + 'c' * width * len(collections) + '}', r'\toprule',
+                r'\multirow{2}{*}{Model} & \multirow{2}{*}{DIME} & '
+                + ' & '.join(rf'\multicolumn{{{width}}}{{c}}{{{_tex(c)}}}' for c in collections) + r' \\',
+                ' '.join(rf'\cmidrule(lr){{{3 + i * width}-{2 + (i + 1) * width}}}' for i in range(len(collections))),
+                ' & & ' + ' & '.join(['RDIME', *map(_tex, controls)] * len(collections)) + r' \\', r'\midrule']
+        encoders = list(dict.fromkeys(mine['encoder']))
+        for e, encoder in enumerate(encoders):
+            labels = list(dict.fromkeys(mine.loc[mine['encoder'] == encoder, 'label']))
+            out.append(rf'\multirow{{{len(labels)}}}{{*}}{{{_tex(encoder)}}}')
+            for label in labels:
+                groups = []
+                for collection in collections:
+                    hit = mine[(mine['encoder'] == encoder) & (mine['label'] == label)
+                               & (mine['collection'] == collection)].set_index('control')
+                    if hit.empty:
+                        groups.append(' & '.join(['--'] * width))
+                        continue
+                    first = hit.iloc[0]
+                    shown = [f'{first["value"]:.3f} ({first["kept"]:.2f})']
+                    shown += [f'{hit.loc[c, "control_mean"]:.3f}{TEX_OUTCOMES[hit.loc[c, "outcome"]]}'
+                              if c in hit.index else '--' for c in controls]
+                    groups.append(' & '.join(shown))
+                out.append(f' & {_tex(label)} & ' + ' & '.join(groups) + r' \\')
+            out.append(r'\midrule' if e < len(encoders) - 1 else r'\bottomrule')
+        out += [r'\end{tabular}}', rf'\caption{{{_tex(measure)} of RDIME (mean kept fraction) against the same number '
+                r'of dimensions per query chosen at random (mean over seeds), by the query alone (magnitude), by the '
+                r"collection's variance, and against pyterrier-dr's vector PRF. RDIME $^{\uparrow}$ better, "
+                r'$^{\downarrow}$ worse (the test rejects equality; Holm over the controls of a measure), '
+                r'$^{\approx}$ equivalent (TOST within the margin).}', r'\end{table*}', '']
+    return out
 
 
 def _tex_group(result, measure: str, dime: str, ks: List[str]) -> str:

@@ -1,0 +1,138 @@
+"""The controls in the runner and the grid: each RDIME column against the same number of dimensions chosen at random
+(mean over seeds), by magnitude, by variance and as a prefix, and against pyterrier-dr's vector PRF, judged by the
+same machinery as the Top-k comparators (its own Holm family); the vector-PRF rows equal pyterrier-dr's own stages
+run by hand, and the grid writes the controls tables."""
+import json
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pyterrier_dr
+import pytest
+from conftest import shared_collection
+from ir_measures import nDCG
+
+from pyterrier_rdime.experiment.encoders import load_encoder
+from pyterrier_rdime.experiment.grid import run_grid
+from pyterrier_rdime.experiment.runner import run_experiment
+
+QIDS = ('1', '2', '3', '4', '5', '6')
+DEPTH = 8
+
+
+@pytest.fixture(scope='module')
+def small(tmp_path_factory):
+    """Cranfield's first 6 queries re-ranking a shipped run of 8 documents each, over its first 200 documents."""
+    folder = tmp_path_factory.mktemp('controls') / 'small'
+    source = shared_collection('cranfield')
+    folder.mkdir()
+    lines = (source / 'docs.jsonl').read_text(encoding='utf-8').splitlines()[:200]
+    (folder / 'docs.jsonl').write_text('\n'.join(lines) + '\n', encoding='utf-8')
+    docnos = [json.loads(line)['docno'] for line in lines]
+    queries = (source / 'queries.tsv').read_text(encoding='utf-8').splitlines()[:len(QIDS)]
+    (folder / 'queries.tsv').write_text('\n'.join(queries) + '\n', encoding='utf-8')
+    judged = [f.split() for f in (source / 'qrels').read_text().splitlines() if f.split()[0] in QIDS]
+    relevant = {q: [d for qq, _, d, _ in judged if qq == q and d in set(docnos)] for q in QIDS}
+    # each query's run: its judged documents among the first 200 first, then others, so that measures are not all 0
+    run = []
+    for q in QIDS:
+        ranked = list(dict.fromkeys(relevant[q] + [docnos[(11 * int(q) + 5 * r) % 200] for r in range(DEPTH)]))
+        run += [f'{q} Q0 {d} {r} {DEPTH - r} bm25' for r, d in enumerate(ranked[:DEPTH])]
+    (folder / 'bm25.run').write_text('\n'.join(run) + '\n')
+    (folder / 'qrels').write_text('\n'.join(' '.join(f) for f in judged) + '\n')
+    return folder
+
+
+@pytest.fixture(scope='module')
+def result(small, tmp_path_factory):
+    return run_experiment(str(small), dimes=['prf'], ks=[0.5], depth=DEPTH, modulators=['wiener'],
+                          controls=['random', 'magnitude', 'variance', 'prefix', 'vector-prf'], control_seeds=3,
+                          cache_dir=tmp_path_factory.mktemp('cache'), verbose=False)
+
+
+def test_every_rdime_column_is_compared_with_every_control_in_its_own_holm_family(result):
+    sig = result.significance[result.significance['measure'] == 'nDCG@10']
+    controls = sig[sig['family'] == 'controls']
+    expected = ['random (same budget)', 'magnitude (same budget)', 'variance (same budget)', 'prefix (same budget)',
+                'Vector PRF', 'Average PRF']
+    for system in ('prf/RDIME', 'prf/RDIME-Wiener'):
+        assert list(controls.loc[controls['system'] == system, 'comparison']) == expected
+    assert set(controls['verdict']) <= {'equivalent', 'different', 'inconclusive'}
+    # the comparators' family is Holm-corrected on its own: the same p-values as a run without controls
+    comparators = sig[sig['family'] == 'comparators']
+    from statsmodels.stats.multitest import multipletests
+    np.testing.assert_allclose(comparators['p_holm'],
+                               multipletests(comparators['p_value'].fillna(1.0), method='holm')[1])
+    np.testing.assert_allclose(controls['p_holm'], multipletests(controls['p_value'].fillna(1.0), method='holm')[1])
+
+
+def test_random_is_the_mean_over_seeds_with_its_spread(result):
+    seeds = result.seeds[(result.seeds['system'] == 'prf/RDIME:random') & (result.seeds['measure'] == 'nDCG@10')]
+    assert sorted(seeds['seed']) == [0, 1, 2]
+    table = result.table.set_index(['system', 'measure'])['value']
+    assert table['prf/RDIME:random', 'nDCG@10'] == pytest.approx(seeds['value'].mean())
+    shown = result.control_value('prf/RDIME:random', 'nDCG@10')
+    assert f'± {seeds["value"].std(ddof=1):.4f} (sd over 3 seeds)' in shown
+    markdown = result.to_markdown()
+    assert 'does the choice of dimensions matter?' in markdown and 'random (same budget)' in markdown
+
+
+def test_the_sweep_carries_the_random_curve(result, tmp_path):
+    curve = result.sweep_means()
+    random_curve = curve[(curve['dime'] == 'random') & (curve['measure'] == 'nDCG@10')]
+    assert sorted(random_curve['fraction']) == pytest.approx([round(0.1 * i, 1) for i in range(1, 11)])
+    # at fraction 1.0 every dimension is kept, whatever the seed: the Baseline's value
+    baseline = result.table.set_index(['system', 'measure'])['value']['Baseline', 'nDCG@10']
+    assert random_curve.set_index('fraction')['value'][1.0] == pytest.approx(baseline)
+    result.sweep_plot(tmp_path / 'sweep.png')
+    assert (tmp_path / 'sweep.png').stat().st_size > 0
+
+
+def test_vector_prf_rows_equal_pyterrier_dr_run_by_hand(small, result):
+    """pyterrier-dr's VectorPrf and AveragePrf on the dense top of the candidates, each re-scoring the candidates,
+    measured with pt.Experiment, computed here without the runner."""
+    model = load_encoder('minilm')
+    run = pd.read_csv(small / 'bm25.run', sep=' ', names=['qid', 'q0', 'docno', 'rank', 'score', 'tag'],
+                      dtype={'qid': str, 'docno': str})
+    topics = pd.read_csv(small / 'queries.tsv', sep='\t', names=['qid', 'query'], dtype=str)
+    texts = {d['docno']: d['text'] for d in map(json.loads, (small / 'docs.jsonl').read_text().splitlines())}
+    docnos = list(dict.fromkeys(run['docno']))
+    doc_vecs = dict(zip(docnos, model.encode_docs([texts[d] for d in docnos])))
+    queries = model.query_encoder()(topics)
+    candidates = run[['qid', 'docno']].merge(queries, on='qid')
+    candidates['doc_vec'] = candidates['docno'].map(doc_vecs)
+    candidates['score'] = [float(np.dot(q, d)) for q, d in zip(candidates['query_vec'], candidates['doc_vec'])]
+    dense = pt.model.add_ranks(candidates.sort_values(['qid', 'score'], ascending=[True, False]))
+    qrels = pd.read_csv(small / 'qrels', sep=' ', names=['qid', 'iter', 'docno', 'label'], dtype={'qid': str,
+                                                                                                   'docno': str})
+    for name, stage in (('Vector PRF', pyterrier_dr.VectorPrf()), ('Average PRF', pyterrier_dr.AveragePrf())):
+        new_queries = (pt.RankCutoff(3) >> stage)(dense)[['qid', 'query_vec']]
+        rescored = candidates.drop(columns=['query_vec', 'score']).merge(new_queries, on='qid')
+        rescored['score'] = [float(np.dot(q, d)) for q, d in zip(rescored['query_vec'], rescored['doc_vec'])]
+        rescored = pt.model.add_ranks(rescored)
+        expected = pt.Experiment([rescored], topics, qrels, [nDCG @ 10], names=[name], perquery=True)
+        got = result.perquery[(result.perquery['system'] == name) & (result.perquery['measure'] == 'nDCG@10')]
+        merged = got.merge(expected, on='qid', suffixes=('', '_expected'))
+        assert len(merged) == len(QIDS)
+        np.testing.assert_allclose(merged['value'].astype(float), merged['value_expected'].astype(float),
+                                   atol=1e-6)
+
+
+def test_the_grid_writes_the_controls_tables(small, tmp_path):
+    cache = tmp_path / 'cache'
+    grid = run_grid([str(small)], ['minilm'], tmp_path / 'out', dimes=['prf', 'swc'], ks=[0.5], depth=DEPTH,
+                    sweep=False, control_seeds=2, cache_dir=cache, verbose=False)
+    assert [c.status for c in grid.cells] == ['done'] and not grid.problems
+    markdown = (tmp_path / 'out' / 'grid.md').read_text()
+    assert markdown.splitlines()[2].startswith('Does the choice of dimensions matter? PRF (M=2) RDIME against random:')
+    assert '### nDCG@10: RDIME against the controls at the same budget, and vector PRF' in markdown
+    for control in ('random', 'magnitude', 'variance', 'Vector PRF', 'Average PRF'):
+        assert f'| {control}' in markdown.split('### nDCG@10')[1].split('\n\n')[1].splitlines()[0]
+    tex = (tmp_path / 'out' / 'grid.tex').read_text()
+    assert tex.count(r'\begin{table*}') == tex.count(r'\end{table*}') == 4  # the paper's two, the controls' two
+    assert 'same number of dimensions per query chosen at random' in tex
+    table = pd.read_csv(tmp_path / 'out' / 'grid.csv')
+    assert {'prf/RDIME:random', 'prf/RDIME:magnitude', 'prf/RDIME:variance', 'Vector PRF', 'Average PRF'} <= \
+        set(table['system'])
+    parity = pd.read_csv(tmp_path / 'out' / 'grid_parity.csv')
+    assert set(parity['family']) == {'comparators', 'controls'}
