@@ -86,12 +86,12 @@ class SameBudget(ConfigTransformer):
         self.index = index
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pt.validate.columns(inp, includes=['qid', 'query_vec'], context=self)
-        missing = [c for c in ('query_kept', 'query_vec_full') if c not in inp.columns]
-        if missing:
-            raise ValueError(f'{self}: the input has no {" or ".join(missing)}; put SameBudget after a threshold '
-                             '(Rdime, TopK or ScoreMass), which writes the budget query_kept and keeps the unpruned '
-                             'query in query_vec_full')
+        try:
+            pt.validate.columns(inp, includes=['qid', 'query_vec', 'query_vec_full', 'query_kept'], context=self)
+        except pt.validate.InputValidationError as e:  # the same error (pt.inspect reads it), with the fix
+            raise pt.validate.InputValidationError(
+                f'{e.args[0]}; put SameBudget after a threshold (Rdime, TopK or ScoreMass): it writes the budget '
+                'query_kept and keeps the unpruned query in query_vec_full', e.modes) from None
         if not len(inp):
             return empty_frame(inp, list(inp.columns))
         inp = inp.reset_index(drop=True)
