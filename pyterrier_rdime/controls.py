@@ -13,7 +13,7 @@ import pyterrier as pt
 
 from . import maths
 from ._config import ConfigTransformer, check_choice, check_int
-from ._frames import check_same_dims, empty_frame, group_queries, numeric_column, per_row, query_vectors
+from ._frames import QueryGroups, check_same_dims, empty_frame, group_queries, numeric_column, per_row, query_vectors
 from .pruned.layout import fingerprint, flex_layout_path, portable_index
 
 CONTROLS = ('random', 'magnitude', 'variance', 'prefix')
@@ -98,16 +98,18 @@ class SameBudget(ConfigTransformer):
         groups = group_queries(inp, self)
         full = query_vectors(inp, 'query_vec_full', groups, self)
         counts = self._budgets(inp, groups, full.shape[1])
-        keep = maths.keep_counts(self._order_key(inp, groups, full), counts) if self.control != 'random' else \
-            maths.random_ranks([(self.seed, str(q)) for q in inp['qid'].to_numpy()[groups.first_rows]],
-                               full.shape[1]) < counts[:, None]
+        if self.control == 'random':
+            qids = inp['qid'].to_numpy()[groups.first_rows]
+            keep = maths.random_ranks([(self.seed, str(qid)) for qid in qids], full.shape[1]) < counts[:, None]
+        else:
+            keep = maths.keep_counts(self._order_key(full), counts)
         pruned = maths.modulate(full, keep).astype(np.float32)
         out = inp.assign(query_vec=per_row(pruned, groups.codes))
         if 'query_mean_weight' in out.columns:
             out = out.assign(query_mean_weight=1.0)
         return out
 
-    def _budgets(self, inp: pd.DataFrame, groups, dims: int) -> np.ndarray:
+    def _budgets(self, inp: pd.DataFrame, groups: QueryGroups, dims: int) -> np.ndarray:
         """``query_kept`` per query, checked: a whole number in [0, p], the same on every row of a query."""
         fix = 'query_kept is the number of dimensions the threshold before SameBudget kept'
         kept = numeric_column(inp, 'query_kept', self, fix)
@@ -120,7 +122,7 @@ class SameBudget(ConfigTransformer):
                              f'query ({fix})')
         return firsts.astype(np.int64)
 
-    def _order_key(self, inp: pd.DataFrame, groups, full: np.ndarray) -> np.ndarray:
+    def _order_key(self, full: np.ndarray) -> np.ndarray:
         """What the control keeps the largest of: per query (n, p), or one global order (p,)."""
         if self.control == 'magnitude':
             return full * full
