@@ -50,7 +50,8 @@ class SameBudget(ConfigTransformer):
     Args:
         control: ``'random'``, ``'magnitude'``, ``'variance'`` or ``'prefix'``.
         seed: the seed of ``'random'`` (an integer >= 0; other controls ignore it).
-        index: for ``'variance'`` only, a pyterrier-dr ``FlexIndex`` or a ``(docs, p)`` array of document vectors.
+        index: for ``'variance'`` only, a pyterrier-dr ``FlexIndex`` or a ``(docs, p)`` array of document vectors
+            (an array is read once, on first use: do not change it in place afterwards).
 
     Input columns: ``qid, query_vec, query_vec_full, query_kept`` (a query or result frame, after a threshold).
     Output columns: the input's, with ``query_vec`` replaced (float32) and ``query_mean_weight`` set to 1.0 where
@@ -84,6 +85,7 @@ class SameBudget(ConfigTransformer):
         self.control = control
         self.seed = seed
         self.index = index
+        self._array_variance: Optional[np.ndarray] = None  # an array index's variances, computed on first use
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         try:
@@ -128,7 +130,12 @@ class SameBudget(ConfigTransformer):
             return full * full
         if self.control == 'prefix':
             return -np.arange(full.shape[1], dtype=np.float64)
-        variance = document_variance(self.index, stage=str(self))
+        if isinstance(self.index, np.ndarray):
+            if self._array_variance is None:  # two threads may both compute it: the same values, no harm
+                self._array_variance = document_variance(self.index, stage=str(self))
+            variance = self._array_variance
+        else:  # checked against the index's fingerprint on every call: a rebuilt index is seen
+            variance = document_variance(self.index, stage=str(self))
         check_same_dims(self, full.shape[1], len(variance), 'the index (document vectors)')
         return variance
 
