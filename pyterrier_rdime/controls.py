@@ -13,7 +13,7 @@ import pyterrier as pt
 
 from . import maths
 from ._config import ConfigTransformer, check_choice, check_int
-from ._frames import check_same_dims, empty_frame, group_queries, numeric_column, per_row, query_vectors
+from ._frames import QueryGroups, check_same_dims, empty_frame, group_queries, numeric_column, per_row, query_vectors
 from .pruned.layout import fingerprint, flex_layout_path, portable_index
 
 CONTROLS = ('random', 'magnitude', 'variance', 'prefix')
@@ -50,7 +50,8 @@ class SameBudget(ConfigTransformer):
     Args:
         control: ``'random'``, ``'magnitude'``, ``'variance'`` or ``'prefix'``.
         seed: the seed of ``'random'`` (an integer >= 0; other controls ignore it).
-        index: for ``'variance'`` only, a pyterrier-dr ``FlexIndex`` or a ``(docs, p)`` array of document vectors.
+        index: for ``'variance'`` only, a pyterrier-dr ``FlexIndex`` or a ``(docs, p)`` array of document vectors
+            (an array is read once, on first use: do not change it in place afterwards).
 
     Input columns: ``qid, query_vec, query_vec_full, query_kept`` (a query or result frame, after a threshold).
     Output columns: the input's, with ``query_vec`` replaced (float32) and ``query_mean_weight`` set to 1.0 where
@@ -84,30 +85,33 @@ class SameBudget(ConfigTransformer):
         self.control = control
         self.seed = seed
         self.index = index
+        self._array_variance: Optional[np.ndarray] = None  # an array index's variances, computed on first use
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pt.validate.columns(inp, includes=['qid', 'query_vec'], context=self)
-        missing = [c for c in ('query_kept', 'query_vec_full') if c not in inp.columns]
-        if missing:
-            raise ValueError(f'{self}: the input has no {" or ".join(missing)}; put SameBudget after a threshold '
-                             '(Rdime, TopK or ScoreMass), which writes the budget query_kept and keeps the unpruned '
-                             'query in query_vec_full')
+        try:
+            pt.validate.columns(inp, includes=['qid', 'query_vec', 'query_vec_full', 'query_kept'], context=self)
+        except pt.validate.InputValidationError as e:  # the same error (pt.inspect reads it), with the fix
+            raise pt.validate.InputValidationError(
+                f'{e.args[0]}; put SameBudget after a threshold (Rdime, TopK or ScoreMass): it writes the budget '
+                'query_kept and keeps the unpruned query in query_vec_full', e.modes) from None
         if not len(inp):
             return empty_frame(inp, list(inp.columns))
         inp = inp.reset_index(drop=True)
         groups = group_queries(inp, self)
         full = query_vectors(inp, 'query_vec_full', groups, self)
         counts = self._budgets(inp, groups, full.shape[1])
-        keep = maths.keep_counts(self._order_key(inp, groups, full), counts) if self.control != 'random' else \
-            maths.random_ranks([(self.seed, str(q)) for q in inp['qid'].to_numpy()[groups.first_rows]],
-                               full.shape[1]) < counts[:, None]
+        if self.control == 'random':
+            qids = inp['qid'].to_numpy()[groups.first_rows]
+            keep = maths.random_ranks([(self.seed, str(qid)) for qid in qids], full.shape[1]) < counts[:, None]
+        else:
+            keep = maths.keep_counts(self._order_key(full), counts)
         pruned = maths.modulate(full, keep).astype(np.float32)
         out = inp.assign(query_vec=per_row(pruned, groups.codes))
         if 'query_mean_weight' in out.columns:
             out = out.assign(query_mean_weight=1.0)
         return out
 
-    def _budgets(self, inp: pd.DataFrame, groups, dims: int) -> np.ndarray:
+    def _budgets(self, inp: pd.DataFrame, groups: QueryGroups, dims: int) -> np.ndarray:
         """``query_kept`` per query, checked: a whole number in [0, p], the same on every row of a query."""
         fix = 'query_kept is the number of dimensions the threshold before SameBudget kept'
         kept = numeric_column(inp, 'query_kept', self, fix)
@@ -120,13 +124,18 @@ class SameBudget(ConfigTransformer):
                              f'query ({fix})')
         return firsts.astype(np.int64)
 
-    def _order_key(self, inp: pd.DataFrame, groups, full: np.ndarray) -> np.ndarray:
+    def _order_key(self, full: np.ndarray) -> np.ndarray:
         """What the control keeps the largest of: per query (n, p), or one global order (p,)."""
         if self.control == 'magnitude':
             return full * full
         if self.control == 'prefix':
             return -np.arange(full.shape[1], dtype=np.float64)
-        variance = document_variance(self.index, stage=str(self))
+        if isinstance(self.index, np.ndarray):
+            if self._array_variance is None:  # two threads may both compute it: the same values, no harm
+                self._array_variance = document_variance(self.index, stage=str(self))
+            variance = self._array_variance
+        else:  # checked against the index's fingerprint on every call: a rebuilt index is seen
+            variance = document_variance(self.index, stage=str(self))
         check_same_dims(self, full.shape[1], len(variance), 'the index (document vectors)')
         return variance
 
