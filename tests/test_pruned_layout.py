@@ -4,6 +4,7 @@ including one row rewritten in place with its mtime put back: rebuilt, with a wa
 hashed once, kept), not trusted after an interrupted build (a temporary file, a truncated layout, a missing record, a
 build killed with SIGKILL), NaN documents and repeated docnos refused (checked once per build), thread-safe
 opening."""
+import json
 import os
 import pickle
 import signal
@@ -221,6 +222,15 @@ def test_interrupted_or_partial_layouts_are_not_trusted(corpus, tmp_path, monkey
     with pytest.warns(UserWarning, match='record rdime.dim_major.json is missing'):
         np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
     assert len(count_builds) == 3
+    # a record of an earlier version (a sampled hash of vecs.f4 only) or with a fingerprint cut short: not trusted
+    record = layout._read_record(path)
+    for old in ({'source_fingerprint': {'size': 1, 'mtime_ns': 1, 'sha1': '0'}},
+                {'sources': {**record['sources'], 'vecs.f4': {'size': 300 * DIMS * 4, 'sha256': '0'}}}):
+        layout.record_path(path).write_text(json.dumps({**{k: v for k, v in record.items() if k != 'sources'}, **old}))
+        layout._OPEN.clear()
+        with pytest.warns(UserWarning, match='missing or unreadable .*predates these records'):
+            np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
+    assert len(count_builds) == 5
 
 
 KILLED_BUILD = '''

@@ -51,7 +51,7 @@ LAYOUT_NAME = 'rdime.dim_major.npy'
 SOURCES = ('vecs.f4', 'docnos.npids')
 #: Bytes read at a time when hashing a source.
 HASH_CHUNK = 2 ** 22
-#: Docnos hashed at a time when looking for a repeated one: memory stays ~8 bytes a document beyond one block.
+#: Docnos hashed at a time when looking for a repeated one (their text is held only a block at a time).
 DOCNO_BLOCK = 2 ** 20
 #: Documents per block when building: ``2 x block x dims x 4`` bytes of memory (200 MiB for 768 dimensions).
 BUILD_BLOCK = 32768
@@ -307,14 +307,16 @@ def check_unique_docnos(lookup: Callable[[np.ndarray], np.ndarray], count: int, 
                         fix: str) -> None:
     """Raise a ValueError naming a docno that two of the ``count`` documents share (``lookup(docids)`` gives their
     docnos): a ranking would hold it twice. The docnos are hashed a block at a time, so an index of millions of
-    documents is checked in ~8 bytes of memory per document; documents of equal hash are then compared by docno."""
+    documents is checked in ~24 bytes of memory per document (hash, order, sorted hash); documents of equal hash are
+    then compared by docno."""
     hashes = np.empty(count, dtype=np.uint64)
     for start in range(0, count, DOCNO_BLOCK):
         stop = min(count, start + DOCNO_BLOCK)
         docnos = np.asarray(lookup(np.arange(start, stop)), dtype=object)
         hashes[start:stop] = pd.util.hash_array(docnos, categorize=False)
     order = np.argsort(hashes, kind='stable')
-    equal = hashes[order][1:] == hashes[order][:-1]
+    ordered = hashes[order]
+    equal = ordered[1:] == ordered[:-1]
     if not equal.any():
         return
     candidates = np.unique(np.concatenate([order[1:][equal], order[:-1][equal]]))
@@ -393,7 +395,9 @@ def _check(path: Path, shape: Tuple[int, int], folder: Path, *, verify: bool = F
         return f'it is incomplete or not a float32 {shape} matrix (a build was interrupted, or the index changed)'
     try:
         record = _read_record(path)
-        if len(record['abs_max']) != shape[0] or sorted(record['sources']) != sorted(SOURCES):
+        if len(record['abs_max']) != shape[0] or sorted(record['sources']) != sorted(SOURCES) or not all(
+                {'size', 'mtime_ns', 'ctime_ns', 'inode', 'sha256'} <= set(fields)
+                for fields in record['sources'].values()):
             raise ValueError('abs_max or sources')
     except (OSError, ValueError, KeyError, TypeError):
         return (f'its record {record_path(path).name} is missing or unreadable (a build was interrupted, or the '
