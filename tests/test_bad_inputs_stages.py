@@ -6,12 +6,14 @@ import os
 import re
 import signal
 import sqlite3
+import warnings
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
 import pytest
 from frames import D1, D2, Q, queries, results, vec
+from pruned_data import flex_index
 
 from pyterrier_rdime import (
     EclipseDime,
@@ -22,6 +24,7 @@ from pyterrier_rdime import (
     MagnitudeDime,
     OracleDime,
     PrfDime,
+    PrunedRetriever,
     Rdime,
     SwcDime,
     TopK,
@@ -79,6 +82,39 @@ def same_weights(weights):
     return check
 
 
+def with_warnings(run: Callable[[], object]) -> Callable[[], tuple]:
+    """``run`` made to return ``(its result, the messages of the warnings it gave)``."""
+    def recorded():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            out = run()
+        return out, [str(w.message) for w in caught]
+    return recorded
+
+
+def equal(column: str, expected: list, warned: Optional[list] = None) -> Callable[[object], None]:
+    """A check that the output's ``column`` is ``expected`` (and, for a ``with_warnings`` result, its warnings are
+    ``warned``)."""
+    def check(result):
+        out, messages = result if warned is not None else (result, None)
+        assert out[column].tolist() == expected
+        assert messages == warned
+    return check
+
+
+def assert_equal(actual, expected):
+    assert actual == expected
+
+
+def no_answers_warned(result):
+    out, messages = result
+    assert out['query_answer'].tolist() == [None, None]
+    assert len(messages) == 1 and re.match(r"LlmAnswers\(answers=<dict of 2 items>\): no query of the input has an "
+                                           r"answer \(2 qid\(s\), e.g. '7'; the answers have 2 qid\(s\), e.g. '1'\): "
+                                           'every query_answer is None; check that the answers are for these queries',
+                                           messages[0]), messages
+
+
 def file_with(tmp, content: bytes, name='answers.tsv'):
     path = tmp / name
     path.write_bytes(content)
@@ -97,6 +133,11 @@ def cases(tmp) -> list:
         db.execute('CREATE TABLE answers (qid TEXT, text TEXT)')
     folder_file = tmp / 'folder-file'
     (folder_file / CACHE_FILE).mkdir(parents=True)
+    eye = np.eye(4, dtype=np.float32)  # four documents: docid i scores q_i
+    one_answer = LlmAnswers(answers={'1': 'one', '2': 'two'})
+    float_qid = (r"LlmAnswers\(answers=<dict of \d items>\): qid '{}' of the input has no answer, but the answers "
+                 r"have qid '{}': the same integer qid, written as a float in the {} \(pandas reads .*\); read the "
+                 r"qids as strings on both sides, e\.g\. pd\.read_csv\(\.\.\., dtype=\{{'qid': str\}}\)")
     name_score = r"column 'score' holds 'high' \(str\) at qid='q1', docno='d2', not a number; .*pd\.to_numeric"
     kernel_stage = r'KernelDime\(kernel=<function .*>\): '
     return [
@@ -193,6 +234,41 @@ def cases(tmp) -> list:
              check=lambda out: np.testing.assert_allclose(out['score'], [1 + 3 + 12, 0.9 + 4.2 + 8.4 + 0.4])),
         Case('answers file with a space in a qid', lambda: read_answers_tsv(file_with(tmp, b'q1\ta\nq 2\tb\n')),
              ValueError, r".*answers\.tsv:2: qid 'q 2' is empty or holds whitespace, .*write the qid without spaces"),
+        # --- PrunedRetriever: flags are bools; a docno names one document (else a ranking holds it twice)
+        *[Case(f'PrunedRetriever {option}={value!r}', lambda option=option, value=value: PrunedRetriever(
+               index=eye, **{option: value}), ValueError,
+               rf'PrunedRetriever: {option} must be True or False, got {re.escape(repr(value))}$')
+          for option, value in (('drop_query_vec', 'no'), ('drop_query_vec', 1), ('verbose', 'no'),
+                                ('verbose', None))],
+        Case('PrunedRetriever numpy bool flags are bools',
+             lambda: PrunedRetriever(index=eye, drop_query_vec=np.bool_(True))(queries([('1', Q)])),
+             check=lambda out: assert_equal(list(out.columns), ['qid', 'query', 'docno', 'docid', 'score', 'rank'])),
+        Case('PrunedRetriever array index with a repeated docno',
+             lambda: PrunedRetriever(index=eye, docnos=['a', 'b', 'c', 'b'])(queries([('1', Q)])), ValueError,
+             r"PrunedRetriever: docno 'b' names more than one document of the array index \(docids 1 and 3\), so a "
+             'ranking could hold it twice; give each row its own docno'),
+        Case('PrunedRetriever FlexIndex with a repeated docno',
+             lambda: PrunedRetriever(index=flex_index(tmp / 'dup.flex', eye, docnos=['a', 'b', 'a', 'c']))(
+                 queries([('1', Q)])), ValueError,
+             rf"PrunedRetriever: docno 'a' names more than one document of {re.escape(str(tmp / 'dup.flex'))} "
+             r"\(docids 0 and 2\), so a ranking could hold it twice; index each document once .*indexer\(mode="
+             "'overwrite'\\)"),
+        Case('PrunedRetriever array index with unique docnos ranks each once',
+             lambda: PrunedRetriever(index=eye, docnos=['a', 'b', 'c', 'd'], num_results=2)(queries([('1', Q)])),
+             check=equal('docno', ['d', 'c'])),
+        # --- LlmAnswers matches qids as strings; an integer qid written as a float on one side is an error
+        Case("LlmAnswers with input qids '1.0'",
+             lambda: one_answer(queries([('1.0', Q), ('2.0', Q)])), ValueError, float_qid.format('1.0', '1', 'input')),
+        Case('LlmAnswers with float input qids 1.0 (as pandas reads them)',
+             lambda: one_answer(queries([(1.0, Q), (2.0, Q)])), ValueError, float_qid.format('1.0', '1', 'input')),
+        Case("LlmAnswers with answers for '1.0'",
+             lambda: LlmAnswers(answers={'1.0': 'one'})(queries([('1', Q)])), ValueError,
+             float_qid.format('1', '1.0', 'answers')),
+        Case('LlmAnswers where no query has an answer warns',
+             with_warnings(lambda: one_answer(queries([('7', Q), ('8', Q)]))), check=no_answers_warned),
+        Case('LlmAnswers where some query has an answer is silent',
+             with_warnings(lambda: one_answer(queries([('7', Q), ('2', Q)]))),
+             check=equal('query_answer', [None, 'two'], warned=[])),
         Case('answers file with a qid twice', lambda: LlmAnswers.from_tsv(file_with(tmp, b'q1\ta\n\nq1\tb\n')),
              ValueError, r".*answers\.tsv:3: qid 'q1' is also on line 1; .*remove the repeated line"),
     ]

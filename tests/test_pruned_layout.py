@@ -1,7 +1,10 @@
 """The on-disk dimension-major layout of a FlexIndex behind PrunedRetriever: shared and built once, atomic, in the
-cache folder for a read-only index, never used for vectors it was not built from (size, time or content changed:
-rebuilt, with a warning), not trusted after an interrupted build (a temporary file, a truncated layout, a missing
-record, a build killed with SIGKILL), NaN documents refused, thread-safe opening."""
+cache folder for a read-only index, never used for vectors or docnos it was not built from (size or content changed,
+including one row rewritten in place with its mtime put back: rebuilt, with a warning; new times on the same content:
+hashed once, kept), not trusted after an interrupted build (a temporary file, a truncated layout, a missing record, a
+build killed with SIGKILL), NaN documents and repeated docnos refused (checked once per build), thread-safe
+opening."""
+import json
 import os
 import pickle
 import signal
@@ -83,23 +86,95 @@ def test_layout_rebuilt_when_the_index_changes(corpus, tmp_path, count_builds):
     assert len(count_builds) == 3
 
 
-def test_layout_rebuilt_when_the_content_changes_but_size_and_time_do_not(corpus, tmp_path, count_builds):
-    docs, _ = corpus
-    index = flex_index(tmp_path / 'c.flex', docs[:300])
-    np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
+def test_a_row_rewritten_in_place_with_its_mtime_put_back_rebuilds_the_layout(tmp_path, count_builds):
+    # the case of issue 22: one row of vecs.f4 rewritten in place, outside the three MiB (start, middle, end) that
+    # an earlier fingerprint sampled, and its mtime put back; only the inode change time and the content tell
+    docs = np.random.default_rng(1).standard_normal((1500, 768)).astype(np.float32)  # 4.4 MiB of vectors
+    index = flex_index(tmp_path / 'c.flex', docs)
+    query = np.zeros((1, 768), dtype=np.float32)
+    query[0, :3] = 1
+    top5 = PrunedRetriever(index=index, num_results=5)(query_frame(query))['docid'].tolist()
+    assert top5 == full_topk(docs, query[0], 5)[1].tolist()
     source = tmp_path / 'c.flex' / 'vecs.f4'
-    stat = source.stat()
-    other = docs[300:600]  # same shape, other vectors: written in place, the old times put back
+    stat, row, mib = source.stat(), 450, 2 ** 20
+    offset = row * 768 * 4
+    middle = stat.st_size // 2 - mib // 2
+    assert mib <= offset and offset + 768 * 4 <= middle  # outside the sampled MiB
+    docs[row] = 0
+    docs[row, :3] = 100  # now the best document of the query
     with open(source, 'r+b') as f:
-        f.write(other.tobytes())
+        f.seek(offset)
+        f.write(docs[row].tobytes())
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert source.stat().st_mtime_ns == stat.st_mtime_ns and source.stat().st_size == stat.st_size
+    now = source.stat()
+    assert (now.st_mtime_ns, now.st_size, now.st_ino) == (stat.st_mtime_ns, stat.st_size, stat.st_ino)
     layout._OPEN.clear()  # a new process: nothing opened yet
-    with pytest.warns(UserWarning, match=r'built from other vectors than .*vecs.f4 \(size, modification time or '
-                                         r'content changed\)'):
-        matrix = PrunedRetriever(index=index).dim_major()
-    np.testing.assert_array_equal(matrix, other.T)
+    with pytest.warns(UserWarning, match=r'rebuilding the dimension-major layout .*c.flex/rdime.dim_major.npy: '
+                                         r'.*c.flex/vecs.f4 changed since the layout was built \(its content: '
+                                         r'SHA-256\)'):
+        out = PrunedRetriever(index=index, num_results=5)(query_frame(query))
+    assert out['docid'].tolist() == full_topk(docs, query[0], 5)[1].tolist() and out['docid'].iloc[0] == row
     assert len(count_builds) == 2
+
+
+def test_same_content_with_new_times_is_hashed_once_and_not_rebuilt(corpus, tmp_path, monkeypatch, count_builds):
+    docs, _ = corpus
+    index = flex_index(tmp_path / 't.flex', docs[:300])
+    np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
+    hashed = []
+    real = layout.fingerprint
+    monkeypatch.setattr(layout, 'fingerprint', lambda source: hashed.append(source.name) or real(source))
+    record = layout.record_path(tmp_path / 't.flex' / layout.LAYOUT_NAME)
+    before = layout._read_record(record.with_suffix('.npy'))['sources']
+    source = tmp_path / 't.flex' / 'vecs.f4'
+    os.chmod(source, 0o444)  # a new ctime; touch, cp -a or mv give new times or a new inode the same way
+    os.utime(source)
+    for _ in range(2):
+        layout._OPEN.clear()
+        np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
+    assert hashed == ['vecs.f4'] and len(count_builds) == 1  # the first open verified the content and recorded
+    after = layout._read_record(record.with_suffix('.npy'))['sources']
+    assert after['vecs.f4']['ctime_ns'] == source.stat().st_ctime_ns != before['vecs.f4']['ctime_ns']
+    assert after['vecs.f4']['sha256'] == before['vecs.f4']['sha256'] and after['docnos.npids'] == before['docnos.npids']
+
+
+def test_the_docnos_are_checked_when_the_layout_is_built(corpus, tmp_path, monkeypatch, count_builds):
+    docs, query_vecs = corpus
+    with pytest.raises(ValueError, match=r"PrunedRetriever: docno 'd1' names more than one document of "
+                                         r'.*dup.flex \(docids 1 and 4\)'):
+        PrunedRetriever(index=flex_index(tmp_path / 'dup.flex', docs[:5], docnos=['d0', 'd1', 'd2', 'd3', 'd1'])
+                        ).dim_major()
+    assert not (tmp_path / 'dup.flex' / layout.LAYOUT_NAME).exists() and count_builds == []
+    checks = []
+    real = layout.check_unique_docnos
+    monkeypatch.setattr(layout, 'check_unique_docnos', lambda *a, **k: checks.append(a[1]) or real(*a, **k))
+    index = flex_index(tmp_path / 'ok.flex', docs[:300])
+    for _ in range(2):  # once per build, not per open or per query
+        layout._OPEN.clear()
+        PrunedRetriever(index=index, num_results=3)(query_frame(query_vecs[:2]))
+    assert checks == [300]
+    # other docnos over the same vectors (same size, as a re-index of the same documents renamed): rebuilt, checked
+    from npids import Lookup
+    from pyterrier_dr import FlexIndex
+    npids = tmp_path / 'ok.flex' / 'docnos.npids'
+    npids.unlink()
+    Lookup.build([f'e{i}' for i in range(300)], npids)
+    layout._OPEN.clear()
+    with pytest.warns(UserWarning, match=r'docnos.npids changed since the layout was built'):
+        out = PrunedRetriever(index=FlexIndex(str(tmp_path / 'ok.flex')), num_results=3)(query_frame(query_vecs[:1]))
+    assert checks == [300, 300] and out['docno'].str.startswith('e').all()
+
+
+def test_a_repeated_docno_is_found_across_blocks_and_hash_collisions(monkeypatch):
+    docnos = np.array(['a', 'b', 'c', 'd', 'e', 'c', 'f'], dtype=object)
+    monkeypatch.setattr(layout, 'DOCNO_BLOCK', 2)  # 'c' at docids 2 and 5, in the second and third blocks
+    with pytest.raises(ValueError, match=r"S: docno 'c' names more than one document of the test \(docids 2 and 5\), "
+                                         r'so a ranking could hold it twice; fix it'):
+        layout.check_unique_docnos(docnos.__getitem__, len(docnos), stage='S', source='the test', fix='fix it')
+    monkeypatch.setattr(layout.pd.util, 'hash_array', lambda values, categorize: np.zeros(len(values), np.uint64))
+    layout.check_unique_docnos(np.delete(docnos, 5).__getitem__, 6, stage='S', source='the test', fix='')  # collide
+    with pytest.raises(ValueError, match=r"S: docno 'c' .*\(docids 2 and 5\)"):
+        layout.check_unique_docnos(docnos.__getitem__, len(docnos), stage='S', source='the test', fix='')
 
 
 def test_layout_of_a_read_only_index_goes_to_the_cache(corpus, tmp_path, monkeypatch, count_builds):
@@ -147,6 +222,15 @@ def test_interrupted_or_partial_layouts_are_not_trusted(corpus, tmp_path, monkey
     with pytest.warns(UserWarning, match='record rdime.dim_major.json is missing'):
         np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
     assert len(count_builds) == 3
+    # a record of an earlier version (a sampled hash of vecs.f4 only) or with a fingerprint cut short: not trusted
+    record = layout._read_record(path)
+    for old in ({'source_fingerprint': {'size': 1, 'mtime_ns': 1, 'sha1': '0'}},
+                {'sources': {**record['sources'], 'vecs.f4': {'size': 300 * DIMS * 4, 'sha256': '0'}}}):
+        layout.record_path(path).write_text(json.dumps({**{k: v for k, v in record.items() if k != 'sources'}, **old}))
+        layout._OPEN.clear()
+        with pytest.warns(UserWarning, match='missing or unreadable .*predates these records'):
+            np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
+    assert len(count_builds) == 5
 
 
 KILLED_BUILD = '''

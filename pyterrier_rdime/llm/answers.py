@@ -1,7 +1,9 @@
 """LLM answers for LLM DIME: a stage that adds the generated answer of each query as ``query_answer``."""
 import math
 import os
-from typing import Dict, Mapping, Union
+import re
+import warnings
+from typing import Dict, Mapping, Optional, Union
 
 import pandas as pd
 import pyterrier as pt
@@ -25,7 +27,12 @@ class LlmAnswers(ConfigTransformer):
     """Adds ``query_answer``, an LLM-generated answer per query, from a qid -> text mapping (see :meth:`from_tsv`).
 
     A query without an answer gets ``None``; :class:`~pyterrier_rdime.LlmDime` then falls back to ``u = q * q`` for
-    it and warns (with ``missing='error'`` this stage raises instead).
+    it and warns (with ``missing='error'`` this stage raises instead). When no query of a frame has an answer, this
+    stage warns too.
+
+    Qids match as PyTerrier compares them, as strings (``str(qid)`` of the input). An integer qid written as a float
+    on one side only (``'1.0'`` against ``'1'``: pandas reads a column of integers with a gap as floats) would match
+    nothing; it is an error naming both forms.
 
     Input columns: ``qid`` (query or result frame). Output columns: the input's plus ``query_answer``.
 
@@ -66,9 +73,33 @@ class LlmAnswers(ConfigTransformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.columns(inp, includes=['qid'], context=self)
         check_qids(inp, self)
-        answers = inp['qid'].astype(str).map(self.answers)
+        qids = inp['qid'].astype(str)
+        unique = qids.unique()
+        unknown = [qid for qid in unique if qid not in self.answers]
+        for qid in unknown:
+            other = _float_twin(qid)
+            if other is not None and other in self.answers:
+                floats = 'the input' if '.' in qid else 'the answers'
+                raise ValueError(f'{self}: qid {qid!r} of the input has no answer, but the answers have qid '
+                                 f'{other!r}: the same integer qid, written as a float in {floats} (pandas reads a '
+                                 'column of integers with a gap as floats); read the qids as strings on both sides, '
+                                 "e.g. pd.read_csv(..., dtype={'qid': str}), or LlmAnswers.from_tsv(path)")
+        if unknown and len(unknown) == len(unique) and self.missing == 'fallback':
+            warnings.warn(f'{self}: no query of the input has an answer ({len(unique)} qid(s), e.g. {unique[0]!r}; '
+                          f'the answers have {len(self.answers)} qid(s)'
+                          f'{", e.g. " + repr(next(iter(self.answers))) if self.answers else ""}): every '
+                          'query_answer is None; check that the answers are for these queries', stacklevel=2)
+        answers = qids.map(self.answers)
         if self.missing == 'error' and answers.isna().any():
             qids = inp['qid'][answers.isna()].unique()
             raise ValueError(f'{self}: no answer for qid {", ".join(map(repr, qids[:5]))}'
                              f'{" ..." if len(qids) > 5 else ""}; add them to the answers or use missing="fallback"')
         return inp.assign(query_answer=answers.astype(object).where(answers.notna(), None))
+
+
+def _float_twin(qid: str) -> Optional[str]:
+    """The other way of writing an integer qid: ``'1'`` <-> ``'1.0'`` (None for a qid that is no integer)."""
+    if re.fullmatch(r'[+-]?\d+', qid):
+        return f'{qid}.0'
+    match = re.fullmatch(r'([+-]?\d+)\.0+', qid)
+    return match.group(1) if match else None

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from .._config import ConfigTransformer
+from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
 from . import cost, dense, kept
 from .layout import Layout, portable_index
@@ -35,8 +35,9 @@ class PrunedRetriever(ConfigTransformer):
 
     A document whose vector holds NaN or inf is an error when the copy is built (it would score NaN); so is a query
     whose scores could overflow float32 (``sum_j |q_j| max_d |d_j|`` of half the float32 range or more), naming its
-    qid. The on-disk copy records the size, time and sampled content hash of the vectors it was built from, and is
-    rebuilt (with a warning) when they no longer match.
+    qid; so is an index where two documents share a docno (a ranking would hold it twice), checked once, when the
+    copy is built. The on-disk copy records the size, times, inode and full SHA-256 of the vectors and docnos it was
+    built from, and is rebuilt (with a warning) when they change (see :mod:`pyterrier_rdime.pruned.layout`).
 
     Two exact scoring paths; ``strategy`` picks one:
 
@@ -93,6 +94,8 @@ class PrunedRetriever(ConfigTransformer):
                 raise ValueError(f'{name}: {arg} must be an integer >= 1, got {value!r}')
         if strategy not in STRATEGIES:
             raise ValueError(f'{name}: unknown strategy {strategy!r}; expected one of {STRATEGIES}')
+        check_bool(name, 'drop_query_vec', drop_query_vec)
+        check_bool(name, 'verbose', verbose)
         if isinstance(index, np.ndarray):
             if index.ndim != 2 or not index.size:
                 raise ValueError(f'{name}: an array index must be a non-empty (docs, dims) matrix, got shape '
