@@ -136,3 +136,21 @@ def test_the_grid_writes_the_controls_tables(small, tmp_path):
         set(table['system'])
     parity = pd.read_csv(tmp_path / 'out' / 'grid_parity.csv')
     assert set(parity['family']) == {'comparators', 'controls'}
+
+
+def test_the_random_curve_from_vectors_equals_the_same_budget_stage():
+    """The sweep's random curve (numpy on the vectors in hand) scores as ``TopK`` then ``SameBudget('random')``."""
+    from pyterrier_rdime import MagnitudeDime, SameBudget, TopK, VectorScorer
+    from pyterrier_rdime.experiment.sweep import random_runs
+    rng = np.random.default_rng(3)
+    frame = pd.DataFrame([{'qid': q, 'docno': f'{q}-{i}', 'query_vec': qv, 'doc_vec': rng.normal(size=10)
+                           .astype(np.float32), 'score': float(-i), 'rank': i}
+                          for q, qv in (('a', rng.normal(size=10).astype(np.float32)),
+                                        ('b', rng.normal(size=10).astype(np.float32))) for i in range(3)])
+    runs = random_runs(frame, [0.3, 0.7], seeds=2)
+    for (name, fraction), run in runs.items():
+        seed = int(name.split('#')[1])
+        stage = MagnitudeDime() >> TopK(fraction=fraction) >> SameBudget(control='random', seed=seed) >> VectorScorer()
+        expected = stage(frame).set_index(['qid', 'docno'])['score']
+        np.testing.assert_array_equal(run.set_index(['qid', 'docno'])['score'].loc[expected.index].to_numpy(),
+                                      expected.to_numpy())

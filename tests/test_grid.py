@@ -107,7 +107,7 @@ def test_latex_has_balanced_environments_and_a_row_per_encoder_and_dime(stopped_
     tex = latex(twice)
     for environment in ('table*', 'tabular'):
         opened = tex.count(rf'\begin{{{environment}}}')
-        assert opened == tex.count(rf'\end{{{environment}}}') == 2  # one table per measure
+        assert opened == tex.count(rf'\end{{{environment}}}') == 4  # per measure: the paper's table, the controls'
     first_table = tex.split(r'\end{table*}')[0]
     rows = [line for line in first_table.splitlines() if line.startswith(' & ') and not line.startswith(' & &')]
     labels = [line.split('&')[1].strip() for line in rows]

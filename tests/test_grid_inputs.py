@@ -117,6 +117,17 @@ def test_an_edited_first_stage_file_recomputes_the_cell(computed, tmp_path, capl
     assert any('first-stage file changed' in r.getMessage() for r in caplog.records)
 
 
+def test_other_code_recomputes_the_cell(computed, tmp_path, monkeypatch, caplog):
+    out = tmp_path / 'out'
+    shutil.copytree(computed / 'out', out)
+    settings = {**SETTINGS, 'dimes': ['prf', 'llm'], 'cache_dir': computed / 'cache'}
+    assert [c.status for c in run_grid([str(computed / 'small')], ['minilm'], out, **settings).cells] == ['skipped']
+    monkeypatch.setattr(grid_module, 'code_digest', lambda: 'another version')
+    with caplog.at_level(logging.WARNING, logger='pyterrier_rdime'):
+        assert [c.status for c in run_grid([str(computed / 'small')], ['minilm'], out, **settings).cells] == ['done']
+    assert any('code changed since it was computed' in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize('damage', ['[]', 'null', '{"finished": true}', '{"key": 1, "finished": true}', 'results'])
 def test_a_damaged_record_is_recomputed_with_a_warning(computed, tmp_path, damage, caplog):
     out = tmp_path / 'out'

@@ -5,6 +5,7 @@ cells.
 Every option and cell is checked before any cell runs: the collections load, the encoders resolve to complete model
 folders, the answers file parses. A cell that fails loses no other one; a damaged cell record is recomputed.
 """
+import functools
 import hashlib
 import json
 import logging
@@ -89,7 +90,7 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     if settings.get('index') is not None and len(loaded) * len(fingerprints) > 1:
         raise ValueError('--index: an existing index serves one collection and one encoder; run a grid without it '
                          '(each cell encodes its collection, cached under --cache)')
-    common = {'first-stage file': _file_digest(settings.get('first_stage')),
+    common = {'code': code_digest(), 'first-stage file': _file_digest(settings.get('first_stage')),
               'index': _file_digest(settings.get('index')),
               'options': _digest({**options.settings(), **{k: v for k, v in settings.items()
                                                           if k not in (*OPTION_NAMES, *NEUTRAL, 'answers')}})}
@@ -113,6 +114,24 @@ def collection_inputs(collection: Collection, answers_key: Optional[str] = None)
             'qrels': _frame_digest(collection.qrels),
             'first-stage run': None if collection.run is None else _frame_digest(collection.run),
             'answers': answers_key if answers_key is not None else shipped}
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """The content of this package's modules and the versions of the libraries that compute a cell's numbers: a cell
+    computed by other code (an upgrade, a local edit) is recomputed rather than read back."""
+    import importlib.metadata
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for module in sorted(package.rglob('*.py')):
+        digest.update(module.relative_to(package).as_posix().encode() + b'\0' + module.read_bytes() + b'\0')
+    for library in ('python-terrier', 'pyterrier-dr', 'pyterrier-pisa', 'ir-measures', 'numpy', 'scipy',
+                    'statsmodels', 'sentence-transformers', 'torch'):
+        try:
+            digest.update(f'{library}=={importlib.metadata.version(library)}'.encode())
+        except importlib.metadata.PackageNotFoundError:
+            digest.update(f'{library} absent'.encode())
+    return digest.hexdigest()[:16]
 
 
 def distinct_labels(names: Sequence[str]) -> List[str]:

@@ -41,6 +41,31 @@ def topk_runs(scored: pd.DataFrame, fractions: Sequence[float]) -> Dict[float, p
     return runs
 
 
+def random_runs(candidates: pd.DataFrame, fractions: Sequence[float], seeds: int
+                ) -> Dict[Tuple[str, float], pd.DataFrame]:
+    """``(random#<seed>, fraction) -> qid, docno, score``: the candidates (``qid, docno, query_vec, doc_vec``)
+    re-scored by the query on ``round(fraction · p)`` dimensions drawn at random, the draw of
+    ``SameBudget(control='random', seed=seed)`` (one uniform order per seed and query serves every fraction)."""
+    if not len(candidates):
+        return {(f'random#{s}', f): pd.DataFrame({'qid': [], 'docno': [], 'score': []})
+                for s in range(seeds) for f in fractions}
+    candidates = candidates.reset_index(drop=True)
+    groups = group_queries(candidates, STAGE)
+    query_vecs = stack_vectors(candidates, 'query_vec', groups.first_rows, STAGE, 'qid')
+    doc_vecs = stack_vectors(candidates, 'doc_vec', np.arange(len(candidates)), STAGE, 'docno').astype(np.float32)
+    qids = candidates['qid'].to_numpy()[groups.first_rows]
+    dims = query_vecs.shape[1]
+    runs = {}
+    for seed in range(seeds):
+        ranks = maths.random_ranks([(seed, str(qid)) for qid in qids], dims)
+        for fraction in fractions:
+            pruned = maths.modulate(query_vecs, ranks < maths.topk_count(dims, fraction=fraction)).astype(np.float32)
+            scores = np.einsum('rp,rp->r', pruned[groups.codes], doc_vecs)
+            runs[f'random#{seed}', fraction] = pd.DataFrame({'qid': candidates['qid'], 'docno': candidates['docno'],
+                                                            'score': scores})
+    return runs
+
+
 def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFrame, measures: list) -> pd.DataFrame:
     """Per-query measures of ``(dime, fraction) -> run`` with ir_measures (as ``pt.Experiment`` computes them):
     ``dime, fraction, system, qid, measure, value`` with ``system = '<dime>/k=<fraction>'``. Every query of

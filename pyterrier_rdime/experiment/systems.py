@@ -23,7 +23,7 @@ from ..dime import (
 from ..llm import LlmAnswers
 from ..scorer import VectorScorer
 from ..threshold import Rdime, ScoreMass, TopK
-from .sweep import topk_runs
+from .sweep import random_runs, topk_runs
 
 FEEDBACKS = ('dense', 'first-stage')
 #: Soft RDIME columns the runner can add (``modulators``): name -> (column label, ``Rdime(modulator=...)``).
@@ -162,10 +162,11 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, s
         for column, stage in stages.items():
             frames[f'{name}/{column}'] = run(stage >> VectorScorer(), scored)
         runs.update({(name, fraction): frame for fraction, frame in topk_runs(scored, sweep).items()})
+        # numpy on the vectors in hand, cheaper than a round trip through the workers
         control_systems(frames, seeded, name, stages, controls, seeds, index,
-                        lambda stage: run(stage >> VectorScorer(), scored))
+                        lambda stage: (stage >> VectorScorer())(scored))
     if 'random' in controls:
-        runs.update(random_curve(lambda stage: run(stage >> VectorScorer(), candidates), sweep, seeds, True))
+        runs.update(random_runs(candidates, sweep, seeds))
     if 'vector-prf' in controls:
         for system, stage in vector_prf_stages().items():
             queries = vector_prf_queries(stage, source)
@@ -208,7 +209,7 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
         control_systems(frames, seeded, name, stages, controls, seeds, index, lambda stage: run(stage >> retriever,
                                                                                                    scored))
     if 'random' in controls:
-        runs.update(random_curve(lambda stage: run(stage >> retriever, queries), sweep, seeds, False))
+        runs.update(random_curve(lambda stage: run(stage >> retriever, queries), sweep, seeds))
     if 'vector-prf' in controls:
         for system, stage in vector_prf_stages().items():
             top = run(index.vec_loader(), retrieved[retrieved['rank'] < stage.k])
@@ -243,12 +244,14 @@ def control_systems(frames: Dict[str, pd.DataFrame], seeded: Dict[Tuple[str, int
                                                             index=index if selection == 'variance' else None))
 
 
-def random_curve(search: Callable[[pt.Transformer], pd.DataFrame], fractions: Sequence[float], seeds: int,
-                 keep_ranking: bool) -> Dict[Tuple[str, float], pd.DataFrame]:
+def random_curve(search: Callable[[pt.Transformer], pd.DataFrame], fractions: Sequence[float], seeds: int
+                 ) -> Dict[Tuple[str, float], pd.DataFrame]:
     """``(random#<seed>, fraction) -> qid, docno, score``: the query on ``round(fraction · p)`` dimensions chosen at
-    random, for each seed. ``MagnitudeDime >> TopK`` only fixes the count; ``SameBudget('random')`` chooses which."""
+    random, for each seed, searched by ``search(stage)`` (retrieve mode; re-ranking uses
+    :func:`~.sweep.random_runs` on the vectors in hand). ``MagnitudeDime >> TopK`` only fixes the count;
+    ``SameBudget('random')`` chooses which."""
     return {(f'random#{seed}', fraction):
-            search(MagnitudeDime(keep_ranking=keep_ranking) >> TopK(fraction=fraction)
+            search(MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction)
                    >> SameBudget(control='random', seed=seed))[['qid', 'docno', 'score']]
             for seed in range(seeds) for fraction in fractions}
 
