@@ -13,7 +13,7 @@ from pyterrier_rdime.dime import (
     SwcDime,
 )
 from pyterrier_rdime.llm import LlmAnswers, LlmGenerator, read_answers_tsv, smollm2_gguf_path
-from pyterrier_rdime.pruned import PrunedRetriever
+from pyterrier_rdime.pruned import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
 from pyterrier_rdime.scorer import VectorScorer
 from pyterrier_rdime.threshold import DimensionThreshold, Rdime, TopK
 
@@ -22,6 +22,6 @@ __all__ = [
     'DimeScorer', 'KernelDime', 'PrfDime', 'SwcDime', 'LlmDime', 'MagnitudeDime', 'EclipseDime', 'OracleDime',
     'FeedbackCutoff',
     'DimensionThreshold', 'Rdime', 'TopK',
-    'VectorScorer', 'PrunedRetriever',
+    'VectorScorer', 'PrunedRetriever', 'ShardedPrunedRetriever', 'split_flex_index',
     'LlmAnswers', 'read_answers_tsv', 'LlmGenerator', 'smollm2_gguf_path',
 ]
