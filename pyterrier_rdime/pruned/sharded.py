@@ -64,6 +64,7 @@ class _Actors:
     def __init__(self):
         self.lock = threading.Lock()
         self.handles: Optional[list] = None
+        self.retrievers: list = []  # each actor's retriever in the object store, held so that a restart can read it
         self.served: List[int] = []
         self.offsets = self.docs = np.zeros(0, dtype=np.int64)
         self.dims = 0
@@ -81,10 +82,10 @@ class ShardedPrunedRetriever(ConfigTransformer):
     (building it there on first use, or rebuilding it with a warning when the shard's vectors changed, as
     ``PrunedRetriever`` does) and calibrates its own ``strategy='auto'``. A batch of queries is checked once, here,
     against every shard, then sent to every shard at once; each returns its exact top ``num_results``, and the merge
-    keeps the best ``num_results`` over all, exact ties to the lower global docid, as one index breaks them. The
-    scores are each shard's, so they match one index's up to float32 summation order when a shard's ``'auto'`` takes
-    another path than the single index would (see ``PrunedRetriever``; with a fixed ``strategy`` they are the same
-    computation).
+    keeps the best ``num_results`` over all, exact ties to the lower global docid, as one index breaks them. A score
+    is its shard's: on the pruned path the same float32 value as one index's; on the dense path (BLAS sums blocks of
+    documents in an order that depends on the matrix's width), or when a shard's ``'auto'`` takes another path than
+    one index would, equal up to float32 summation order (~1e-6 relative), as between ``PrunedRetriever``'s paths.
 
     Placement: with a FlexIndex shard its path is opened on the node where its actor runs, so either every node sees
     the same path (a shared file system) or shard ``i`` goes to the node that holds it, by ``resources[i]``, custom
@@ -265,11 +266,13 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 served = [i for i, r in enumerate(self._retrievers) if r is not None]
                 server = ray.remote(ShardServer)
                 threads = None if self.num_cpus is None else max(1, int(self.num_cpus))
+                # Ray lets go of an actor's arguments once it has started: a restart would not find them
+                actors.retrievers = [ray.put(self._retrievers[i]) for i in served]
                 handles = [server.options(num_cpus=self.num_cpus or 0, max_restarts=self.max_restarts,
                                           max_task_retries=self.max_restarts,
                                           resources=dict(self.resources[i]) if self.resources else None,
-                                          ).remote(self._retrievers[i], threads)
-                           for i in served]
+                                          ).remote(ref, threads)
+                           for i, ref in zip(served, actors.retrievers)]
                 self._wait_placed(ray, served, handles)
                 infos = self._gather(ray, [h.info.remote() for h in handles], 'open', served)
                 self._check_dims(served, [abs_max for _, abs_max in infos])
