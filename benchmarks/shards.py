@@ -44,7 +44,10 @@ PROJECTED_DOCS = 100_000_000
 
 
 def shard_index(index, cache, shards: int) -> list:
-    """The index cut into ``shards`` shards, cached beside it."""
+    """The index cut into ``shards`` shards, cached beside it (one shard: the index itself, sharing its layout with
+    the single retriever)."""
+    if shards == 1:
+        return [index]
     folder = cache / f'{index.index_path.name}-shards{shards}'
     paths = [folder / f'shard-{i}-of-{shards}.flex' for i in range(shards)]
     if all((p / 'pt_meta.json').is_file() for p in paths):
@@ -52,15 +55,16 @@ def shard_index(index, cache, shards: int) -> list:
     return split_flex_index(index, folder, shards)
 
 
-def start_cluster(nodes: int, threads: int):
-    """A head node (the driver's, no CPU to place actors on) and ``nodes`` nodes offering ``node<i>`` each."""
+def start_cluster(nodes: int, cpus: int):
+    """A head node (the driver's, no CPU to place actors on) and ``nodes`` nodes of ``cpus`` logical CPUs offering
+    ``node<i>`` each (a tenth per actor: node ``i`` serves shard ``i`` of every shard count, one count at a time)."""
     import ray
     from ray.cluster_utils import Cluster
     os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
     cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 0, 'include_dashboard': False,
                                                             'object_store_memory': 256 * 2 ** 20})
     for i in range(nodes):
-        cluster.add_node(num_cpus=threads, resources={f'node{i}': 1}, object_store_memory=256 * 2 ** 20)
+        cluster.add_node(num_cpus=cpus, resources={f'node{i}': 1}, object_store_memory=256 * 2 ** 20)
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     return ray, cluster
 
@@ -110,14 +114,14 @@ def main(argv=None) -> int:
     split_s, splits = timed(lambda: {n: shard_index(index, args.cache, n) for n in counts})
     log(f'index ready in {gen_s:.0f} s, shards in {split_s:.0f} s; RDIME keeps {kept_frac:.2f} of the dimensions')
 
-    start_s, (ray, cluster) = timed(lambda: start_cluster(max(counts), args.threads))
-    log(f'Ray cluster: a head node and {max(counts)} nodes of {args.threads} CPUs each, started in {start_s:.1f} s')
+    start_s, (ray, cluster) = timed(lambda: start_cluster(max(counts), args.threads * len(counts)))
+    log(f'Ray cluster: a head node and {max(counts)} nodes, started in {start_s:.1f} s')
     retrievers = {}
     for n in counts:
         # each shard on its own node, on an equal share of this machine's cores
         threads = max(1, args.threads // n)
         retrievers[n] = ShardedPrunedRetriever(shards=splits[n], num_results=K, num_cpus=threads,
-                                               resources=[{f'node{i}': 1} for i in range(n)])
+                                               resources=[{f'node{i}': 0.1} for i in range(n)])
         up_s = timed(lambda: retrievers[n](frame.iloc[:2]))[0]
         log(f'{n} shard(s), {threads} thread(s) each: actors started, layouts opened (built on first use) and the '
             f"first batch served in {up_s:.1f} s")
