@@ -88,8 +88,12 @@ def test_same_as_one_index_for_every_k(request, uneven, corpus, strategy):
     queries = query_frame(query_vecs)
     for k in [*range(1, 12), K, 1000, len(docs) - 1, len(docs), len(docs) + 1]:
         single = PrunedRetriever(index=docs, num_results=k, strategy=strategy)
-        assert_same_ranking((retriever % k)(queries), single(queries), exact=strategy == 'pruned')
-    assert len(retriever._actors.handles) == 3  # no actor for the empty shard; the % k variants share the actors
+        fused = (retriever % k).compile()  # the first (k = 1) starts the actors that every k then shares
+        if k < retriever.num_results:
+            assert isinstance(fused, ShardedPrunedRetriever) and fused.num_results == k
+            assert fused._actors is retriever._actors
+        assert_same_ranking(fused(queries), single(queries), exact=strategy == 'pruned')
+    assert len(retriever._actors.handles) == 3  # no actor for the empty shard
 
 
 def test_ties_across_shards_go_to_the_lower_global_docid(cluster):

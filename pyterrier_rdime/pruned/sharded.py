@@ -32,23 +32,25 @@ class ShardServer:
     def __init__(self, retriever: PrunedRetriever, threads: Optional[int]):
         self.retriever = retriever
         self._limits = None
+        threads = threads or os.cpu_count()
         if kept.NUMBA_AVAILABLE:
             import numba
-            threads = min(threads or numba.config.NUMBA_NUM_THREADS, numba.config.NUMBA_NUM_THREADS)
+            threads = min(threads, numba.config.NUMBA_NUM_THREADS)
             numba.set_num_threads(threads)
-            try:  # BLAS on as many threads as the kernel, not on the one thread Ray's OMP_NUM_THREADS gives an actor
-                from threadpoolctl import threadpool_limits
-                self._limits = threadpool_limits(threads, user_api='blas')
-            except ImportError:
-                pass
+        try:  # BLAS on as many threads as the kernel, not on the one thread Ray's OMP_NUM_THREADS gives an actor
+            from threadpoolctl import threadpool_limits
+            self._limits = threadpool_limits(threads, user_api='blas')
+        except ImportError:
+            pass
 
     def info(self) -> Tuple[int, np.ndarray]:
         """``(documents, largest |value| of each dimension)``, opening (or building) the shard's layout."""
         return self.retriever.dim_major().shape[1], self.retriever._layout.abs_max()
 
     def search(self, query_vecs: np.ndarray, k: int) -> Tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The exact top-``k`` of each query in this shard, flat: ``(documents, counts, scores, local docids,
-        docnos)``, the documents so that the caller can tell a shard that changed under it."""
+        """The exact top-``k`` (at most the retriever's ``num_results``) of each query in this shard, flat:
+        ``(documents, counts, scores, local docids, docnos)``, the documents so that the caller can tell a shard that
+        changed under it."""
         retriever = self.retriever.fuse_rank_cutoff(k) or self.retriever
         scores, docids = retriever.search(query_vecs)
         flat = np.concatenate(docids).astype(np.int64)
@@ -66,7 +68,8 @@ class _Actors:
         self.handles: Optional[list] = None
         self.retrievers: list = []  # each actor's retriever in the object store, held so that a restart can read it
         self.served: List[int] = []
-        self.offsets = self.docs = np.zeros(0, dtype=np.int64)
+        self.offsets = np.zeros(0, dtype=np.int64)
+        self.docs = np.zeros(0, dtype=np.int64)
         self.dims = 0
         self.abs_max = np.zeros(0)
 
@@ -214,10 +217,11 @@ class ShardedPrunedRetriever(ConfigTransformer):
 
     def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
         """``ShardedPrunedRetriever(num_results=n) % k`` with ``k < n`` is the retriever with ``num_results=k``,
-        sharing this one's actors."""
+        sharing this one's actors (whichever of the two starts them, they serve up to ``n`` per shard)."""
         if k >= self.num_results:
             return None
         fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
+        fused._retrievers = self._retrievers
         fused._actors = self._actors
         return fused
 
