@@ -5,6 +5,7 @@ killed mid-batch recovered and then, its restarts spent, reported, a shard chang
 pickling / repr / equality, and bad inputs."""
 import os
 import pickle
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -192,6 +193,7 @@ def test_pickle_repr_equality_and_empty_input(cluster, corpus, tmp_path):
     ({'shards': [np.ones((3, 4))], 'num_results': 0}, 'shard 0: PrunedRetriever: num_results must be an integer'),
     ({'shards': [np.ones((3, 4))], 'strategy': 'fast'}, "shard 0: PrunedRetriever: unknown strategy 'fast'"),
     ({'shards': [np.ones((3, 4)), 'docs.flex']}, 'shard 1: PrunedRetriever: index must be a pyterrier_dr.FlexIndex'),
+    ({'shards': [np.ones((3, 4)), SimpleNamespace(index_path='docs.flex')]}, 'all FlexIndexes or all arrays, not'),
     ({'shards': [np.ones((3, 4))], 'drop_query_vec': 1}, 'drop_query_vec must be True or False'),
     ({'shards': [np.ones((3, 4))], 'num_cpus': 0}, 'num_cpus must be a positive number'),
     ({'shards': [np.ones((3, 4))], 'max_restarts': -1}, 'max_restarts must be an integer >= 0'),

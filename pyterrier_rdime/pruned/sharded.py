@@ -103,8 +103,8 @@ class ShardedPrunedRetriever(ConfigTransformer):
     The retriever pickles without its actors (a copy starts its own) and is safe to call from several threads.
 
     Args:
-        shards: the shards, in global document order: FlexIndexes and/or ``(docs, dims)`` arrays of one
-            dimensionality (an array may have no rows).
+        shards: the shards, in global document order: FlexIndexes, or ``(docs, dims)`` arrays of one dimensionality
+            (an array may have no rows).
         num_results: documents returned per query.
         docnos: with array shards only, the docno of each row of all shards together (default: the global row
             number as a string).
@@ -152,6 +152,9 @@ class ShardedPrunedRetriever(ConfigTransformer):
             raise ValueError(f'{name}: resources must hold one dict of Ray resources per shard ({len(shards)}), '
                              f'got {resources!r}')
         arrays = [s for s in shards if isinstance(s, np.ndarray)]
+        if arrays and any(hasattr(s, 'index_path') for s in shards):
+            raise ValueError(f'{name}: shards must be all FlexIndexes or all arrays, not both (the docids of an array '
+                             "shard would depend on the FlexIndexes' sizes); write the arrays into FlexIndexes")
         if docnos is not None and len(arrays) != len(shards):
             raise ValueError(f'{name}: docnos is only for array shards; a FlexIndex has its own docnos')
         if any(a.ndim != 2 for a in arrays) or len({a.shape[1] for a in arrays}) > 1:
