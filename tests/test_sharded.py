@@ -215,10 +215,10 @@ def test_bad_queries_and_shards(cluster, corpus, pruned_shards, tmp_path, monkey
     frame.at[2, 'query_vec'] = np.full(DIMS, 1e38, dtype=np.float32)
     with pytest.raises(ValueError, match="qid='q2' .* can score beyond float32"):
         retriever(frame)
-    with pytest.raises(ValueError, match=r"ShardedPrunedRetriever: shard 0 \(an array of 100 x 48\) holds "
-                                         r"48-dimensional vectors but shard 1 \(.*other.flex\) holds 8; every shard"):
-        ShardedPrunedRetriever(shards=[docs[:100], flex_index(tmp_path / 'other.flex', docs[:50, :8])],
-                               num_results=K)(query_frame(query_vecs))
+    with pytest.raises(ValueError, match=r"ShardedPrunedRetriever: shard 0 \(.*wide.flex\) holds 48-dimensional "
+                                         r"vectors but shard 1 \(.*narrow.flex\) holds 8; every shard needs"):
+        ShardedPrunedRetriever(shards=[flex_index(tmp_path / 'wide.flex', docs[:100]),
+                                       flex_index(tmp_path / 'narrow.flex', docs[:50, :8])])(query_frame(query_vecs))
     broken = docs[:200].copy()
     broken[105, 3] = np.nan
     with pytest.raises(ValueError, match=r"shard 1 \(an array of 100 x 48\) failed to open: PrunedRetriever: "
