@@ -12,7 +12,8 @@ One script per question, each printing ratios measured side by side in one run:
 - ``switch``: what one query pays for the threads of the call before it (right after the other path, back to back,
   after a pause);
 - ``shards``: ShardedPrunedRetriever over 1, 2 and 4 shards on a local multi-node Ray cluster against one
-  PrunedRetriever, its scatter/gather overhead, and the cost of 100M x 768 over N nodes on paper.
+  PrunedRetriever, its scatter/gather overhead, and the cost of 100M x 768 over N nodes on paper (the first run also
+  writes the 2- and 4-shard copies of the 1M index and their layouts, 11.4 GiB of disk, ~2 min).
 
 ``all`` (the default, ``./run.sh benchmark``) runs them all with their defaults (~20 min on a shared 2-core machine
 once the caches exist; the first run also builds a 1M x 768 synthetic index and its layout, ~2 min, and encodes the
