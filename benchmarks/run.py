@@ -10,7 +10,10 @@ One script per question, each printing ratios measured side by side in one run:
 - ``batches``: ways of scoring a batch of pruned queries (tile and cache sizes, one by one, grouping);
 - ``pipelines``: per-query latency of the retrieve-mode pipelines end to end (encoder, BM25, feedback, pruning);
 - ``switch``: what one query pays for the threads of the call before it (right after the other path, back to back,
-  after a pause).
+  after a pause);
+- ``shards``: ShardedPrunedRetriever over 1, 2 and 4 shards on a local multi-node Ray cluster against one
+  PrunedRetriever, its scatter/gather overhead, and the cost of 100M x 768 over N nodes on paper (the first run also
+  writes the 2- and 4-shard copies of the 1M index and their layouts, 11.4 GiB of disk, ~2 min).
 
 ``all`` (the default, ``./run.sh benchmark``) runs them all with their defaults (~20 min on a shared 2-core machine
 once the caches exist; the first run also builds a 1M x 768 synthetic index and its layout, ~2 min, and encodes the
@@ -24,10 +27,11 @@ import layout
 import overhead
 import pipelines
 import search
+import shards
 import switch
 
 SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout,
-           'pipelines': pipelines, 'batches': batches, 'switch': switch}
+           'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards}
 
 
 def main(argv=None) -> int:

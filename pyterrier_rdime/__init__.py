@@ -16,7 +16,7 @@ from pyterrier_rdime.dime import (
     SwcDime,
 )
 from pyterrier_rdime.llm import LlmAnswers, LlmGenerator, read_answers_tsv, smollm2_gguf_path
-from pyterrier_rdime.pruned import PrunedRetriever
+from pyterrier_rdime.pruned import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
 from pyterrier_rdime.scorer import VectorScorer
 from pyterrier_rdime.threshold import DimensionThreshold, Rdime, ScoreMass, TopK
 
@@ -25,6 +25,6 @@ __all__ = [
     'DimeScorer', 'KernelDime', 'PrfDime', 'SwcDime', 'LlmDime', 'MagnitudeDime', 'EclipseDime', 'OracleDime',
     'LlmEclipseDime', 'ActiveFeedbackDime', 'FeedbackCutoff',
     'DimensionThreshold', 'Rdime', 'TopK', 'ScoreMass', 'SameBudget',
-    'VectorScorer', 'PrunedRetriever',
+    'VectorScorer', 'PrunedRetriever', 'ShardedPrunedRetriever', 'split_flex_index',
     'LlmAnswers', 'read_answers_tsv', 'LlmGenerator', 'smollm2_gguf_path',
 ]

@@ -89,6 +89,9 @@ def _short_repr(value: Any) -> str:
         return f'<ndarray {value.shape[0]}x{value.shape[1]} {value.dtype}>'
     if isinstance(value, Mapping):
         return f'<{type(value).__name__} of {len(value)} items>'
+    if isinstance(value, list) and any(isinstance(v, np.ndarray) for v in value):  # the array shards of an index
+        text = '[' + ', '.join(_short_repr(v) for v in value) + ']'
+        return text if len(text) <= 80 else text[:77] + '...'
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + '...'
 

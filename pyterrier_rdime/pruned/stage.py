@@ -10,9 +10,10 @@ from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
 from . import cost, dense, kept
 from .layout import Layout, portable_index
+from .topk import Result
 
 STRATEGIES = ('auto', 'pruned', 'dense')
-#: A query whose scores could reach this (half the float32 range) is refused: see ``_stack_queries``.
+#: A query whose scores could reach this (half the float32 range) is refused: see ``PrunedRetriever.stack_queries``.
 SCORE_LIMIT = float(np.finfo(np.float32).max) / 2
 
 
@@ -145,6 +146,15 @@ class PrunedRetriever(ConfigTransformer):
             return self.strategy
         return cost.choose_path(query_vecs, self.dim_major().nbytes, kept.NUMBA_AVAILABLE)
 
+    def search(self, query_vecs: np.ndarray) -> Result:
+        """The top ``num_results`` ``(scores, docids)`` of each query vector (n, dims), already checked by
+        :meth:`stack_queries`, on the path :meth:`choose_strategy` picks: the search of one index, which
+        :class:`~pyterrier_rdime.pruned.sharded.ShardedPrunedRetriever` runs on every shard."""
+        matrix = self.dim_major()
+        if self.choose_strategy(query_vecs) == 'pruned':
+            return kept.search_pruned(matrix, query_vecs, self.num_results)
+        return dense.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
+
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)
         columns = [c for c in inp.columns if not (self.drop_query_vec and c == 'query_vec')]
@@ -152,12 +162,8 @@ class PrunedRetriever(ConfigTransformer):
         if not len(inp):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
-        query_vecs = self._stack_queries(inp)
-        matrix = self.dim_major()
-        if self.choose_strategy(query_vecs) == 'pruned':
-            scores, docids = kept.search_pruned(matrix, query_vecs, self.num_results)
-        else:
-            scores, docids = dense.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
+        query_vecs = self.stack_queries(inp, self.dim_major().shape[0], self._layout.abs_max(), type(self).__name__)
+        scores, docids = self.search(query_vecs)
         counts = np.array([len(d) for d in docids])
         flat_ids = np.concatenate(docids).astype(np.int64)
         out = inp.iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
@@ -166,24 +172,26 @@ class PrunedRetriever(ConfigTransformer):
                          rank=np.concatenate([np.arange(c) for c in counts]))
         return out[columns]
 
-    def _stack_queries(self, inp: pd.DataFrame) -> np.ndarray:
+    @staticmethod
+    def stack_queries(inp: pd.DataFrame, dims: int, abs_max: np.ndarray, name: str) -> np.ndarray:
+        """The ``query_vec`` column as a float32 (n, dims) matrix, refusing (naming the stage ``name`` and the qid)
+        vectors of another size, NaN / inf, and any whose scores could overflow float32 against documents whose
+        dimensions reach ``abs_max`` (float64 ``(dims,)``)."""
         values = inp['query_vec'].to_numpy()
-        dims = self.dim_major().shape[0]
         bad = [i for i, v in enumerate(values) if np.ndim(v) != 1 or np.size(v) != dims]
         if bad:
             row = bad[0]
-            raise ValueError(f'{type(self).__name__}: query_vec of qid={inp["qid"].iloc[row]!r} has shape '
+            raise ValueError(f'{name}: query_vec of qid={inp["qid"].iloc[row]!r} has shape '
                              f'{np.shape(values[row])}, but the index holds {dims}-dimensional vectors; encode the '
                              'queries with the model of the index')
         query_vecs = np.stack(values).astype(np.float32, copy=False)
-        name = type(self).__name__
         finite = np.isfinite(query_vecs).all(axis=1)
         if not finite.all():
             raise ValueError(f'{name}: query_vec of qid={inp["qid"].iloc[int(np.argmin(finite))]!r} holds NaN or '
                              'inf; check the encoder and the DIME / threshold stages before this one')
         # |q . d| <= sum_j |q_j| max_d |d_j|: below half the float32 range no product or partial sum can overflow
         # (the half covers rounding), so every score is finite on both paths
-        bound = np.abs(query_vecs).astype(np.float64) @ self._layout.abs_max()
+        bound = np.abs(query_vecs).astype(np.float64) @ abs_max
         safe = bound < SCORE_LIMIT
         if not safe.all():
             row = int(np.argmin(safe))

@@ -1,0 +1,391 @@
+"""Pruned retrieval over a sharded index: one :class:`~pyterrier_rdime.PrunedRetriever` per shard, each in its own Ray
+actor (on the node that holds the shard), queried at once; their exact top-k merged into the exact global top-k.
+Also :func:`split_flex_index`, which cuts a FlexIndex into shards by document range."""
+import json
+import os
+import threading
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+from .._config import ConfigTransformer, check_bool, check_int, check_positive
+from .._frames import empty_frame
+from . import kept
+from .stage import PrunedRetriever
+from .topk import best_k
+
+#: Documents copied per block by :func:`split_flex_index` (``block x dims x 4`` bytes of memory).
+SPLIT_BLOCK = 65536
+#: Seconds to wait for every shard's actor to be placed on a node: longer means the cluster lacks the CPUs or
+#: resources asked for, which Ray would wait for forever.
+START_TIMEOUT = 120
+
+
+class ShardServer:
+    """What a Ray actor of :class:`ShardedPrunedRetriever` runs: the ``PrunedRetriever`` of one shard, its layout
+    memory-mapped (or built) on the actor's node and its ``strategy='auto'`` calibrated there, on ``threads`` threads
+    for numba and BLAS alike (the CPUs Ray gave the actor; None: every core of the node)."""
+
+    def __init__(self, retriever: PrunedRetriever, threads: Optional[int]):
+        self.retriever = retriever
+        self._limits = None
+        threads = threads or os.cpu_count()
+        if kept.NUMBA_AVAILABLE:
+            import numba
+            threads = min(threads, numba.config.NUMBA_NUM_THREADS)
+            numba.set_num_threads(threads)
+        try:  # BLAS on as many threads as the kernel, not on the one thread Ray's OMP_NUM_THREADS gives an actor
+            from threadpoolctl import threadpool_limits
+            self._limits = threadpool_limits(threads, user_api='blas')
+        except ImportError:
+            pass
+
+    def info(self) -> Tuple[int, np.ndarray]:
+        """``(documents, largest |value| of each dimension)``, opening (or building) the shard's layout."""
+        return self.retriever.dim_major().shape[1], self.retriever._layout.abs_max()
+
+    def search(self, query_vecs: np.ndarray, k: int) -> Tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The exact top-``k`` (at most the retriever's ``num_results``) of each query in this shard, flat:
+        ``(documents, counts, scores, local docids, docnos)``, the documents so that the caller can tell a shard that
+        changed under it."""
+        retriever = self.retriever.fuse_rank_cutoff(k) or self.retriever
+        scores, docids = retriever.search(query_vecs)
+        flat = np.concatenate(docids).astype(np.int64)
+        docnos = np.asarray(self.retriever._layout.lookup_docnos(flat), dtype=str)
+        return (self.retriever.dim_major().shape[1], np.array([len(d) for d in docids]), np.concatenate(scores),
+                flat, docnos)
+
+
+class _Actors:
+    """The running actors of a retriever and its ``% k`` variants (started on first use), with what the merge needs:
+    the shards served, their first global docid, documents, dimensions and the largest |value| of each dimension."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.handles: Optional[list] = None
+        self.retrievers: list = []  # each actor's retriever in the object store, held so that a restart can read it
+        self.served: List[int] = []
+        self.offsets = np.zeros(0, dtype=np.int64)
+        self.docs = np.zeros(0, dtype=np.int64)
+        self.dims = 0
+        self.abs_max = np.zeros(0)
+
+
+class ShardedPrunedRetriever(ConfigTransformer):
+    """:class:`~pyterrier_rdime.PrunedRetriever` over an index split into shards, each served by a Ray actor: the
+    same output as one ``PrunedRetriever`` over the whole collection (the shards' documents in the order given, a
+    document's ``docid`` its position in that order), for an index larger than one machine.
+
+    Every shard is a pyterrier-dr ``FlexIndex`` (built by you, or cut from one index by :func:`split_flex_index`) or
+    a ``(docs, dims)`` array. On first use, one actor per non-empty shard is started (``ray.init(address=ray_address)``
+    first if this process is not connected to Ray yet); each opens its shard's dimension-major layout on its own node
+    (building it there on first use, or rebuilding it with a warning when the shard's vectors changed, as
+    ``PrunedRetriever`` does) and calibrates its own ``strategy='auto'``. A batch of queries is checked once, here,
+    against every shard, then sent to every shard at once; each returns its exact top ``num_results``, and the merge
+    keeps the best ``num_results`` over all, exact ties to the lower global docid, as one index breaks them. A score
+    is its shard's: on the pruned path the same float32 value as one index's; on the dense path (BLAS sums blocks of
+    documents in an order that depends on the matrix's width), or when a shard's ``'auto'`` takes another path than
+    one index would, equal up to float32 summation order (~1e-6 relative), as between ``PrunedRetriever``'s paths.
+
+    Placement: with a FlexIndex shard its path is opened on the node where its actor runs, so either every node sees
+    the same path (a shared file system) or shard ``i`` goes to the node that holds it, by ``resources[i]``, custom
+    Ray resources that only that node offers (``ray start --resources='{"shard0": 1}'``). An array shard travels
+    to its actor through Ray's object store.
+
+    Faults: an actor that dies (its node lost, its process killed) is restarted by Ray up to ``max_restarts`` times
+    and the batch it was serving is sent to it again; past that, or when a shard fails, the call raises an error
+    naming the shard, never a ranking from the shards that answered. A shard whose document count changed since its
+    actor started (a restarted actor that found another index) is refused: build a new retriever.
+
+    The retriever pickles without its actors (a copy starts its own) and is safe to call from several threads.
+
+    Args:
+        shards: the shards, in global document order: FlexIndexes, or ``(docs, dims)`` arrays of one dimensionality
+            (an array may have no rows).
+        num_results: documents returned per query.
+        docnos: with array shards only, the docno of each row of all shards together (default: the global row
+            number as a string).
+        strategy: ``'auto'``, ``'pruned'`` or ``'dense'``, on every shard (see ``PrunedRetriever``).
+        batch_size: queries per matrix product on the dense path.
+        drop_query_vec: drop ``query_vec`` from the output.
+        ray_address: the Ray cluster to connect to when this process is not connected yet: ``None`` starts Ray on
+            this machine, ``'auto'`` joins the cluster this machine belongs to (``ray start``), or ``'host:port'``.
+        num_cpus: CPUs each actor reserves from Ray, and the threads it scores with; ``None``: none reserved (any
+            number of actors per node, as Ray does by default), every core of its node used.
+        resources: per shard, the custom Ray resources its actor needs (places it on a node that offers them).
+        max_restarts: restarts of a dead actor (each re-sends the batch it was serving) before the call fails.
+        verbose: show a progress bar while a shard's layout is built (in the actor's log).
+
+    Input columns: ``qid, query_vec``. Output columns: the input's plus ``docno, docid, score, rank``, ``num_results``
+    rows per query (fewer when the shards hold fewer documents), sorted by query and descending score.
+
+    Example::
+
+        shards = split_flex_index(pyterrier_dr.FlexIndex('msmarco.flex'), 'msmarco-shards', 4)
+        retriever = ShardedPrunedRetriever(shards=shards, num_results=1000)   # or ray_address='auto' on a cluster
+        pipe = bm25 % 10 >> model.query_encoder() >> index.vec_loader() >> PrfDime(keep_ranking=False) \\
+            >> Rdime() >> retriever
+    """
+    schematic = {'label': 'ShardedPruned'}
+
+    def __init__(self, *, shards: Sequence[object], num_results: int = 1000, docnos: Optional[Sequence[str]] = None,
+                 strategy: str = 'auto', batch_size: int = 64, drop_query_vec: bool = False,
+                 ray_address: Optional[str] = None, num_cpus: Optional[float] = None,
+                 resources: Optional[Sequence[Mapping[str, float]]] = None, max_restarts: int = 3,
+                 verbose: bool = False):
+        name = type(self).__name__
+        if isinstance(shards, (np.ndarray, str)) or not isinstance(shards, Sequence) or not len(shards):
+            raise ValueError(f'{name}: shards must be a non-empty list of FlexIndexes or (docs, dims) arrays, got '
+                             f'{type(shards).__name__}; for one index use PrunedRetriever')
+        check_bool(name, 'drop_query_vec', drop_query_vec)
+        check_bool(name, 'verbose', verbose)
+        if num_cpus is not None:
+            check_positive(name, 'num_cpus', num_cpus, "the CPUs (and threads) of each shard's actor, or None")
+        check_int(name, 'max_restarts', max_restarts, 0)
+        if ray_address is not None and not isinstance(ray_address, str):
+            raise ValueError(f"{name}: ray_address must be None, 'auto' or 'host:port', got {ray_address!r}")
+        if resources is not None and (len(resources) != len(shards)
+                                      or not all(isinstance(r, Mapping) for r in resources)):
+            raise ValueError(f'{name}: resources must hold one dict of Ray resources per shard ({len(shards)}), '
+                             f'got {resources!r}')
+        arrays = [s for s in shards if isinstance(s, np.ndarray)]
+        if arrays and any(hasattr(s, 'index_path') for s in shards):
+            raise ValueError(f'{name}: shards must be all FlexIndexes or all arrays, not both (the docids of an array '
+                             "shard would depend on the FlexIndexes' sizes); write the arrays into FlexIndexes")
+        if docnos is not None and len(arrays) != len(shards):
+            raise ValueError(f'{name}: docnos is only for array shards; a FlexIndex has its own docnos')
+        if any(a.ndim != 2 for a in arrays) or len({a.shape[1] for a in arrays}) > 1:
+            raise ValueError(f'{name}: array shards must be (docs, dims) matrices of one dimensionality, got shapes '
+                             f'{[a.shape for a in arrays]}')
+        if arrays and len(arrays) == len(shards) and not sum(len(a) for a in arrays):
+            raise ValueError(f'{name}: every shard is empty')
+        if docnos is not None and len(docnos) != sum(len(a) for a in arrays):
+            raise ValueError(f'{name}: docnos has {len(docnos)} entries but the shards hold '
+                             f'{sum(len(a) for a in arrays)} rows')
+        self.shards = shards
+        self.num_results = num_results
+        self.docnos = docnos
+        self.strategy = strategy
+        self.batch_size = batch_size
+        self.drop_query_vec = drop_query_vec
+        self.ray_address = ray_address
+        self.num_cpus = num_cpus
+        self.resources = resources
+        self.max_restarts = max_restarts
+        self.verbose = verbose
+        self._retrievers = self._shard_retrievers()
+        self._actors = _Actors()
+
+    def _shard_retrievers(self) -> List[Optional[PrunedRetriever]]:
+        """The ``PrunedRetriever`` of each shard (None for an empty array), which checks the shard and the options:
+        what each actor runs. An array shard's docnos are its rows' global ones."""
+        retrievers, row = [], 0
+        for i, shard in enumerate(self.shards):
+            docnos = None
+            if isinstance(shard, np.ndarray):
+                if not len(shard):
+                    retrievers.append(None)
+                    continue
+                docnos = (self.docnos[row:row + len(shard)] if self.docnos is not None else
+                          [str(d) for d in range(row, row + len(shard))])
+                row += len(shard)
+            try:
+                retrievers.append(PrunedRetriever(index=shard, num_results=self.num_results, docnos=docnos,
+                                                  strategy=self.strategy, batch_size=self.batch_size,
+                                                  verbose=self.verbose))
+            except ValueError as e:
+                raise ValueError(f'{type(self).__name__}: shard {i}: {e}') from None
+        return retrievers
+
+    def _identity(self) -> dict:
+        # shards and resources are lists: compared by what they hold (FlexIndexes by path), not as list objects
+        identity = super()._identity()
+        identity['shards'] = repr([str(s.index_path) if hasattr(s, 'index_path') else id(s) for s in self.shards])
+        identity['resources'] = repr(self.resources)
+        return identity
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state['_actors'] = None  # actor handles belong to this process's Ray connection: a copy starts its own
+        state['_retrievers'] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._retrievers = self._shard_retrievers()
+        self._actors = _Actors()
+
+    def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
+        """``ShardedPrunedRetriever(num_results=n) % k`` with ``k < n`` is the retriever with ``num_results=k``,
+        sharing this one's actors (whichever of the two starts them, they serve up to ``n`` per shard)."""
+        if k >= self.num_results:
+            return None
+        fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
+        fused._retrievers = self._retrievers
+        fused._actors = self._actors
+        return fused
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)
+        columns = [c for c in inp.columns if not (self.drop_query_vec and c == 'query_vec')]
+        columns += [c for c in ('docno', 'docid', 'score', 'rank') if c not in columns]
+        if not len(inp):
+            return empty_frame(inp, columns)
+        inp = inp.reset_index(drop=True)
+        ray, actors = self._start()
+        query_vecs = PrunedRetriever.stack_queries(inp, actors.dims, actors.abs_max, type(self).__name__)
+        batch = ray.put(query_vecs)  # sent once, read by every shard from the object store
+        replies = self._gather(ray, [handle.search.remote(batch, self.num_results) for handle in actors.handles],
+                               'search', actors.served)
+        per_shard = []
+        for shard, docs, offset, (now, counts, scores, docids, docnos) in zip(actors.served, actors.docs,
+                                                                             actors.offsets, replies):
+            if now != docs:
+                raise RuntimeError(f'{type(self).__name__}: shard {shard} ({self._where(shard)}) now holds {now} '
+                                   f'documents, {docs} when it started (its actor restarted on a changed index): '
+                                   'the global docids no longer hold; build a new retriever')
+            bounds = np.concatenate([[0], np.cumsum(counts)])
+            per_shard.append((bounds, scores, docids + offset, docnos))
+        scores, docids, docnos = merge_shards(per_shard, len(query_vecs), self.num_results)
+        counts = np.array([len(d) for d in docids])
+        out = inp.iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
+        out = out.assign(docno=np.concatenate(docnos).astype(object), docid=np.concatenate(docids),
+                         score=np.concatenate(scores).astype(np.float64),
+                         rank=np.concatenate([np.arange(c) for c in counts]))
+        return out[columns]
+
+    def _start(self):
+        """Ray and the running actors (started, and their shards opened, on first use)."""
+        name = type(self).__name__
+        try:
+            import ray
+        except ImportError:
+            raise ImportError(f"{name} needs Ray: pip install 'pyterrier-rdime[ray]' (from a clone: pip install "
+                              "'.[ray]')") from None
+        actors = self._actors
+        with actors.lock:
+            if actors.handles is None:
+                if not ray.is_initialized():
+                    ray.init(address=self.ray_address)
+                served = [i for i, r in enumerate(self._retrievers) if r is not None]
+                server = ray.remote(ShardServer)
+                threads = None if self.num_cpus is None else max(1, int(self.num_cpus))
+                # Ray lets go of an actor's arguments once it has started: a restart would not find them
+                actors.retrievers = [ray.put(self._retrievers[i]) for i in served]
+                handles = [server.options(num_cpus=self.num_cpus or 0, max_restarts=self.max_restarts,
+                                          max_task_retries=self.max_restarts,
+                                          resources=dict(self.resources[i]) if self.resources else None,
+                                          ).remote(ref, threads)
+                           for i, ref in zip(served, actors.retrievers)]
+                self._wait_placed(ray, served, handles)
+                infos = self._gather(ray, [h.info.remote() for h in handles], 'open', served)
+                self._check_dims(served, [abs_max for _, abs_max in infos])
+                sizes = np.array([len(s) if r is None else 0 for s, r in zip(self.shards, self._retrievers)])
+                sizes[served] = [docs for docs, _ in infos]
+                actors.docs = sizes[served]
+                actors.offsets = (np.cumsum(sizes) - sizes)[served]
+                actors.dims = len(infos[0][1])
+                actors.abs_max = np.max([abs_max for _, abs_max in infos], axis=0)
+                actors.served = served
+                actors.handles = handles
+        return ray, actors
+
+    def _wait_placed(self, ray, served: List[int], handles: list) -> None:
+        """Every actor running, or an error naming a shard whose actor found no node within ``START_TIMEOUT``."""
+        ready = [h.__ray_ready__.remote() for h in handles]
+        done, _ = ray.wait(ready, num_returns=len(ready), timeout=START_TIMEOUT)
+        self._gather(ray, done, 'start', [shard for shard, r in zip(served, ready) if r in done])
+        if len(done) < len(ready):
+            shard = next(shard for shard, r in zip(served, ready) if r not in done)
+            wanted = {'CPU': self.num_cpus or 0, **(self.resources[shard] if self.resources else {})}
+            raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) found no '
+                               f'node with {wanted} free in {START_TIMEOUT} s (the cluster has '
+                               f'{ray.available_resources()} free): lower num_cpus, start nodes with those '
+                               "resources (ray start --resources='{...}'), or fix resources=")
+
+    def _check_dims(self, served: List[int], abs_maxes: List[np.ndarray]) -> None:
+        """Every FlexIndex shard of one dimensionality (array shards are checked when the retriever is built)."""
+        if len({len(a) for a in abs_maxes}) > 1:
+            first, other = served[0], next(i for i, a in zip(served, abs_maxes) if len(a) != len(abs_maxes[0]))
+            raise ValueError(f'{type(self).__name__}: shard {first} ({self._where(first)}) holds {len(abs_maxes[0])}-'
+                             f'dimensional vectors but shard {other} ({self._where(other)}) holds '
+                             f'{len(abs_maxes[served.index(other)])}; every shard needs vectors of the same model')
+
+    def _gather(self, ray, futures: list, what: str, served: List[int]) -> list:
+        """Every shard's reply (``served``: the shard of each future), or an error naming the first shard that failed
+        (never the replies of the others)."""
+        replies = []
+        for shard, future in zip(served, futures):
+            try:
+                replies.append(ray.get(future))
+            except ray.exceptions.RayTaskError as e:
+                cause = e.cause if isinstance(e.cause, Exception) else e
+                kind = ValueError if isinstance(cause, ValueError) else RuntimeError
+                raise kind(f'{type(self).__name__}: shard {shard} ({self._where(shard)}) failed to {what}: '
+                           f'{cause}') from e
+            except ray.exceptions.RayError as e:
+                raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) died '
+                                   f'and could not be recovered (max_restarts={self.max_restarts}): {e}') from e
+        return replies
+
+    def _where(self, shard: int) -> str:
+        index = self.shards[shard]
+        if isinstance(index, np.ndarray):
+            return f'an array of {index.shape[0]} x {index.shape[1]}'
+        return str(index.index_path)
+
+
+def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], queries: int,
+                 k: int) -> Tuple[list, list, list]:
+    """The global top-``k`` of each query from each shard's top-k ``(bounds, scores, global docids, docnos)`` (query
+    ``q``'s results at ``bounds[q]:bounds[q + 1]``): higher score first, exact ties to the lower global docid, as
+    one index ranks them. Returns ``(scores, docids, docnos)``, one array per query."""
+    scores, docids, docnos = [], [], []
+    for q in range(queries):
+        s = np.concatenate([shard_s[b[q]:b[q + 1]] for b, shard_s, _, _ in per_shard])
+        i = np.concatenate([shard_i[b[q]:b[q + 1]] for b, _, shard_i, _ in per_shard])
+        n = np.concatenate([shard_n[b[q]:b[q + 1]] for b, _, _, shard_n in per_shard])
+        order = best_k(s, i, k)
+        scores.append(s[order])
+        docids.append(i[order])
+        docnos.append(n[order])
+    return scores, docids, docnos
+
+
+def split_flex_index(index: object, folder: str, num_shards: int) -> List[object]:
+    """Cut a FlexIndex into ``num_shards`` FlexIndexes of consecutive document ranges (sizes differing by at most
+    one), written to ``folder/shard-<i>-of-<n>.flex``; each is written to a temporary folder and renamed into place
+    when complete. Returns them in order: ``ShardedPrunedRetriever(shards=...)`` over them ranks as a
+    ``PrunedRetriever`` over ``index`` does. Copy each shard to the node that serves it, or put ``folder`` on a file
+    system every node sees.
+
+    Raises:
+        ValueError: ``num_shards`` is not between 1 and the number of documents, or a shard's folder exists.
+    """
+    import npids
+    docnos, meta = index.payload(return_dvecs=False)
+    docs, dims = int(meta['doc_count']), int(meta['vec_size'])
+    check_int('split_flex_index', 'num_shards', num_shards, 1)
+    if num_shards > docs:
+        raise ValueError(f'split_flex_index: num_shards={num_shards} is more than the {docs} documents of {index!r}')
+    bounds = [docs * i // num_shards for i in range(num_shards + 1)]
+    paths = [Path(folder) / f'shard-{i}-of-{num_shards}.flex' for i in range(num_shards)]
+    existing = [str(p) for p in paths if p.exists()]
+    if existing:
+        raise ValueError(f'split_flex_index: {existing[0]} exists; remove it, or pass another folder')
+    row_bytes = dims * 4
+    with open(Path(index.index_path) / 'vecs.f4', 'rb') as source:
+        for path, start, stop in zip(paths, bounds, bounds[1:]):
+            tmp = path.with_name(f'.{path.name}.tmp')
+            tmp.mkdir(parents=True, exist_ok=True)
+            with open(tmp / 'vecs.f4', 'wb') as out:
+                source.seek(start * row_bytes)
+                for block in range(start, stop, SPLIT_BLOCK):
+                    out.write(source.read((min(stop, block + SPLIT_BLOCK) - block) * row_bytes))
+            npids.Lookup.build(iter(docnos.fwd[np.arange(start, stop)].tolist()), tmp / 'docnos.npids')
+            (tmp / 'pt_meta.json').write_text(json.dumps({**meta, 'vec_size': dims, 'doc_count': stop - start}))
+            os.replace(tmp, path)
+    return [type(index)(str(path), sim_fn=index.sim_fn, verbose=index.verbose) for path in paths]

@@ -1,0 +1,229 @@
+"""ShardedPrunedRetriever on a real local Ray cluster of three nodes (started once for the module): the same ranking as
+one PrunedRetriever over the whole collection for every query and every k, ties across shards included, an empty shard
+and shards smaller than k, FlexIndex shards cut by split_flex_index and placed on nodes by custom resources, an actor
+killed mid-batch recovered and then, its restarts spent, reported, a shard changed under its actor refused,
+pickling / repr / equality, and bad inputs."""
+import os
+import pickle
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
+
+from pyterrier_rdime import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
+from pyterrier_rdime.pruned import sharded
+
+pytestmark = pytest.mark.filterwarnings('ignore::DeprecationWarning')
+
+
+@pytest.fixture(scope='module')
+def cluster():
+    """A head node and two worker nodes, each offering a custom resource that names it."""
+    ray = pytest.importorskip('ray', reason='ray is not installed: pip install pyterrier-rdime[ray]')
+    from ray.cluster_utils import Cluster
+    os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
+    small = {'num_cpus': 1, 'object_store_memory': 80 * 2 ** 20}
+    local = Cluster(initialize_head=True, head_node_args={**small, 'include_dashboard': False,
+                                                          'resources': {'node-head': 1}})
+    for name in ('node-a', 'node-b'):
+        local.add_node(**small, resources={name: 1})
+    ray.init(address=local.address, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+    local.shutdown()
+
+
+@pytest.fixture(scope='module')
+def corpus():
+    return make_corpus()
+
+
+def assert_same_ranking(out: pd.DataFrame, expected: pd.DataFrame, exact: bool = True) -> None:
+    """The same documents in the same order; the same scores, or (``exact=False``: BLAS sums a block of documents
+    in an order that depends on the matrix's width) within float32 rounding."""
+    assert list(out.columns) == list(expected.columns)
+    for column in ('qid', 'docno', 'docid', 'rank'):
+        assert out[column].tolist() == expected[column].tolist(), column
+    if exact:
+        np.testing.assert_array_equal(out['score'].to_numpy(), expected['score'].to_numpy())
+    else:
+        np.testing.assert_allclose(out['score'].to_numpy(), expected['score'].to_numpy(), rtol=1e-6, atol=1e-5)
+
+
+@pytest.fixture(scope='module')
+def uneven(cluster, corpus):
+    """Uneven array shards: one of 5 documents (fewer than most k), an empty one, then two large ones."""
+    docs, _ = corpus
+    bounds = [0, 5, 5, 1600, len(docs)]
+    return [docs[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+@pytest.fixture(scope='module')
+def pruned_shards(uneven, corpus):
+    return ShardedPrunedRetriever(shards=uneven, num_results=len(corpus[0]) + 1, strategy='pruned')
+
+
+def test_split_flex_index(tmp_path):
+    docs = np.arange(40, dtype=np.float32).reshape(10, 4)
+    index = flex_index(tmp_path / 'docs.flex', docs)
+    shards = split_flex_index(index, tmp_path / 'shards', 3)
+    assert [s.index_path.name for s in shards] == ['shard-0-of-3.flex', 'shard-1-of-3.flex', 'shard-2-of-3.flex']
+    assert [len(s) for s in shards] == [3, 3, 4]
+    np.testing.assert_array_equal(np.concatenate([s.payload()[1] for s in shards]), docs)
+    assert [d for s in shards for d in s.payload()[0].fwd[np.arange(len(s))]] == [f'd{i}' for i in range(10)]
+    with pytest.raises(ValueError, match='shard-0-of-3.flex exists; remove it, or pass another folder'):
+        split_flex_index(index, tmp_path / 'shards', 3)
+    with pytest.raises(ValueError, match='num_shards=11 is more than the 10 documents'):
+        split_flex_index(index, tmp_path / 'more', 11)
+    with pytest.raises(ValueError, match='num_shards must be an integer >= 1'):
+        split_flex_index(index, tmp_path / 'none', 0)
+
+
+@pytest.mark.parametrize('strategy', ['pruned', 'dense'])
+def test_same_as_one_index_for_every_k(request, uneven, corpus, strategy):
+    docs, query_vecs = corpus
+    retriever = request.getfixturevalue('pruned_shards') if strategy == 'pruned' else \
+        ShardedPrunedRetriever(shards=uneven, num_results=len(docs) + 1, strategy='dense')
+    queries = query_frame(query_vecs)
+    for k in [*range(1, 12), K, 1000, len(docs) - 1, len(docs), len(docs) + 1]:
+        single = PrunedRetriever(index=docs, num_results=k, strategy=strategy)
+        fused = (retriever % k).compile()  # the first (k = 1) starts the actors that every k then shares
+        if k < retriever.num_results:
+            assert isinstance(fused, ShardedPrunedRetriever) and fused.num_results == k
+            assert fused._actors is retriever._actors
+        assert_same_ranking(fused(queries), single(queries), exact=strategy == 'pruned')
+    assert len(retriever._actors.handles) == 3  # no actor for the empty shard
+
+
+def test_ties_across_shards_go_to_the_lower_global_docid(cluster):
+    # small integers: every score is exact in float32, and many documents in different shards share one
+    rng = np.random.default_rng(3)
+    docs = rng.integers(-1, 2, size=(90, 4)).astype(np.float32)
+    docnos = [f'doc-{i}' for i in range(len(docs))]
+    query_vecs = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 2, -1, 1], [0, 0, 0, 0]], dtype=np.float32)
+    retriever = ShardedPrunedRetriever(shards=[docs[:7], docs[7:41], docs[41:]], num_results=30, docnos=docnos,
+                                       strategy='pruned', drop_query_vec=True)
+    out = retriever(query_frame(query_vecs))
+    for i, (_, group) in enumerate(out.groupby('qid', sort=False)):
+        scores = docs @ query_vecs[i]
+        expected = np.lexsort((np.arange(len(docs)), -scores))[:30]  # by hand: higher score, then lower docid
+        assert group['docid'].tolist() == expected.tolist()
+        assert group['score'].tolist() == scores[expected].tolist()
+        assert len(set(scores[expected])) < 30  # there were ties to break
+    assert_same_ranking(out, PrunedRetriever(index=docs, num_results=30, docnos=docnos, strategy='pruned',
+                                             drop_query_vec=True)(query_frame(query_vecs)))
+    assert 'query_vec' not in out.columns
+
+
+def test_flex_shards_placed_by_resources_and_refused_once_changed(cluster, corpus, tmp_path):
+    docs, query_vecs = corpus
+    index = flex_index(tmp_path / 'docs.flex', docs)
+    shards = split_flex_index(index, tmp_path / 'shards', 2)
+    places = [{'node-b': 1}, {'node-a': 1}]
+    retriever = ShardedPrunedRetriever(shards=shards, num_results=K, resources=places)
+    assert_same_ranking(retriever(query_frame(query_vecs)), PrunedRetriever(index=index, num_results=K)(
+        query_frame(query_vecs)), exact=False)  # 'auto': dense on these small matrices
+    ray = cluster
+    nodes = {n['NodeID']: n['Resources'] for n in ray.nodes()}
+    where = ray.get([h.__ray_call__.remote(lambda server: ray.get_runtime_context().get_node_id())
+                     for h in retriever._actors.handles])
+    assert [[r for r in nodes[node] if r.startswith('node-')] for node in where] == [['node-b'], ['node-a']]
+    # shard 0 rewritten with fewer documents, then its actor restarts: the global docids of shard 1 no longer hold
+    flex_index(shards[0].index_path, docs[:1000])
+    cluster.kill(retriever._actors.handles[0], no_restart=False)
+    with pytest.raises(RuntimeError, match=r'shard 0 \(.*shard-0-of-2.flex\) now holds 1000 documents, 1500 when it '
+                                           'started'):
+        retriever(query_frame(query_vecs))
+
+
+def test_killed_actor_recovered_then_reported(cluster, corpus, tmp_path):
+    docs, query_vecs = corpus
+    retriever = ShardedPrunedRetriever(shards=[docs[:1500], docs[1500:]], num_results=K, max_restarts=1)
+    expected = PrunedRetriever(index=docs, num_results=K)(query_frame(query_vecs))
+    assert_same_ranking(retriever(query_frame(query_vecs)), expected, exact=False)
+    marker = tmp_path / 'die-once'
+    marker.touch()
+
+    def die_once(server):
+        if os.path.exists(marker):
+            os.unlink(marker)
+            os._exit(1)
+
+    # queued before the batch on the same actor: the actor dies with the batch's search waiting for it; Ray
+    # restarts it (its one restart) and the search is sent again
+    retriever._actors.handles[1].__ray_call__.remote(die_once)
+    assert_same_ranking(retriever(query_frame(query_vecs)), expected, exact=False)
+    assert not marker.exists()
+    cluster.kill(retriever._actors.handles[1], no_restart=False)  # no restart left
+    with pytest.raises(RuntimeError, match=r'the actor of shard 1 \(an array of 1500 x 48\) died and could not be '
+                                           r'recovered \(max_restarts=1\)'):
+        retriever(query_frame(query_vecs))
+
+
+def test_pickle_repr_equality_and_empty_input(cluster, corpus, tmp_path):
+    docs, query_vecs = corpus
+    retriever = ShardedPrunedRetriever(shards=[docs[:10], docs[10:]], num_results=5, strategy='dense')
+    assert repr(retriever) == ('ShardedPrunedRetriever(shards=[<ndarray 10x48 float32>, <ndarray 2990x48 float32>], '
+                               "num_results=5, strategy='dense')")
+    empty = retriever(query_frame(query_vecs).iloc[:0])
+    assert list(empty.columns) == ['qid', 'query', 'query_vec', 'docno', 'docid', 'score', 'rank'] and not len(empty)
+    assert retriever._actors.handles is None  # nothing started for an empty input
+    expected = retriever(query_frame(query_vecs))
+    clone = pickle.loads(pickle.dumps(retriever))
+    assert clone._actors.handles is None  # a copy starts its own actors
+    pd.testing.assert_frame_equal(clone(query_frame(query_vecs)), expected)
+    # FlexIndex shards compare by path (arrays, as in PrunedRetriever, by identity)
+    shards = [flex_index(tmp_path / 'a.flex', docs[:10]), flex_index(tmp_path / 'b.flex', docs[10:20])]
+    on_disk = ShardedPrunedRetriever(shards=shards, resources=[{'node-a': 1}, {'node-b': 1}])
+    clone = pickle.loads(pickle.dumps(on_disk))
+    assert clone == on_disk and hash(clone) == hash(on_disk)
+    assert on_disk != ShardedPrunedRetriever(shards=shards[::-1], resources=[{'node-a': 1}, {'node-b': 1}])
+    assert on_disk != ShardedPrunedRetriever(shards=shards)
+    assert repr(on_disk).startswith(f"ShardedPrunedRetriever(shards=[FlexIndex('{tmp_path}")
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    ({'shards': []}, 'shards must be a non-empty list'),
+    ({'shards': np.zeros((3, 4))}, 'shards must be a non-empty list'),
+    ({'shards': [np.zeros((0, 4))]}, 'every shard is empty'),
+    ({'shards': [np.ones((3, 4)), np.ones((3, 5))]}, 'of one dimensionality'),
+    ({'shards': [np.ones((3, 4))], 'docnos': ['a']}, 'docnos has 1 entries but the shards hold 3 rows'),
+    ({'shards': [np.ones((3, 4))], 'num_results': 0}, 'shard 0: PrunedRetriever: num_results must be an integer'),
+    ({'shards': [np.ones((3, 4))], 'strategy': 'fast'}, "shard 0: PrunedRetriever: unknown strategy 'fast'"),
+    ({'shards': [np.ones((3, 4)), 'docs.flex']}, 'shard 1: PrunedRetriever: index must be a pyterrier_dr.FlexIndex'),
+    ({'shards': [np.ones((3, 4)), SimpleNamespace(index_path='docs.flex')]}, 'all FlexIndexes or all arrays, not'),
+    ({'shards': [np.ones((3, 4))], 'drop_query_vec': 1}, 'drop_query_vec must be True or False'),
+    ({'shards': [np.ones((3, 4))], 'num_cpus': 0}, 'num_cpus must be a positive number'),
+    ({'shards': [np.ones((3, 4))], 'max_restarts': -1}, 'max_restarts must be an integer >= 0'),
+    ({'shards': [np.ones((3, 4))], 'resources': [{'a': 1}, {'b': 1}]}, 'one dict of Ray resources per shard'),
+    ({'shards': [np.ones((3, 4))], 'ray_address': 6379}, "ray_address must be None, 'auto' or 'host:port'"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ShardedPrunedRetriever(**kwargs)
+
+
+def test_bad_queries_and_shards(cluster, corpus, pruned_shards, tmp_path, monkeypatch):
+    docs, query_vecs = corpus
+    retriever = pruned_shards
+    frame = query_frame(query_vecs)
+    frame.at[2, 'query_vec'] = query_vecs[2][:-1]
+    with pytest.raises(ValueError, match=f"ShardedPrunedRetriever: query_vec of qid='q2' has shape \\({DIMS - 1},\\)"):
+        retriever(frame)
+    frame.at[2, 'query_vec'] = np.full(DIMS, 1e38, dtype=np.float32)
+    with pytest.raises(ValueError, match="qid='q2' .* can score beyond float32"):
+        retriever(frame)
+    with pytest.raises(ValueError, match=r"ShardedPrunedRetriever: shard 0 \(.*wide.flex\) holds 48-dimensional "
+                                         r"vectors but shard 1 \(.*narrow.flex\) holds 8; every shard needs"):
+        ShardedPrunedRetriever(shards=[flex_index(tmp_path / 'wide.flex', docs[:100]),
+                                       flex_index(tmp_path / 'narrow.flex', docs[:50, :8])])(query_frame(query_vecs))
+    broken = docs[:200].copy()
+    broken[105, 3] = np.nan
+    with pytest.raises(ValueError, match=r"shard 1 \(an array of 100 x 48\) failed to open: PrunedRetriever: "
+                                         r"document '105' .* has NaN or infinite values"):
+        ShardedPrunedRetriever(shards=[broken[:100], broken[100:]])(query_frame(query_vecs))
+    monkeypatch.setattr(sharded, 'START_TIMEOUT', 1)
+    with pytest.raises(RuntimeError, match=r"shard 0 .* found no node with \{'CPU': 0, 'node-c': 1\} free in 1 s"):
+        ShardedPrunedRetriever(shards=[docs], resources=[{'node-c': 1}])(query_frame(query_vecs))
