@@ -13,7 +13,7 @@ from ir_measures import AP, nDCG
 from scipy import stats
 
 import pyterrier_rdime as rdime
-from pyterrier_rdime.experiment import cli
+from pyterrier_rdime.experiment import arguments
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection
 from pyterrier_rdime.experiment.dense_cache import dense_index
@@ -162,7 +162,7 @@ def test_a_failing_output_loses_none_of_the_others(dl19, tmp_path, monkeypatch, 
 
 
 def test_cli_without_the_runner_extras_says_what_to_install_before_any_work(monkeypatch, capsys):
-    monkeypatch.setattr(cli, 'missing_runner_packages', lambda: ['matplotlib', 'tabulate'])
+    monkeypatch.setattr(arguments, 'missing_runner_packages', lambda: ['matplotlib', 'tabulate'])
     assert main(['irds:vaswani']) == 2
     err = capsys.readouterr().err
     assert 'matplotlib, tabulate' in err and "pip install '.[experiment]'" in err

@@ -1,31 +1,14 @@
 """``rdime-experiment``: the paper's comparison on a collection and encoder, with one command."""
 import argparse
-import importlib.util
 import logging
 import os
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-#: What the runner imports beyond the library's own dependencies: module -> the package that provides it.
-RUNNER_MODULES = {'pyterrier_dr': 'pyterrier-dr', 'pyterrier_pisa': 'pyterrier-pisa', 'ir_datasets': 'ir-datasets',
-                  'sentence_transformers': 'sentence-transformers', 'statsmodels': 'statsmodels',
-                  'scipy': 'scipy', 'matplotlib': 'matplotlib', 'tabulate': 'tabulate'}
-#: setup.cfg's ``url``; pip installs an extra from it until the package is published.
-REPO = 'https://github.com/pyterrier-rdime/pyterrier-rdime'
-
-
-def install_extra(extra: str) -> str:
-    """The lines that install the package with ``extra``: from a clone, or straight from the repository."""
-    return (f"pip install '.[{extra}]'  # in a clone of {REPO}, or:\n"
-            f'pip install "pyterrier-rdime[{extra}] @ git+{REPO}"')
-
-
-INSTALL = ("pip install torch --index-url https://download.pytorch.org/whl/cpu  # or the torch build for your "
-           "machine, first\n" + install_extra('experiment'))
+from . import arguments
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -115,45 +98,17 @@ def _split(text: Optional[str]) -> List[str]:
     return [] if text is None else [item.strip() for item in text.split(',') if item.strip()]
 
 
-def missing_runner_packages() -> List[str]:
-    """The packages the runner needs that are not installed."""
-    return [package for module, package in RUNNER_MODULES.items() if importlib.util.find_spec(module) is None]
-
-
-def check_writable(option: str, folder: Path) -> None:
-    """Fails at once when ``folder`` cannot be created or written, rather than after the whole run."""
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f'{option} {folder}: exists and is not a folder; pass a folder path')
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
-
-
-def check_workers(workers: int) -> None:
-    """``--workers``: 1 … 4 × the CPU cores (more processes than that only add memory and start-up time)."""
-    from .._config import check_int
-    check_int('rdime-experiment', '--workers', workers, 1)
-    bound = 4 * (os.cpu_count() or 1)
-    if workers > bound:
-        raise ValueError(f'--workers {workers} is more than 4 x the {os.cpu_count() or 1} CPU cores ({bound}); pass '
-                         f'--workers {bound} or fewer')
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command: exit 0 on success, 1 when some outputs could not be written, 2 with one line for an error the
     user can fix (an option, a file, a cache, the environment), 70 with a traceback for a bug."""
     args = _parser().parse_args(argv)  # --help works without the runner's packages
-    missing = missing_runner_packages()
+    missing = arguments.missing_runner_packages()
     if missing:
         print(f'rdime-experiment: error: the runner needs {", ".join(missing)}, not installed. Install the runner '
-              f'with:\n{INSTALL}', file=sys.stderr)
+              f'with:\n{arguments.INSTALL}', file=sys.stderr)
         return 2
     _quiet_libraries(verbose=not args.quiet)
     from .._config import default_cache_dir
-    from .arguments import check_arguments
     from .runner import Options, run_experiment
     start = time.time()
     out = Path(args.out)
@@ -173,11 +128,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     masses=masses, controls=_split(args.controls), control_seeds=args.control_seeds)
     encoders = _split(args.encoder)
     try:
-        check_arguments(args)
+        arguments.check_arguments(args)
         Options(**settings)
-        check_writable('--out', out)
-        check_writable('--cache', cache)
-        check_workers(args.workers)
+        arguments.check_writable('--out', out)
+        arguments.check_writable('--cache', cache)
+        arguments.check_workers(args.workers)
         backend = _parallel_backend(args.workers, args.ray_address)
         if len(args.collection) > 1 or len(encoders) > 1:
             return _grid(args, encoders, settings, out, cache, backend, start)
@@ -233,8 +188,7 @@ def _error(message: str, status: int = 2) -> int:
 
 
 def _failure(error: Exception) -> int:
-    from .arguments import user_error
-    message = user_error(error)
+    message = arguments.user_error(error)
     if message is not None:
         return _error(message)
     traceback.print_exc()
@@ -249,7 +203,7 @@ def _parallel_backend(workers: int, ray_address: Optional[str]) -> str:
     try:
         import ray
     except ImportError:
-        raise ImportError('--ray-address needs Ray: ' + install_extra('ray').replace('\n', ' ')) from None
+        raise ImportError('--ray-address needs Ray: ' + arguments.install_extra('ray').replace('\n', ' ')) from None
     if workers < 2:
         raise ValueError('--ray-address spreads --workers over the cluster; pass --workers 2 or more')
     if not ray.is_initialized():
