@@ -8,8 +8,6 @@ folders, the answers file parses. A cell that fails loses no other one; a damage
 import hashlib
 import json
 import logging
-import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -17,10 +15,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pandas as pd
 
+from .._io import atomic_open
 from ..llm import read_answers_tsv
 from . import evaluate as ev
 from .collection import Collection, load_collection
 from .encoders import encoder_fingerprint
+from .fingerprint import slug
 from .report import ExperimentResult
 from .runner import OPTION_NAMES, Options, run_experiment
 from .tables import write_combined
@@ -98,7 +98,7 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     cells = []
     for collection, collection_label in zip(loaded, collection_labels):
         for (encoder, fingerprint), encoder_label in zip(fingerprints.items(), encoder_labels):
-            folder = Path(out) / _folder(collection_label) / _folder(encoder_label)
+            folder = Path(out) / slug(collection_label) / slug(encoder_label)
             inputs = {**collection_inputs(collection, answers_key), 'encoder': fingerprint, **common}
             cells.append(Cell(collection, encoder, folder, inputs, collection_label, encoder_label))
     return cells
@@ -147,10 +147,6 @@ def _once(items: list, keys: Sequence[str], what: str, name: Callable[[object], 
     return list(first.values())
 
 
-def _folder(label: str) -> str:
-    return re.sub(r'[^A-Za-z0-9_.-]+', '-', label).strip('-') or 'cell'
-
-
 def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[str], out: Union[str, Path], *,
              run_cell: Optional[Callable[..., ExperimentResult]] = None, **settings) -> GridResult:
     """Runs each (collection, encoder) cell with :func:`run_experiment` (``settings`` are its keyword arguments)
@@ -182,9 +178,9 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
         if needed:
             cell.status, cell.error = 'failed', '; '.join(needed)
             continue
-        _write_atomically(cell.folder / CELL_FILE, {'key': cell.key, 'inputs': cell.inputs, 'finished': True,
-                                                    'collection': cell.collection.name, 'encoder': cell.encoder,
-                                                    'problems': problems})
+        with atomic_open(cell.folder / CELL_FILE) as f:  # a crash leaves the old record or none, never half of one
+            json.dump({'key': cell.key, 'inputs': cell.inputs, 'finished': True, 'collection': cell.collection.name,
+                       'encoder': cell.encoder, 'problems': problems}, f, indent=2)
         cell.result, cell.status, cell.problems = result, 'done', problems
     finished = [c for c in cells if c.result is not None]
     problems = [f'{c.name}: {p}' for c in finished for p in c.problems]
@@ -224,13 +220,6 @@ def _recompute(cell: Cell, why: str) -> bool:
     return False
 
 
-def _write_atomically(path: Path, payload: Dict) -> None:
-    """Written whole or not at all: a crash leaves the old file or none, never half of one."""
-    temporary = path.with_name(path.name + '.tmp')
-    temporary.write_text(json.dumps(payload, indent=2), encoding='utf-8')
-    os.replace(temporary, path)
-
-
 def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -256,11 +245,3 @@ def _file_digest(option: Optional[str]) -> Optional[str]:
                 digest.update(chunk)
     return digest.hexdigest()[:16]
 
-
-def _unique(name: str, used: set) -> str:
-    candidate, n = name, 1
-    while candidate in used:
-        n += 1
-        candidate = f'{name}-{n}'
-    used.add(candidate)
-    return candidate
