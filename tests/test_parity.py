@@ -97,9 +97,9 @@ def _one_comparison(differences, baseline_mean=0.5, margin=0.04, test='t', alter
 ])
 def test_tost_verdicts_against_statsmodels(name, differences, expected):
     row, rdime, base = _one_comparison(differences)
-    margin = 0.04 * 0.5
-    assert row['margin'] == pytest.approx(margin)
-    assert row['tost_p'] == pytest.approx(ttost_paired(rdime, base, -margin, margin)[0], rel=1e-9)
+    margin_abs = 0.04 * 0.5  # the fraction of the Baseline's mean, in the measure's units
+    assert row['margin_abs'] == pytest.approx(margin_abs)
+    assert row['tost_p'] == pytest.approx(ttost_paired(rdime, base, -margin_abs, margin_abs)[0], rel=1e-9)
     assert row['tost_p_holm'] == pytest.approx(row['tost_p'])  # one comparison: Holm changes nothing
     reference = stats.ttest_rel(rdime, base)
     interval = reference.confidence_interval(0.95)
