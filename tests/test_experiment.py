@@ -147,7 +147,9 @@ def test_saved_outputs_and_cli(dl19, cache, tmp_path, capsys):
     assert code == 0
     assert '| PRF (M=2)' in printed and 'Baseline' in printed and 'Wilcoxon' in printed
     assert f'results in {tmp_path / "cli"}' in printed
-    assert (tmp_path / 'cli' / 'results.md').is_file()
+    # one collection is a one-cell grid: the same layout, <out>/<collection>/<encoder>/ and the combined files
+    assert (tmp_path / 'cli' / 'msmarco-dl19-pool' / 'minilm' / 'results.md').is_file()
+    assert (tmp_path / 'cli' / 'grid.md').is_file() and not (tmp_path / 'cli' / 'results.md').exists()
 
 
 def test_a_failing_output_loses_none_of_the_others(dl19, tmp_path, monkeypatch, capsys):
@@ -436,5 +438,6 @@ def test_workers_on_a_local_ray_cluster_give_the_serial_numbers(mini, tmp_path, 
     finally:
         ray.shutdown()
     capsys.readouterr()
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / 'ray' / 'perquery.csv'),
-                                  pd.read_csv(tmp_path / 'serial' / 'perquery.csv'), atol=1e-6)
+    cell = 'mini/minilm/perquery.csv'  # the one cell of the one-cell grid
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / 'ray' / cell), pd.read_csv(tmp_path / 'serial' / cell),
+                                  atol=1e-6)

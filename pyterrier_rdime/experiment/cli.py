@@ -109,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     _quiet_libraries(verbose=not args.quiet)
     from .._config import default_cache_dir
-    from .runner import Options, run_experiment
+    from .runner import Options
     start = time.time()
     out = Path(args.out)
     cache = Path(args.cache) if args.cache else default_cache_dir()
@@ -134,41 +134,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         arguments.check_writable('--cache', cache)
         arguments.check_workers(args.workers)
         backend = _parallel_backend(args.workers, args.ray_address)
-        if len(args.collection) > 1 or len(encoders) > 1:
-            return _grid(args, encoders, settings, out, cache, backend, start)
-        result = run_experiment(
-            args.collection[0], encoder=args.encoder, rel=args.rel, measures=_split(args.measures) or None,
-            index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
-            llm_generator=args.llm_generator, workers=args.workers, parallel_backend=backend,
-            verbose=not args.quiet, **settings)
+        return _run(args, encoders, settings, out, cache, backend, start)
     except KeyboardInterrupt:
         return _error('interrupted; every cache holds only what was complete, so the same command carries on', 130)
     except Exception as e:  # the user's errors get one line, bugs their traceback
         return _failure(e)
-    result.timings['total'] = time.time() - start
-    report = result.to_markdown()
-    problems = result.save(out)
-    print(report)
-    print('timings (s): ' + ', '.join(f'{k} {v:.1f}' for k, v in result.timings.items()))
-    if problems:
-        print('rdime-experiment: some outputs could not be written (the tables above are complete):\n  '
-              + '\n  '.join(problems), file=sys.stderr)
-        return 1
-    print(f'results in {out.resolve()} (results.md, results.csv, perquery.csv, significance.csv, '
-          'kept_fraction.csv/png, sweep.csv/png, cv.csv)')
-    return 0
 
 
-def _grid(args, encoders: List[str], settings: dict, out: Path, cache: Path, backend: str, start: float) -> int:
-    """Several collections and/or encoders: one cell each, then the combined outputs. The errors of checking every
-    cell before any work propagate to :func:`main`; a cell's own failure is reported here."""
+def _run(args, encoders: List[str], settings: dict, out: Path, cache: Path, backend: str, start: float) -> int:
+    """One cell per collection and encoder, in ``<out>/<collection>/<encoder>/``, then the combined outputs in
+    ``<out>``: a single collection and encoder is a one-cell grid, with the same layout. Prints the tables (a lone
+    cell's results.md, else grid.md). The errors of checking every cell before any work, and a lone cell's own error,
+    propagate to :func:`main`; a cell's failure among several is reported here."""
     from .grid import run_grid
     grid = run_grid(args.collection, encoders, out, rel=args.rel, measures=_split(args.measures) or None,
                     index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
                     llm_generator=args.llm_generator, workers=args.workers, parallel_backend=backend,
                     verbose=not args.quiet, **settings)
     finished = [c for c in grid.cells if c.result is not None]
-    if finished and (out / 'grid.md').is_file():
+    if len(grid.cells) == 1 and finished:
+        print(finished[0].result.to_markdown())
+        print('timings (s): ' + ', '.join(f'{k} {v:.1f}' for k, v in finished[0].result.timings.items()))
+    elif finished and (out / 'grid.md').is_file():
         print((out / 'grid.md').read_text(encoding='utf-8'))
     print(', '.join(f'{c.name}: {c.status}' for c in grid.cells) + f' ({time.time() - start:.0f} s)')
     for problem in grid.problems:
@@ -177,8 +164,9 @@ def _grid(args, encoders: List[str], settings: dict, out: Path, cache: Path, bac
         print('rdime-experiment: failed cells (the others are complete; re-run the same command to retry only '
               'these):\n  ' + '\n  '.join(f'{c.name}: {c.error}' for c in grid.failed), file=sys.stderr)
         return 1
-    print(f'results in {out.resolve()} (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf; '
-          'each cell in <collection>/<encoder>/)')
+    print(f'results in {out.resolve()}: each cell in <collection>/<encoder>/ (results.md, results.csv, perquery.csv, '
+          'significance.csv, kept_fraction.csv/png, sweep.csv/png, cv.csv, seeds.csv), and the combined grid.md, '
+          'grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf')
     return 1 if grid.problems else 0
 
 

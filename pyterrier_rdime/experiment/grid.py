@@ -8,7 +8,6 @@ folders, the answers file parses. A cell that fails loses no other one; a damage
 import hashlib
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Dict, List, Optional, Sequence, Union
@@ -154,8 +153,9 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     whose ``cell.json`` records the same inputs (:attr:`Cell.inputs`) is read back instead; one whose inputs changed
     is recomputed with a warning naming them, and so is one whose record or results do not read back. Then writes the
     combined outputs (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf) of the finished cells.
-    A cell's error is recorded and the grid goes on. :attr:`GridResult.problems` lists every output that could not
-    be written, the cells' included. ``run_cell`` replaces :func:`run_experiment` (tests)."""
+    A cell's error is recorded and the grid goes on (a lone cell's error propagates: there is no other to save).
+    :attr:`GridResult.problems` lists every output that could not be written, the cells' included. ``run_cell``
+    replaces :func:`run_experiment` (tests)."""
     run_cell = run_cell or run_experiment
     cells = plan(collections, encoders, out, **settings)
     for i, cell in enumerate(cells, 1):
@@ -164,12 +164,12 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
             continue
         logger.info('cell %d/%d %s', i, len(cells), cell.name)
         (cell.folder / CELL_FILE).unlink(missing_ok=True)
-        start = time.time()
         try:
             result = run_cell(cell.collection, encoder=cell.encoder, **settings)
-            result.timings['total'] = time.time() - start
             problems = result.save(cell.folder)
         except Exception as e:  # a late failure of one cell must not lose the others
+            if len(cells) == 1:  # a lone cell has no other to save: its error is the run's
+                raise
             cell.status, cell.error = 'failed', f'{type(e).__name__}: {e}'
             logger.error('cell %s failed: %s', cell.name, cell.error)
             continue
