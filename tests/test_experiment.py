@@ -131,6 +131,13 @@ def test_first_stage_feedback_and_trec_dl_relevance(dl19, cache, model):
     assert 'first-stage order' in ' '.join(result.notes) and '--rel' in ' '.join(result.notes)
 
 
+def test_timings_are_back_to_back_phases_that_add_up_to_the_total(dl19):
+    timings = dl19[1].timings
+    assert list(timings) == ['load', 'first_stage', 'index', 'systems', 'evaluation', 'total']
+    assert all(v >= 0 for v in timings.values())
+    assert sum(v for k, v in timings.items() if k != 'total') == pytest.approx(timings['total'], rel=1e-9)
+
+
 def test_saved_outputs_and_cli(dl19, cache, tmp_path, capsys):
     _, result = dl19
     assert result.save(tmp_path / 'saved') == []
