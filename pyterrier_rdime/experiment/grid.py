@@ -20,7 +20,7 @@ from . import evaluate as ev
 from .collection import Collection, load_collection
 from .encoders import encoder_fingerprint
 from .fingerprint import slug
-from .report import RESULTS_FORMAT, ExperimentResult
+from .report import ExperimentResult
 from .runner import OPTION_NAMES, Options, run_experiment
 from .tables import write_combined
 
@@ -88,7 +88,7 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     if settings.get('index') is not None and len(loaded) * len(fingerprints) > 1:
         raise ValueError('--index: an existing index serves one collection and one encoder; run a grid without it '
                          '(each cell encodes its collection, cached under --cache)')
-    common = {'results format': RESULTS_FORMAT, 'first-stage file': _file_digest(settings.get('first_stage')),
+    common = {'first-stage file': _file_digest(settings.get('first_stage')),
               'index': _file_digest(settings.get('index')),
               'options': _digest({**options.settings(), **{k: v for k, v in settings.items()
                                                           if k not in (*OPTION_NAMES, *NEUTRAL, 'answers')}})}

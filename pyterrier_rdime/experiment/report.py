@@ -24,9 +24,6 @@ TEST_NAMES = {'t': 'paired t-test', 'wilcoxon': 'Wilcoxon signed-rank test',
 SWEEP_COLUMNS = ['dime', 'fraction', 'system', 'qid', 'measure', 'value']
 CV_COLUMNS = ['dime', 'measure', 'fold', 'fraction', 'queries']
 SEED_COLUMNS = ['system', 'seed', 'measure', 'value']
-#: The version of what :meth:`ExperimentResult.save` writes: a grid recomputes a cell saved under another one (its
-#: files would not read back as this version's tables). 2: significance rows with ``family`` and ``margin_abs``.
-RESULTS_FORMAT = 2
 #: How a control comparison reads: RDIME better or worse (the test rejects equality), equivalent, or inconclusive.
 OUTCOMES = ('better', 'equivalent', 'worse', 'inconclusive')
 
