@@ -2,10 +2,10 @@
 
 Heavy dependencies (torch, transformers, PISA, ir_datasets, matplotlib) load only when the runner runs.
 
-The modules, by job (imports run down this list, never back up; no two modules import each other):
+The modules, by job (a module imports only modules before it in this list, so no two import each other):
 
-- inputs and caches: ``collection`` (the test collections and their files), ``encoders``, ``fingerprint`` (what a
-  cache was built from, the one ``slug``), ``dense_cache``, ``first_stage``, ``indexes``;
+- inputs and caches: ``fingerprint`` (what a cache was built from, the one ``slug``), ``collection`` (the test
+  collections and their files), ``encoders``, ``dense_cache``, ``first_stage``, ``indexes``;
 - statistics: ``evaluate`` (measures, ``pt.Experiment``), ``sweep`` (Top-k sweep, cross-validated Top-k),
   ``parity`` (tests, Holm, TOST verdicts);
 - outputs: ``figures``, ``report`` (one cell's result, its tables and files), ``tables`` (a grid's combined files);
