@@ -24,8 +24,8 @@ def _parser() -> argparse.ArgumentParser:
                     'them with per-query results, kept fractions and a boxplot.')
     p.add_argument('collection', nargs='*', default=['irds:vaswani'],
                    help='irds:<ir_datasets id> or a folder with docs.jsonl, queries.tsv, qrels (default: '
-                        'irds:vaswani); several make a grid: one cell per collection and encoder, in '
-                        '<out>/<collection>/<encoder>')
+                        'irds:vaswani); several make a grid. One cell per collection and encoder, in '
+                        '<out>/<collection>/<encoder>, also for a single one')
     p.add_argument('--encoder', default='minilm',
                    help="'minilm' (bundled, offline), 'tasb', 'contriever', 'ance', a sentence-transformers folder or "
                         'a hub id (default: %(default)s); a comma-separated list makes a grid')
@@ -83,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
                         'Hugging Face model name or path; cached under --cache')
     p.add_argument('--cache', default=None, help='cache folder for indexes and answers (default: '
                                                  '$PYTERRIER_RDIME_CACHE, else ~/.cache/pyterrier_rdime)')
-    p.add_argument('--out', default='rdime-results', help='output folder (default: %(default)s)')
+    p.add_argument('--out', default='rdime-results',
+                   help='output folder: each cell in <collection>/<encoder>/, the combined tables beside '
+                        '(default: %(default)s)')
     p.add_argument('--batch-size', type=int, default=32, help='encoder batch size')
     p.add_argument('--max-queries', type=int, default=None, help='only the first N queries (smoke runs)')
     p.add_argument('--workers', type=int, default=1,
