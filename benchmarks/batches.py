@@ -66,40 +66,35 @@ def main(argv=None) -> int:
     parser.add_argument('--rounds', type=int, default=4)
     parser.add_argument('--per-block', type=int, default=2)
     args = parser.parse_args(argv)
-    info = common.machine()
-    limiter = common.set_threads(args.threads)
-    log(f'## Batch strategies: {args.batch} RDIME queries, top-{K} over {args.docs:,} x {args.dims}\n')
-    log(common.describe_machine(info, args.threads))
-    index, state = common.synthetic_flex_index(args.cache, args.docs, args.dims)
-    matrix = PrunedRetriever(index=index).dim_major()
-    queries = pruned_query_sets(index, matrix, make_queries(state, args.batch), ())['RDIME']
-    shipped = (_numba.TILE_DIMS, _numba.BATCH_CACHE_FLOATS)
-    variants = {f'one pass, tile {shipped[0]}, cache {shipped[1] * 4 // 1024} KiB (shipped)': with_sizes(*shipped)}
-    for tile, floats in ((16, shipped[1]), (64, shipped[1]), (shipped[0], shipped[1] // 2),
-                         (shipped[0], shipped[1] * 2)):
-        variants[f'one pass, tile {tile}, cache {floats * 4 // 1024} KiB'] = with_sizes(tile, floats)
-    variants['one query after the other'] = lambda m, q: _numba.fused_top_k(m, q, K, one_pass=False)
-    for groups in (4, 8):
-        variants[f'{groups} groups by kept-set overlap'] = grouped(groups)
-    ref_s, ref_i = dense.search_dense(matrix, queries, K)
-    for name, fn in variants.items():  # the dense path's top-k up to float ties, and compiled before timing
-        got_s, got_i = fn(matrix, queries)
-        status = [check_topk(matrix, q, (ref_s[i], ref_i[i]), (got_s[i], got_i[i]), 1e-5 * float(np.abs(q).sum()))
-                  for i, q in enumerate(queries)]
-        if 'MISMATCH' in status:
-            raise AssertionError(f'{name}: top-{K} of query {status.index("MISMATCH")} differs from the dense path')
-    times = common.blocks({'dense': lambda: dense.search_dense(matrix, queries, K, batch_size=args.batch),
-                           **{n: (lambda f=f: f(matrix, queries)) for n, f in variants.items()}},
-                          args.rounds, args.per_block)
-    rows = [[name, f'{np.min(times[name]) * 1000:.0f} ms', fmt_ratio(ratio_stats(times['dense'], times[name]))]
-            for name in variants]
-    log(f'kept {np.mean(queries != 0):.2f}, union {np.mean((queries != 0).any(axis=0)):.2f}; dense (one matrix '
-        f'product + top-k): {np.min(times["dense"]) * 1000:.0f} ms\n')
-    log(table(rows, ['strategy', 'time', 'speed-up vs dense']))
-    log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}')
-    limiter.unregister()
-    if args.json:
-        common.write_json(args.json, info, args, {n: list(t) for n, t in times.items()})
+    title = f'## Batch strategies: {args.batch} RDIME queries, top-{K} over {args.docs:,} x {args.dims}\n'
+    with common.session(args, args.threads, title) as run:
+        index, state = common.synthetic_flex_index(args.cache, args.docs, args.dims)
+        matrix = PrunedRetriever(index=index).dim_major()
+        queries = pruned_query_sets(index, matrix, make_queries(state, args.batch), ())['RDIME']
+        shipped = (_numba.TILE_DIMS, _numba.BATCH_CACHE_FLOATS)
+        variants = {f'one pass, tile {shipped[0]}, cache {shipped[1] * 4 // 1024} KiB (shipped)': with_sizes(*shipped)}
+        for tile, floats in ((16, shipped[1]), (64, shipped[1]), (shipped[0], shipped[1] // 2),
+                             (shipped[0], shipped[1] * 2)):
+            variants[f'one pass, tile {tile}, cache {floats * 4 // 1024} KiB'] = with_sizes(tile, floats)
+        variants['one query after the other'] = lambda m, q: _numba.fused_top_k(m, q, K, one_pass=False)
+        for groups in (4, 8):
+            variants[f'{groups} groups by kept-set overlap'] = grouped(groups)
+        ref_s, ref_i = dense.search_dense(matrix, queries, K)
+        for name, fn in variants.items():  # the dense path's top-k up to float ties, and compiled before timing
+            got_s, got_i = fn(matrix, queries)
+            status = [check_topk(matrix, q, (ref_s[i], ref_i[i]), (got_s[i], got_i[i]), 1e-5 * float(np.abs(q).sum()))
+                      for i, q in enumerate(queries)]
+            if 'MISMATCH' in status:
+                raise AssertionError(f'{name}: top-{K} of query {status.index("MISMATCH")} differs from the dense path')
+        times = common.blocks({'dense': lambda: dense.search_dense(matrix, queries, K, batch_size=args.batch),
+                               **{n: (lambda f=f: f(matrix, queries)) for n, f in variants.items()}},
+                              args.rounds, args.per_block)
+        rows = [[name, f'{np.min(times[name]) * 1000:.0f} ms', fmt_ratio(ratio_stats(times['dense'], times[name]))]
+                for name in variants]
+        log(f'kept {np.mean(queries != 0):.2f}, union {np.mean((queries != 0).any(axis=0)):.2f}; dense (one matrix '
+            f'product + top-k): {np.min(times["dense"]) * 1000:.0f} ms\n')
+        log(table(rows, ['strategy', 'time', 'speed-up vs dense']))
+        run['results'].update({n: list(t) for n, t in times.items()})
     return 0
 
 

@@ -1,5 +1,6 @@
 """Shared helpers of the benchmarks: environment, interleaved timing with min / median / spread, tables, machine
 description, thread settings, and the cached synthetic corpus."""
+import contextlib
 import json
 import os
 import platform
@@ -7,7 +8,7 @@ import resource
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, Iterator, List, Optional
 
 os.environ.setdefault('TQDM_DISABLE', '1')  # pyterrier-dr's scorer always draws a progress bar
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
@@ -102,9 +103,10 @@ def machine() -> dict:
             'numpy': np.__version__, 'load_average_at_start': os.getloadavg()}
 
 
-def describe_machine(info: dict, threads: int) -> str:
+def describe_machine(info: dict, threads: Optional[int]) -> str:
+    used = f'{threads} thread(s) for BLAS and numba alike' if threads is not None else 'threads as each process sets'
     return (f'machine: {info["cpu"]}, {info["cores"]} cores, {info["memory"]}; Python {info["python"]}, numpy '
-            f'{info["numpy"]}; {threads} thread(s) for BLAS and numba alike; load average at start '
+            f'{info["numpy"]}; {used}; load average at start '
             f'{", ".join(f"{x:.1f}" for x in info["load_average_at_start"])}')
 
 
@@ -130,6 +132,28 @@ def set_threads(threads: int):
     except ImportError:
         pass
     return threadpool_limits(threads, user_api='blas')
+
+
+@contextlib.contextmanager
+def session(args, threads: Optional[int], title: str = '', note: str = '') -> Iterator[Dict[str, object]]:
+    """The set-up and tear-down of every benchmark's ``main``: logs ``title`` and the machine (with ``note``), limits
+    BLAS and numba to ``threads`` (``None``: leaves them, for a benchmark that times child processes) for the block,
+    then logs the load average at the end and, with ``--json``, writes the dict the block filled (yielded) with the
+    machine and the options. The machine's description is ``results['machine']`` meanwhile, for a plot's label."""
+    info = machine()
+    limiter = set_threads(threads) if threads is not None else None
+    if title:
+        log(title)
+    log(describe_machine(info, threads) + note)
+    results: Dict[str, object] = {}
+    try:
+        yield {'machine': info, 'results': results}
+    finally:
+        if limiter is not None:
+            limiter.unregister()
+    log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in os.getloadavg())}')
+    if getattr(args, 'json', None):
+        write_json(args.json, info, args, results)
 
 
 def write_json(path: Path, info: dict, args, results: dict) -> None:

@@ -127,13 +127,8 @@ def main(argv=None) -> int:
     parser.add_argument('--json', type=Path)
     args = parser.parse_args(argv)
     args.est_queries, args.rounds_estimator = args.queries, args.rounds
-    info = common.machine()
-    limiter = common.set_threads(1)  # one thread: stable ratios on a shared machine
-    log(common.describe_machine(info, 1) + '\n')
-    result = bench_estimators(args)
-    limiter.unregister()
-    if args.json:
-        common.write_json(args.json, info, args, {'estimators': result})
+    with common.session(args, threads=1, note='\n') as run:  # one thread: stable ratios on a shared machine
+        run['results']['estimators'] = bench_estimators(args)
     return 0
 
 

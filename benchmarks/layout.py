@@ -47,34 +47,32 @@ def main(argv=None) -> int:
     if args.child:
         child(*args.child)
         return 0
-    info = common.machine()
-    log('## Building the dimension-major layout\n')
-    log(common.describe_machine(info, 1).replace('1 thread(s) for BLAS and numba alike', 'one thread'))
-    rows, results = [], []
-    for docs in [int(d) for d in args.docs.split(',')]:
-        index, _ = common.synthetic_flex_index(args.cache, docs, args.dims)
-        target = Path(index.index_path) / 'bench-layout.npy'
-        try:
-            out = subprocess.run([sys.executable, __file__, '--child', str(index.index_path), str(target)],
-                                 check=True, capture_output=True, text=True)
-        finally:
-            target.unlink(missing_ok=True)
-        measured = json.loads(out.stdout.strip().splitlines()[-1])
-        gib = docs * args.dims * 4 / 2 ** 30
-        results.append({'docs': docs, 'dims': args.dims, 'layout_gib': gib, **measured})
-        rows.append([f'{docs:,} x {args.dims}', f'{gib:.2f} GiB', f'{measured["seconds"]:.0f} s',
-                     f'{gib / measured["seconds"] * 1024:.0f} MiB/s', f'{measured["peak_rss_gib"]:.2f} GiB'])
-    largest = max(results, key=lambda r: r['docs'])
-    scale = MSMARCO_DOCS / largest['docs']
-    rows.append([f'{MSMARCO_DOCS:,} x {args.dims} (projected)', f'{MSMARCO_DOCS * args.dims * 4 / 2 ** 30:.1f} GiB',
-                 f'~{largest["seconds"] * scale / 60:.0f} min', '(same)', f'~{largest["peak_rss_gib"]:.2f} GiB'])
-    log('\neach build in a fresh process, reading the cached index (in the page cache when recently used) and writing '
-        'the layout beside it, flushed to disk; peak RSS of that process (Python, numpy and pyterrier included).\n')
-    log(table(rows, ['index', 'layout size', 'build time', 'throughput', 'peak RSS']))
-    log(f'\nprojection: time x {scale:.1f} (a sequential read and a blocked write), memory unchanged (blocks of '
-        'a fixed size); the layout needs as much free disk as the index.')
-    if args.json:
-        common.write_json(args.json, info, args, {'layout': results})
+    with common.session(args, None, '## Building the dimension-major layout\n') as run:  # each build in a child
+        rows, results = [], []
+        for docs in [int(d) for d in args.docs.split(',')]:
+            index, _ = common.synthetic_flex_index(args.cache, docs, args.dims)
+            target = Path(index.index_path) / 'bench-layout.npy'
+            try:
+                out = subprocess.run([sys.executable, __file__, '--child', str(index.index_path), str(target)],
+                                     check=True, capture_output=True, text=True)
+            finally:
+                target.unlink(missing_ok=True)
+            measured = json.loads(out.stdout.strip().splitlines()[-1])
+            gib = docs * args.dims * 4 / 2 ** 30
+            results.append({'docs': docs, 'dims': args.dims, 'layout_gib': gib, **measured})
+            rows.append([f'{docs:,} x {args.dims}', f'{gib:.2f} GiB', f'{measured["seconds"]:.0f} s',
+                         f'{gib / measured["seconds"] * 1024:.0f} MiB/s', f'{measured["peak_rss_gib"]:.2f} GiB'])
+        largest = max(results, key=lambda r: r['docs'])
+        scale = MSMARCO_DOCS / largest['docs']
+        rows.append([f'{MSMARCO_DOCS:,} x {args.dims} (projected)', f'{MSMARCO_DOCS * args.dims * 4 / 2 ** 30:.1f} GiB',
+                     f'~{largest["seconds"] * scale / 60:.0f} min', '(same)', f'~{largest["peak_rss_gib"]:.2f} GiB'])
+        log('\neach build in a fresh process, reading the cached index (in the page cache when recently used) and '
+            'writing the layout beside it, flushed to disk; peak RSS of that process (Python, numpy and pyterrier '
+            'included).\n')
+        log(table(rows, ['index', 'layout size', 'build time', 'throughput', 'peak RSS']))
+        log(f'\nprojection: time x {scale:.1f} (a sequential read and a blocked write), memory unchanged (blocks of '
+            'a fixed size); the layout needs as much free disk as the index.')
+        run['results']['layout'] = results
     return 0
 
 

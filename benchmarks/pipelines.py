@@ -20,7 +20,7 @@ width).
 
 Usage (from the repository root)::
 
-    python benchmarks/run.py pipelines --mpnet /work/models/all-mpnet-base-v2
+    python benchmarks/run.py pipelines --mpnet PATH/all-mpnet-base-v2  # PATH: where you downloaded it
 """
 import argparse
 import json
@@ -207,44 +207,41 @@ def main(argv=None) -> int:
             plot(measured['pipelines'], ndcg, args.plot, measured['machine']['load_average_at_start'][0])
         return 0
     kept_fracs = {name: float(f) for name, f in (part.split('=') for part in args.kept.split(','))}
-    info = common.machine()
-    limiter = common.set_threads(args.threads)
-    log(f'## End-to-end cost per query, retrieve mode: top-{NUM_RESULTS} over {args.docs:,} x {args.dims}\n')
-    log(common.describe_machine(info, args.threads))
-    args.cache.mkdir(parents=True, exist_ok=True)
-    text = text_costs(args)
-    search = search_costs(args, kept_fracs)
-    log('\nstage costs, ms per query (median over rounds of the fastest call in each block):\n')
-    log(table([[k, f'{v:.1f}'] for k, v in {**text, **search}.items() if k != 'choices'], ['stage', 'ms / query']))
-    rows, result = [], {}
-    for encoder in [k.split()[0] for k in text if k.endswith(' query')]:
-        enc, ans = text[f'{encoder} query'], text[f'{encoder} answer']
-        dense, fb, load = search['dense retrieval'], search['dense top-10 (feedback)'], search['vec_loader (10 docs)']
-        prf, llm = search['PrfDime + Rdime'], search['LlmDime + Rdime']
+    title = f'## End-to-end cost per query, retrieve mode: top-{NUM_RESULTS} over {args.docs:,} x {args.dims}\n'
+    with common.session(args, args.threads, title) as run:
+        args.cache.mkdir(parents=True, exist_ok=True)
+        text = text_costs(args)
+        search = search_costs(args, kept_fracs)
+        log('\nstage costs, ms per query (median over rounds of the fastest call in each block):\n')
+        log(table([[k, f'{v:.1f}'] for k, v in {**text, **search}.items() if k != 'choices'], ['stage', 'ms / query']))
+        rows, result = [], {}
+        for encoder in [k.split()[0] for k in text if k.endswith(' query')]:
+            enc, ans = text[f'{encoder} query'], text[f'{encoder} answer']
+            dense, fb = search['dense retrieval'], search['dense top-10 (feedback)']
+            load = search['vec_loader (10 docs)']
+            prf, llm = search['PrfDime + Rdime'], search['LlmDime + Rdime']
 
-        def pruned(name):
-            return search[f'PrunedRetriever ({name}, kept {kept_fracs[name]:.2f})']
-        pipelines = {
-            'dense retrieval': (enc + dense, 1.0),
-            'dense-PRF feedback + RDIME + dense retrieval (the paper)': (enc + fb + load + prf + dense,
-                                                                         kept_fracs['dense PRF']),
-            'dense-PRF feedback + RDIME + PrunedRetriever': (enc + fb + load + prf + pruned('dense PRF'),
-                                                             kept_fracs['dense PRF']),
-            'BM25 feedback + RDIME + PrunedRetriever': (text['BM25 top-10'] + enc + load + prf + pruned('BM25 PRF'),
-                                                        kept_fracs['BM25 PRF']),
-            'LLM answer + RDIME + PrunedRetriever': (enc + ans + llm + pruned('LLM'), kept_fracs['LLM']),
-        }
-        for name, (ms, frac) in pipelines.items():
-            rows.append([encoder, name, f'{frac:.2f}', f'{ms:.0f} ms', f'{ms / pipelines["dense retrieval"][0]:.2f}×'])
-            result[f'{encoder}/{name}'] = {'ms': ms, 'kept': frac}
-    log(f'\n### Per-query latency (encoder + search stages above; auto chose: {search["choices"]})\n')
-    log(table(rows, ['encoder', 'pipeline', 'kept', 'latency', 'vs dense retrieval']))
-    log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}')
-    limiter.unregister()
-    if args.json:
-        common.write_json(args.json, info, args, {'stages': {**text, **search}, 'pipelines': result})
+            def pruned(name):
+                return search[f'PrunedRetriever ({name}, kept {kept_fracs[name]:.2f})']
+            pipelines = {
+                'dense retrieval': (enc + dense, 1.0),
+                'dense-PRF feedback + RDIME + dense retrieval (the paper)': (enc + fb + load + prf + dense,
+                                                                             kept_fracs['dense PRF']),
+                'dense-PRF feedback + RDIME + PrunedRetriever': (enc + fb + load + prf + pruned('dense PRF'),
+                                                                 kept_fracs['dense PRF']),
+                'BM25 feedback + RDIME + PrunedRetriever': (text['BM25 top-10'] + enc + load + prf + pruned('BM25 PRF'),
+                                                            kept_fracs['BM25 PRF']),
+                'LLM answer + RDIME + PrunedRetriever': (enc + ans + llm + pruned('LLM'), kept_fracs['LLM']),
+            }
+            for name, (ms, frac) in pipelines.items():
+                rows.append([encoder, name, f'{frac:.2f}', f'{ms:.0f} ms',
+                             f'{ms / pipelines["dense retrieval"][0]:.2f}×'])
+                result[f'{encoder}/{name}'] = {'ms': ms, 'kept': frac}
+        log(f'\n### Per-query latency (encoder + search stages above; auto chose: {search["choices"]})\n')
+        log(table(rows, ['encoder', 'pipeline', 'kept', 'latency', 'vs dense retrieval']))
+        run['results'].update({'stages': {**text, **search}, 'pipelines': result})
     if args.plot:
-        plot(result, ndcg, args.plot, info['load_average_at_start'][0])
+        plot(result, ndcg, args.plot, run['machine']['load_average_at_start'][0])
     return 0
 
 

@@ -41,50 +41,45 @@ def main(argv=None) -> int:
     parser.add_argument('--rounds', type=int, default=20)
     parser.add_argument('--idle', type=float, default=0.4, help='seconds of idleness before the "after idle" calls')
     args = parser.parse_args(argv)
-    info = common.machine()
-    limiter = common.set_threads(args.threads)
     timeout = common.os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset (OpenBLAS default)')
-    log(f'## The switch between paths: one query, top-{K} over {args.docs:,} x {args.dims}\n')
-    log(common.describe_machine(info, args.threads) + f'; OPENBLAS_THREAD_TIMEOUT {timeout}')
-    index, state = common.synthetic_flex_index(args.cache, args.docs, args.dims)
-    matrix = PrunedRetriever(index=index).dim_major()
-    queries = pruned_query_sets(index, matrix, make_queries(state, 1), (0.5,))
-    paths = {}
-    for name, query in queries.items():
-        paths['dense', name] = lambda q=query: dense.search_dense(matrix, q, K)
-        paths['pruned', name] = lambda q=query: kept.search_pruned(matrix, q, K)
-    encoder = load_encoder('minilm').query_encoder()
-    topic = pd.DataFrame({'qid': ['1'], 'query': ['what is the effect of dimension pruning on dense retrieval']})
-    for path in paths.values():  # compile, warm the page cache
-        path()
-    situations = ('after the other path', 'back to back', 'after a query encoding', 'after idle')
-    times = {(path, situation): [] for path in paths for situation in situations}
-    for _ in range(args.rounds):
-        for name in queries:
-            for side, other in (('dense', 'pruned'), ('pruned', 'dense')):
-                path = side, name
-                paths[other, name]()
-                times[path, 'after the other path'].append(timed(paths[path])[0])
-                times[path, 'back to back'].append(timed(paths[path])[0])
-                encoder(topic)
-                times[path, 'after a query encoding'].append(timed(paths[path])[0])
-                time.sleep(args.idle)
-                times[path, 'after idle'].append(timed(paths[path])[0])
-    rows = []
-    for name, query in queries.items():
-        for situation in situations:
-            d, p = np.array(times[('dense', name), situation]), np.array(times[('pruned', name), situation])
-            rows.append([name, f'{np.mean(query != 0):.2f}', situation,
-                         f'{d.min() * 1000:.0f} / {np.median(d) * 1000:.0f} ms',
-                         f'{p.min() * 1000:.0f} / {np.median(p) * 1000:.0f} ms',
-                         f'{d.min() / p.min():.2f}× (median {np.median(d) / np.median(p):.2f}×)'])
-    log(f'{args.rounds} rounds\n')
-    log(table(rows, ['query', 'kept', 'situation', 'dense, min / median', 'pruned, min / median',
-                     'pruned speed-up']))
-    log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}')
-    limiter.unregister()
-    if args.json:
-        common.write_json(args.json, info, args, {f'{side} {name} {s}': t for ((side, name), s), t in times.items()})
+    title = f'## The switch between paths: one query, top-{K} over {args.docs:,} x {args.dims}\n'
+    with common.session(args, args.threads, title, f'; OPENBLAS_THREAD_TIMEOUT {timeout}') as run:
+        index, state = common.synthetic_flex_index(args.cache, args.docs, args.dims)
+        matrix = PrunedRetriever(index=index).dim_major()
+        queries = pruned_query_sets(index, matrix, make_queries(state, 1), (0.5,))
+        paths = {}
+        for name, query in queries.items():
+            paths['dense', name] = lambda q=query: dense.search_dense(matrix, q, K)
+            paths['pruned', name] = lambda q=query: kept.search_pruned(matrix, q, K)
+        encoder = load_encoder('minilm').query_encoder()
+        topic = pd.DataFrame({'qid': ['1'], 'query': ['what is the effect of dimension pruning on dense retrieval']})
+        for path in paths.values():  # compile, warm the page cache
+            path()
+        situations = ('after the other path', 'back to back', 'after a query encoding', 'after idle')
+        times = {(path, situation): [] for path in paths for situation in situations}
+        for _ in range(args.rounds):
+            for name in queries:
+                for side, other in (('dense', 'pruned'), ('pruned', 'dense')):
+                    path = side, name
+                    paths[other, name]()
+                    times[path, 'after the other path'].append(timed(paths[path])[0])
+                    times[path, 'back to back'].append(timed(paths[path])[0])
+                    encoder(topic)
+                    times[path, 'after a query encoding'].append(timed(paths[path])[0])
+                    time.sleep(args.idle)
+                    times[path, 'after idle'].append(timed(paths[path])[0])
+        rows = []
+        for name, query in queries.items():
+            for situation in situations:
+                d, p = np.array(times[('dense', name), situation]), np.array(times[('pruned', name), situation])
+                rows.append([name, f'{np.mean(query != 0):.2f}', situation,
+                             f'{d.min() * 1000:.0f} / {np.median(d) * 1000:.0f} ms',
+                             f'{p.min() * 1000:.0f} / {np.median(p) * 1000:.0f} ms',
+                             f'{d.min() / p.min():.2f}× (median {np.median(d) / np.median(p):.2f}×)'])
+        log(f'{args.rounds} rounds\n')
+        log(table(rows, ['query', 'kept', 'situation', 'dense, min / median', 'pruned, min / median',
+                         'pruned speed-up']))
+        run['results'].update({f'{side} {name} {s}': t for ((side, name), s), t in times.items()})
     return 0
 
 

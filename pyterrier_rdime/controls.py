@@ -1,8 +1,6 @@
 """Same-budget controls: keep as many dimensions as the threshold before them, chosen by another rule, to test
 whether the DIME's *choice* of dimensions matters."""
 import json
-import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Dict, Optional, Tuple
@@ -14,6 +12,7 @@ import pyterrier as pt
 from . import maths
 from ._config import ConfigTransformer, check_choice, check_int
 from ._frames import QueryGroups, check_same_dims, empty_frame, group_queries, numeric_column, per_row, query_vectors
+from ._io import atomic_open
 from .pruned.layout import fingerprint, flex_layout_path, portable_index
 
 CONTROLS = ('random', 'magnitude', 'variance', 'prefix')
@@ -200,11 +199,5 @@ def _read_record(path: Path, current: dict) -> Optional[np.ndarray]:
 def _write_record(path: Path, current: dict, variance: np.ndarray) -> None:
     """Written to a temporary file renamed into place, so a reader never sees half a record."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'w') as out:
-            json.dump({'source_fingerprint': current, 'variance': [float(v) for v in variance]}, out)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as out:
+        json.dump({'source_fingerprint': current, 'variance': [float(v) for v in variance]}, out)

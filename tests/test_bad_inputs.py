@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pyterrier_rdime.experiment import runner
+from pyterrier_rdime.experiment import grid, runner
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection
 from pyterrier_rdime.experiment.dense_cache import dense_index, dense_index_path
@@ -156,7 +156,7 @@ def test_a_run_file_naming_an_unknown_docno_fails_before_encoding(tmp_path, caps
 def test_only_a_bug_shows_a_traceback(tmp_path, capsys, monkeypatch, error, status, shown):
     def failing(*args, **kwargs):
         raise error
-    monkeypatch.setattr(runner, 'run_experiment', failing)
+    monkeypatch.setattr(grid, 'run_experiment', failing)  # what the command runs for each cell
     got, err = _main(capsys, [str(_collection(tmp_path / 'coll')), '--cache', str(tmp_path / 'c'), '--out',
                               str(tmp_path / 'o'), '--quiet'])
     assert got == status, err
@@ -169,7 +169,7 @@ def test_only_a_bug_shows_a_traceback(tmp_path, capsys, monkeypatch, error, stat
 def test_a_value_error_inside_another_library_is_a_bug_not_the_users(tmp_path, capsys, monkeypatch):
     def failing(*args, **kwargs):
         pd.DataFrame({'a': [1, 2]}).set_axis(['x', 'y', 'z'], axis=0)  # pandas' own ValueError: a bug of ours
-    monkeypatch.setattr(runner, 'run_experiment', failing)
+    monkeypatch.setattr(grid, 'run_experiment', failing)  # what the command runs for each cell
     status, err = _main(capsys, [str(_collection(tmp_path / 'coll')), '--cache', str(tmp_path / 'c'), '--out',
                                  str(tmp_path / 'o'), '--quiet'])
     assert status == 70 and 'Traceback' in err and 'this is a bug' in err
@@ -206,7 +206,7 @@ def test_the_install_lines_name_the_repository_of_setup_cfg():
     from configparser import ConfigParser
     from pathlib import Path
 
-    from pyterrier_rdime.experiment.cli import REPO
+    from pyterrier_rdime.experiment.arguments import REPO
     setup = ConfigParser()
     setup.read(Path(__file__).resolve().parents[1] / 'setup.cfg')
     assert REPO == setup['metadata']['url']

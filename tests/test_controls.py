@@ -2,6 +2,7 @@
 rule chooses (hand-made vectors, numpy as the reference), the seeded random draw, the cached variance order of a
 FlexIndex and its invalidation, the columns kept true, errors, empty input and configuration."""
 import hashlib
+import os
 import warnings
 
 import numpy as np
@@ -177,7 +178,7 @@ def test_the_variance_order_of_a_flex_index_is_cached_and_invalidated(tmp_path, 
 
 def test_a_read_only_index_folder_caches_under_the_package_cache(tmp_path, monkeypatch):
     index = flex_index(tmp_path / 'docs.flex', DOCS)
-    monkeypatch.setattr(controls.os, 'access', lambda *a: False)  # as flex_layout_path sees a read-only folder
+    monkeypatch.setattr(os, 'access', lambda *a: False)  # as flex_layout_path sees a read-only folder
     monkeypatch.setattr(controls, '_CACHED', {})
     controls.document_variance(index)
     assert not (tmp_path / 'docs.flex' / 'rdime.dim_major.variance.json').exists()

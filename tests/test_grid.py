@@ -1,5 +1,6 @@
 """The grid: the Top-k sweep against the Top-k stages it stands for, a resumable run over two real collections on tiny
 subsets (a failing cell loses no other, a re-run recomputes only what is not finished), and the combined tables."""
+import dataclasses
 import json
 import re
 from types import SimpleNamespace
@@ -12,10 +13,13 @@ from conftest import shared_collection
 import pyterrier_rdime as rdime
 from pyterrier_rdime.experiment import grid as grid_module
 from pyterrier_rdime.experiment.cli import main
+from pyterrier_rdime.experiment.figures import grid_kept_figure
 from pyterrier_rdime.experiment.grid import CELL_FILE, plan, run_grid
+from pyterrier_rdime.experiment.parity import BEST_IS_BASELINE
+from pyterrier_rdime.experiment.report import ALL_MARKS, DELTA
 from pyterrier_rdime.experiment.runner import run_experiment
 from pyterrier_rdime.experiment.sweep import topk_runs
-from pyterrier_rdime.experiment.tables import latex
+from pyterrier_rdime.experiment.tables import latex, markdown
 
 SETTINGS = dict(dimes=['prf', 'swc'], ks=[0.5], depth=5, max_queries=3, first_stage='bm25', verbose=False)
 
@@ -113,7 +117,7 @@ def test_latex_has_balanced_environments_and_a_row_per_encoder_and_dime(stopped_
     labels = [line.split('&')[1].strip() for line in rows]
     assert labels == ['PRF (M=2)', r'SWC (M=10, $\tau$=0.1)', 'Baseline'] * 2
     header = [line for line in first_table.splitlines() if line.startswith(' & &')][0]
-    assert header.count('&') == 4  # five columns: Model, DIME, then 0.5, RDIME, Δ of the one collection
+    assert header.count('&') == 5  # six columns: Model, DIME, then 0.5, CV, RDIME, Δ of the one collection
     for row in rows:
         assert row.count('&') == header.count('&') and row.endswith(r'\\')
     assert all(re.search(r'\\textbf\{', row) for row in rows if 'Baseline' not in row)
@@ -141,3 +145,86 @@ def test_cli_grid_checks_every_cell_before_any_work(collections, tmp_path, monke
     assert main(collections + ['--encoder', 'minilm,/no/such/model', '--out', str(tmp_path / 'out'), '--cache',
                                str(tmp_path / 'cache')]) == 2
     assert '/no/such/model' in capsys.readouterr().err
+
+
+def _finished(stopped_grid, **changes):
+    """The finished cell of the stopped grid, its result with ``changes`` (a dataclasses.replace)."""
+    cell = next(c for c in stopped_grid.result.cells if c.result is not None)
+    return SimpleNamespace(collection=cell.collection, encoder=cell.encoder, collection_label=cell.collection_label,
+                           encoder_label=cell.encoder_label, result=dataclasses.replace(cell.result, **changes))
+
+
+def _first_table_row(tex: str, label: str) -> str:
+    return next(line for line in tex.split(r'\end{table*}')[0].splitlines() if line.startswith(f' & {label}'))
+
+
+def test_grid_tex_bolds_every_value_that_prints_as_the_best(stopped_grid):
+    cell = _finished(stopped_grid)
+    table, measure = cell.result.table.copy(), cell.result.measures[0]
+    for system, value in {'prf/k=0.5': 0.41231, 'prf/RDIME': 0.41249, 'prf/CV Top-k': 0.3}.items():
+        table.loc[(table['system'] == system) & (table['measure'] == measure), 'value'] = value
+    row = _first_table_row(latex([_finished(stopped_grid, table=table)]), 'PRF')
+    assert row.count(r'\textbf{0.412}') == 2 and r'\textbf{0.300}' not in row  # equal as printed: both bold
+
+
+def test_delta_is_rdime_against_cv_topk_in_every_output(stopped_grid):
+    cell = _finished(stopped_grid)
+    result, measure = cell.result, cell.result.measures[0]
+    values = result.table[result.table['measure'] == measure].set_index('system')['value']
+    expected = f'{100 * (values["prf/RDIME"] - values["prf/CV Top-k"]) / values["prf/CV Top-k"]:+.2f}'
+    md, report, tex = markdown([cell]), result.to_markdown(), latex([cell])
+    for text in (md, report):
+        header = next(line for line in text.splitlines() if line.startswith('| ') and DELTA in line)
+        row = next(line for line in text.splitlines() if line.startswith('| ') and 'PRF' in line)
+        column = [c.strip() for c in header.split('|')].index(DELTA)
+        assert [c.strip() for c in row.split('|')][column] == expected
+    assert _first_table_row(tex, 'PRF').rstrip(' \\').endswith(f'& {expected}')
+    assert r'$\Delta$ (\%): RDIME over CV Top-$k$' in tex and 'best Top-$k$ column' not in tex
+
+
+def test_footnotes_explain_only_the_marks_their_tables_hold(stopped_grid):
+    result = _finished(stopped_grid).result
+    md = markdown([_finished(stopped_grid)])
+    assert not any(f'`{mark}`' in md for mark in ALL_MARKS)  # grid.md's tables carry no mark
+    report = result.to_markdown()
+    tables = '\n'.join(line for line in report.splitlines() if line.startswith('| '))
+    footnote = next(line for line in report.splitlines() if 'kept) = mean fraction' in line)
+    for mark in ALL_MARKS:
+        assert (f'`{mark}`' in footnote) == (mark in tables), mark
+    assert '`*`' in footnote  # a row always has a best Top-k column
+
+
+def test_a_test_best_topk_of_one_shows_as_baseline(stopped_grid):
+    sig = _finished(stopped_grid).result.significance.copy()
+    best = sig['comparison'].str.startswith('best Top-k')
+    sig = sig[~(best & (sig['dime'] == 'swc'))]  # SWC keeps its own best Top-k
+    prf = best & (sig['dime'] == 'prf')
+    sig.loc[prf[prf].index, ['comparison', 'other']] = [BEST_IS_BASELINE, 'Baseline']
+    sig = sig[~((sig['dime'] == 'prf') & (sig['comparison'] == 'Baseline'))]
+    cell = _finished(stopped_grid, significance=sig)
+    measure = cell.result.measures[0]
+    baseline = cell.result.table.set_index(['system', 'measure'])['value']['Baseline', measure]
+    assert cell.result.test_best(measure, 'prf') == ('prf/k=1.0', pytest.approx(baseline))
+    row = next(line for line in markdown([cell]).splitlines() if line.startswith('| ') and 'PRF' in line)
+    assert f'{baseline:.4f} (k=1.0 = Baseline)' in row and '(= Baseline)' in row
+
+
+def test_the_kept_fraction_figure_wraps_its_panels_and_names_median_and_each_topk(tmp_path):
+    rng = np.random.default_rng(0)
+    kept = pd.DataFrame([{'dime': 'prf', 'threshold': t, 'qid': str(q),
+                          'kept_frac': rng.uniform(0.3, 0.9) if t == 'RDIME' else float(t[2:])}
+                         for t in ('RDIME', 'k=0.4', 'k=0.6', 'k=0.8') for q in range(10)])
+    cells = [(c, e, kept, {'prf': 'PRF'}) for e in ('minilm', 'mpnet') for c in ('a', 'b', 'c')]
+    fig = grid_kept_figure(cells, [tmp_path / 'k.png'])
+    height, width = plt_image_shape(tmp_path / 'k.png')
+    assert width / height < 2  # 2 rows of 3 panels, not a 1 x 6 strip
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ['median', 'mean', 'Top-k k=0.4', 'Top-k k=0.6',
+                                                          'Top-k k=0.8']
+    styles = [str(h.get_linestyle()) for h in legend.legend_handles[2:]]
+    assert len(set(styles)) == 3  # each Top-k its own line style
+
+
+def plt_image_shape(path):
+    from matplotlib.image import imread
+    return imread(path).shape[:2]

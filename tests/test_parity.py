@@ -97,9 +97,9 @@ def _one_comparison(differences, baseline_mean=0.5, margin=0.04, test='t', alter
 ])
 def test_tost_verdicts_against_statsmodels(name, differences, expected):
     row, rdime, base = _one_comparison(differences)
-    margin = 0.04 * 0.5
-    assert row['margin'] == pytest.approx(margin)
-    assert row['tost_p'] == pytest.approx(ttost_paired(rdime, base, -margin, margin)[0], rel=1e-9)
+    margin_abs = 0.04 * 0.5  # the fraction of the Baseline's mean, in the measure's units
+    assert row['margin_abs'] == pytest.approx(margin_abs)
+    assert row['tost_p'] == pytest.approx(ttost_paired(rdime, base, -margin_abs, margin_abs)[0], rel=1e-9)
     assert row['tost_p_holm'] == pytest.approx(row['tost_p'])  # one comparison: Holm changes nothing
     reference = stats.ttest_rel(rdime, base)
     interval = reference.confidence_interval(0.95)
@@ -120,6 +120,31 @@ def test_without_topk_only_baseline_is_compared_and_object_values_are_accepted()
     assert result['comparison'].tolist() == ['Baseline']
     expected = stats.ttest_rel(base + [0.01, 0.02, 0.0, 0.03, 0.01], base).pvalue
     assert result['p_value'].iloc[0] == pytest.approx(expected, rel=1e-9)
+
+
+def _topk_table(best_fraction):
+    """Six queries: Baseline, RDIME, and Top-k at 0.5 and 1.0 (k=1.0 keeps every dimension: Baseline's values); the
+    better of the two Top-k by the mean is ``best_fraction``."""
+    qids = [str(i) for i in range(6)]
+    base = np.array([0.30, 0.42, 0.51, 0.25, 0.60, 0.33])
+    half = base + (0.05 if best_fraction == 0.5 else -0.05) + np.array([0.01, -0.02, 0.0, 0.02, -0.01, 0.0])
+    systems = {'Baseline': base, 'prf/RDIME': base + [0.02, 0.01, 0.03, -0.01, 0.02, 0.01],
+               'prf/k=0.5': half, 'prf/k=1.0': base}
+    perquery = pd.DataFrame([{'system': name, 'qid': q, 'measure': 'AP', 'value': v}
+                             for name, values in systems.items() for q, v in zip(qids, values)])
+    aggregate = perquery.groupby(['system', 'measure'], sort=False)['value'].mean().reset_index()
+    return significance(aggregate, perquery, ['prf'], ['RDIME'])
+
+
+def test_a_test_best_topk_of_one_is_baseline_compared_once():
+    """k=1.0 is Baseline: the same comparison must not enter Holm's family twice (twice, Holm would multiply the
+    other comparisons' p-values by one more); it is labelled as Baseline."""
+    result = _topk_table(best_fraction=1.0)
+    assert result['comparison'].tolist() == [parity.BEST_IS_BASELINE]
+    assert result['other'].tolist() == ['Baseline']
+    assert result['p_holm'].iloc[0] == pytest.approx(result['p_value'].iloc[0])  # a family of one
+    other = _topk_table(best_fraction=0.5)
+    assert other['comparison'].tolist() == ['best Top-k (k=0.5, tuned on the test queries)', 'Baseline']
 
 
 def test_holm_is_statsmodels_and_its_collection_skips_existing_objects(monkeypatch):

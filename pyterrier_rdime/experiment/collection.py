@@ -19,6 +19,7 @@ import pyterrier as pt
 
 from .._tsv import read_qid_tsv, utf8_lines
 from ..llm import read_answers_tsv
+from .fingerprint import slug
 
 REQUIRED_FILES = ('docs.jsonl', 'queries.tsv', 'qrels')
 DOCS_FORMAT = 'each line of docs.jsonl is one JSON object {"docno": "<id>", "text": "<text>"}'
@@ -65,8 +66,7 @@ class Collection:
         its path, so that a collection and its cache copied elsewhere keep their key). Two folders of the same name
         share the key; every cached artefact records :attr:`fingerprint` and is checked against it on use."""
         identity = self.name if self.name.startswith('irds:') else Path(self.name).resolve().name
-        base = re.sub(r'[^A-Za-z0-9_.-]+', '_', identity.replace('irds:', '')).strip('_')[-60:]
-        return f'{base}-{hashlib.sha1(identity.encode()).hexdigest()[:8]}'
+        return slug(identity.replace('irds:', ''), hashlib.sha1(identity.encode()).hexdigest()[:8])
 
     @property
     def graded(self) -> bool:

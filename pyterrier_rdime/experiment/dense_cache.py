@@ -4,7 +4,6 @@ import hashlib
 import itertools
 import logging
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -17,7 +16,15 @@ import pyterrier as pt
 from .._config import check_int
 from .collection import Collection, check_in_corpus, iter_texts
 from .encoders import encoder_fingerprint
-from .fingerprint import TEXT_HASHES, cache_entry, read_fingerprint, text_hash, text_hashes, write_fingerprint
+from .fingerprint import (
+    TEXT_HASHES,
+    cache_entry,
+    read_fingerprint,
+    slug,
+    text_hash,
+    text_hashes,
+    write_fingerprint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +34,7 @@ def encoder_slug(name: str) -> str:
     (:func:`encoder_fingerprint`), so that local folders, often all called 'model', do not share one, and a cache
     copied to another machine or virtual environment is found again."""
     digest = hashlib.sha1(encoder_fingerprint(name).encode()).hexdigest()[:8]
-    label = Path(name).expanduser().resolve().name if Path(name).expanduser().is_dir() else name
-    return re.sub(r'[^A-Za-z0-9_.-]+', '_', label)[-60:] + f'-{digest}'
+    return slug(Path(name).expanduser().resolve().name if Path(name).expanduser().is_dir() else name, digest)
 
 
 def dense_index_path(collection: Collection, encoder_name: str, cache_dir: Union[str, Path]) -> Path:

@@ -8,6 +8,11 @@ import pandas as pd
 
 #: Share of each query's kept fraction that RDIME's horizontal bar spans in the sweep plot (the inter-quartile range).
 SPREAD = (25, 75)
+#: Line styles of the Top-k reference lines, one per Top-k column: told apart at a glance, in print too.
+TOPK_STYLES = (':', '--', '-.', (0, (6, 1.5)), (0, (3, 1, 1, 1, 1, 1)))
+#: Panels per row of the grid's kept-fraction Figure (more wrap onto the next row).
+PANELS_PER_ROW = 3
+MEDIAN_COLOUR = 'tab:orange'
 
 
 def _colours(names: Sequence[str]) -> Dict[str, tuple]:
@@ -17,30 +22,35 @@ def _colours(names: Sequence[str]) -> Dict[str, tuple]:
 
 
 def _topk_lines(ax, kept: pd.DataFrame) -> None:
-    """Dashed horizontal lines at the kept fraction of each Top-k column, for reading RDIME's boxes against them."""
+    """A horizontal line at the kept fraction of each Top-k column (a style of :data:`TOPK_STYLES` each), for
+    reading RDIME's boxes against them."""
     topk = kept[kept['threshold'].str.startswith('k=')].groupby('threshold', sort=False)['kept_frac'].mean()
     for i, (threshold, fraction) in enumerate(topk.items()):
-        ax.axhline(fraction, color='grey', linestyle=(0, (2 + 2 * i, 2)), linewidth=0.8, label=f'Top-k {threshold}')
+        ax.axhline(fraction, color='dimgrey', linestyle=TOPK_STYLES[i % len(TOPK_STYLES)], linewidth=1,
+                   label=f'Top-k {threshold}')
 
 
 def _boxes(ax, kept: pd.DataFrame, labels: Dict[str, str]) -> None:
     rdime = kept[kept['threshold'] == 'RDIME']
     names = [d for d in labels if d in set(rdime['dime'])]
     ax.boxplot([rdime.loc[rdime['dime'] == d, 'kept_frac'] for d in names], showmeans=True,
-               meanprops={'marker': '^', 'markerfacecolor': 'tab:green', 'markeredgecolor': 'tab:green'})
+               meanprops={'marker': '^', 'markerfacecolor': 'tab:green', 'markeredgecolor': 'tab:green'},
+               medianprops={'color': MEDIAN_COLOUR})
     ax.set_xticks(range(1, len(names) + 1), [labels[d] for d in names], fontsize=7)
     ax.set_ylim(0, 1.02)
     _topk_lines(ax, kept)
 
 
-def _mean_handle():
+def _box_handles() -> list:
+    """Legend entries of a box's marks: its median line and its mean triangle."""
     from matplotlib.lines import Line2D
-    return Line2D([], [], marker='^', color='tab:green', linestyle='none', label='mean')
+    return [Line2D([], [], color=MEDIAN_COLOUR, label='median'),
+            Line2D([], [], marker='^', color='tab:green', linestyle='none', label='mean')]
 
 
 def kept_boxplot(kept: pd.DataFrame, labels: Dict[str, str], title: str, path: Union[str, Path]) -> None:
-    """RDIME's per-query kept fraction, one box per DIME (mean as a triangle), with each Top-k's kept fraction as a
-    dashed line."""
+    """RDIME's per-query kept fraction, one box per DIME (median as a line, mean as a triangle), with each Top-k's
+    kept fraction as a line."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=(1.6 * max(len(labels), 2) + 2.5, 3.5))
     ax = fig.subplots()
@@ -48,7 +58,8 @@ def kept_boxplot(kept: pd.DataFrame, labels: Dict[str, str], title: str, path: U
     ax.set_ylabel('fraction of dimensions kept')
     ax.set_title(title, fontsize=9)
     handles, names = ax.get_legend_handles_labels()
-    ax.legend([_mean_handle()] + handles, ['mean'] + names, fontsize=7, loc='center left', bbox_to_anchor=(1, 0.5))
+    ax.legend(_box_handles() + handles, ['median', 'mean'] + names, fontsize=7, loc='center left',
+              bbox_to_anchor=(1, 0.5), handlelength=3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -101,27 +112,30 @@ def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, 
     fig.savefig(path, dpi=120)
 
 
-def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]], paths: Sequence[Union[str, Path]]
-                     ) -> None:
-    """The paper's Figure: RDIME's per-query kept fraction per DIME, one panel per (encoder, collection): rows the
-    encoders, columns the collections. ``cells``: ``(collection, encoder, kept, labels)``; saved to each of
-    ``paths`` (PNG, PDF)."""
+def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]], paths: Sequence[Union[str, Path]]):
+    """The paper's Figure: RDIME's per-query kept fraction per DIME, one panel per (encoder, collection), encoder by
+    encoder, :data:`PANELS_PER_ROW` panels a row (a long grid wraps instead of becoming a strip), one legend under
+    them (median, mean, each Top-k's style). ``cells``: ``(collection, encoder, kept, labels)``; saved to each of
+    ``paths`` (PNG, PDF). Returns the Figure."""
     from matplotlib.figure import Figure
     collections = list(dict.fromkeys(c for c, _, _, _ in cells))
     encoders = list(dict.fromkeys(e for _, e, _, _ in cells))
-    fig = Figure(figsize=(3.2 * len(collections) + 1.2, 2.8 * len(encoders)))
-    axes = np.atleast_2d(fig.subplots(len(encoders), len(collections), squeeze=False, sharey=True))
-    for ax in axes.flat:
+    ordered = sorted(cells, key=lambda c: (encoders.index(c[1]), collections.index(c[0])))
+    columns = min(PANELS_PER_ROW, len(ordered))
+    rows = -(-len(ordered) // columns)
+    fig = Figure(figsize=(3.4 * columns, 2.9 * rows + 0.7))
+    axes = fig.subplots(rows, columns, squeeze=False, sharey=True)
+    for ax in axes.flat[len(ordered):]:
         ax.set_axis_off()
-    for collection, encoder, kept, labels in cells:
-        ax = axes[encoders.index(encoder), collections.index(collection)]
-        ax.set_axis_on()
+    for ax, (collection, encoder, kept, labels) in zip(axes.flat, ordered):
         _boxes(ax, kept, labels)
         ax.set_title(f'{collection} — {encoder}', fontsize=8)
     for row in axes:
         row[0].set_ylabel('fraction kept')
-    handles, names = next(ax for ax in axes.flat if ax.axison).get_legend_handles_labels()
-    fig.legend([_mean_handle()] + handles, ['mean'] + names, fontsize=7, loc='center right')
-    fig.tight_layout(rect=(0, 0, 1 - 1.2 / fig.get_figwidth(), 1))
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(_box_handles() + handles, ['median', 'mean'] + names, fontsize=7, loc='lower center',
+               ncols=2 + len(names), handlelength=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1))
     for path in paths:
         fig.savefig(path, dpi=150)
+    return fig

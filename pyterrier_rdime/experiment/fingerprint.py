@@ -5,17 +5,28 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Union
 
 import numpy as np
 
+from .._io import atomic_open
+
 #: The sidecar file of a cached artefact: a JSON object of what it was built from.
 FINGERPRINT = 'rdime_fingerprint.json'
 #: A dense index's per-document text hashes (uint64, in the index's docid order).
 TEXT_HASHES = 'rdime_text_hashes.npy'
 VERSION = 1
+
+
+def slug(label: str, key: Optional[str] = None) -> str:
+    """A file-name-safe folder name: ``label`` with every run of characters other than letters, digits and ``_.-``
+    as one ``_``, its last 60 characters, then ``-<key>`` where given (a digest that keeps apart labels that read
+    the same). The one naming rule of the caches and of a grid's cell folders."""
+    base = re.sub(r'[^A-Za-z0-9_.-]+', '_', label).strip('_')[-60:]
+    return f'{base}-{key}' if key is not None else base or '_'
 
 
 def text_hash(text: str) -> int:
@@ -41,10 +52,8 @@ def read_fingerprint(folder: Union[str, Path]) -> Optional[dict]:
 
 def write_fingerprint(folder: Union[str, Path], **fields) -> None:
     """Records ``fields`` in ``folder``, atomically (a killed process leaves the old file or the new one)."""
-    path = Path(folder) / FINGERPRINT
-    tmp = path.with_name(f'.{FINGERPRINT}.{os.getpid()}.tmp')
-    tmp.write_text(json.dumps({'version': VERSION, **fields}, indent=1), encoding='utf-8')
-    os.replace(tmp, path)
+    with atomic_open(Path(folder) / FINGERPRINT) as f:
+        json.dump({'version': VERSION, **fields}, f, indent=1)
 
 
 @contextlib.contextmanager

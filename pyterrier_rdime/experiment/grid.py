@@ -9,19 +9,18 @@ import functools
 import hashlib
 import json
 import logging
-import os
-import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pandas as pd
 
+from .._io import atomic_open
 from ..llm import read_answers_tsv
 from . import evaluate as ev
 from .collection import Collection, load_collection
 from .encoders import encoder_fingerprint
+from .fingerprint import slug
 from .report import ExperimentResult
 from .runner import OPTION_NAMES, Options, run_experiment
 from .tables import write_combined
@@ -99,7 +98,7 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     cells = []
     for collection, collection_label in zip(loaded, collection_labels):
         for (encoder, fingerprint), encoder_label in zip(fingerprints.items(), encoder_labels):
-            folder = Path(out) / _folder(collection_label) / _folder(encoder_label)
+            folder = Path(out) / slug(collection_label) / slug(encoder_label)
             inputs = {**collection_inputs(collection, answers_key), 'encoder': fingerprint, **common}
             cells.append(Cell(collection, encoder, folder, inputs, collection_label, encoder_label))
     return cells
@@ -166,10 +165,6 @@ def _once(items: list, keys: Sequence[str], what: str, name: Callable[[object], 
     return list(first.values())
 
 
-def _folder(label: str) -> str:
-    return re.sub(r'[^A-Za-z0-9_.-]+', '-', label).strip('-') or 'cell'
-
-
 def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[str], out: Union[str, Path], *,
              run_cell: Optional[Callable[..., ExperimentResult]] = None, **settings) -> GridResult:
     """Runs each (collection, encoder) cell with :func:`run_experiment` (``settings`` are its keyword arguments)
@@ -177,8 +172,9 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     whose ``cell.json`` records the same inputs (:attr:`Cell.inputs`) is read back instead; one whose inputs changed
     is recomputed with a warning naming them, and so is one whose record or results do not read back. Then writes the
     combined outputs (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf) of the finished cells.
-    A cell's error is recorded and the grid goes on. :attr:`GridResult.problems` lists every output that could not
-    be written, the cells' included. ``run_cell`` replaces :func:`run_experiment` (tests)."""
+    A cell's error is recorded and the grid goes on (a lone cell's error propagates: there is no other to save).
+    :attr:`GridResult.problems` lists every output that could not be written, the cells' included. ``run_cell``
+    replaces :func:`run_experiment` (tests)."""
     run_cell = run_cell or run_experiment
     cells = plan(collections, encoders, out, **settings)
     for i, cell in enumerate(cells, 1):
@@ -187,12 +183,12 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
             continue
         logger.info('cell %d/%d %s', i, len(cells), cell.name)
         (cell.folder / CELL_FILE).unlink(missing_ok=True)
-        start = time.time()
         try:
             result = run_cell(cell.collection, encoder=cell.encoder, **settings)
-            result.timings['total'] = time.time() - start
             problems = result.save(cell.folder)
         except Exception as e:  # a late failure of one cell must not lose the others
+            if len(cells) == 1:  # a lone cell has no other to save: its error is the run's
+                raise
             cell.status, cell.error = 'failed', f'{type(e).__name__}: {e}'
             logger.error('cell %s failed: %s', cell.name, cell.error)
             continue
@@ -201,9 +197,9 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
         if needed:
             cell.status, cell.error = 'failed', '; '.join(needed)
             continue
-        _write_atomically(cell.folder / CELL_FILE, {'key': cell.key, 'inputs': cell.inputs, 'finished': True,
-                                                    'collection': cell.collection.name, 'encoder': cell.encoder,
-                                                    'problems': problems})
+        with atomic_open(cell.folder / CELL_FILE) as f:  # a crash leaves the old record or none, never half of one
+            json.dump({'key': cell.key, 'inputs': cell.inputs, 'finished': True, 'collection': cell.collection.name,
+                       'encoder': cell.encoder, 'problems': problems}, f, indent=2)
         cell.result, cell.status, cell.problems = result, 'done', problems
     finished = [c for c in cells if c.result is not None]
     problems = [f'{c.name}: {p}' for c in finished for p in c.problems]
@@ -243,13 +239,6 @@ def _recompute(cell: Cell, why: str) -> bool:
     return False
 
 
-def _write_atomically(path: Path, payload: Dict) -> None:
-    """Written whole or not at all: a crash leaves the old file or none, never half of one."""
-    temporary = path.with_name(path.name + '.tmp')
-    temporary.write_text(json.dumps(payload, indent=2), encoding='utf-8')
-    os.replace(temporary, path)
-
-
 def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -275,11 +264,3 @@ def _file_digest(option: Optional[str]) -> Optional[str]:
                 digest.update(chunk)
     return digest.hexdigest()[:16]
 
-
-def _unique(name: str, used: set) -> str:
-    candidate, n = name, 1
-    while candidate in used:
-        n += 1
-        candidate = f'{name}-{n}'
-    used.add(candidate)
-    return candidate

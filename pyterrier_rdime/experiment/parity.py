@@ -19,13 +19,16 @@ ALTERNATIVES = ('two-sided', 'greater', 'less')
 DEFAULT_MARGIN = 0.05
 VERDICTS = ('equivalent', 'different', 'inconclusive')
 COLUMNS = ['measure', 'family', 'dime', 'system', 'comparison', 'other', 'n', 'test', 'alternative', 'p_value',
-           'p_holm', 'significant', 'mean_diff', 'ci_low', 'ci_high', 'margin', 'tost_p', 'tost_p_holm', 'verdict']
+           'p_holm', 'significant', 'mean_diff', 'ci_low', 'ci_high', 'margin_abs', 'tost_p', 'tost_p_holm', 'verdict']
 #: The two families of comparisons, each Holm-corrected on its own per measure: RDIME against the Top-k comparators
 #: and Baseline (the paper's question), and against the same-budget controls and vector PRF (does DIME's choice of
 #: dimensions matter?). Adding controls thus leaves the first family's p-values as they were.
 FAMILIES = ('comparators', 'controls')
 #: Suffix of a same-budget control's comparison label.
 SAME_BUDGET = ' (same budget)'
+#: Label of the Baseline comparison when the best Top-k tuned on the test queries keeps every dimension (k=1.0): the
+#: same system as Baseline, compared once, under this label.
+BEST_IS_BASELINE = 'Baseline (= the best Top-k tuned on the test queries, k=1.0)'
 
 
 def choose_test(differences: np.ndarray, test: str) -> str:
@@ -52,10 +55,10 @@ def paired_p_value(a: np.ndarray, b: np.ndarray, test: str, alternative: str = '
         return float(stats.wilcoxon(a, b, alternative=alternative).pvalue)
 
 
-def equivalence(a: np.ndarray, b: np.ndarray, margin: float) -> Dict[str, float]:
+def equivalence(a: np.ndarray, b: np.ndarray, margin_abs: float) -> Dict[str, float]:
     """The paired mean difference ``a - b`` with its 95 % t confidence interval, and the TOST p-value of
-    statsmodels' ``ttost_paired`` for equivalence within ``±margin`` (NaN when undefined: fewer than 2 queries, or
-    every difference equal)."""
+    statsmodels' ``ttost_paired`` for equivalence within ``±margin_abs`` (in the measure's units; NaN when undefined:
+    fewer than 2 queries, or every difference equal)."""
     differences = a - b
     n = len(differences)
     mean = float(differences.mean()) if n else math.nan
@@ -64,16 +67,16 @@ def equivalence(a: np.ndarray, b: np.ndarray, margin: float) -> Dict[str, float]
     from scipy import stats
     from statsmodels.stats.weightstats import ttost_paired
     half = stats.t.ppf(1 - ALPHA / 2, n - 1) * differences.std(ddof=1) / math.sqrt(n)
-    tost_p = float(ttost_paired(a, b, -margin, margin)[0])
+    tost_p = float(ttost_paired(a, b, -margin_abs, margin_abs)[0])
     return {'mean_diff': mean, 'ci_low': mean - half, 'ci_high': mean + half, 'tost_p': tost_p}
 
 
-def verdict(differences: np.ndarray, tost_p_holm: float, p_holm: float, margin: float) -> str:
-    """``equivalent`` when TOST rejects a difference beyond ``±margin`` (Holm-corrected p < alpha), or every
+def verdict(differences: np.ndarray, tost_p_holm: float, p_holm: float, margin_abs: float) -> str:
+    """``equivalent`` when TOST rejects a difference beyond ``±margin_abs`` (Holm-corrected p < alpha), or every
     difference is the same and inside the margin; else ``different`` when the significance test rejects equality
     (Holm-corrected p < alpha; with a one-sided ``alternative``, in that direction); else ``inconclusive``: the data
     cannot tell (too few queries, or too much spread)."""
-    if len(differences) and np.ptp(differences) == 0 and abs(differences[0]) < margin:
+    if len(differences) and np.ptp(differences) == 0 and abs(differences[0]) < margin_abs:
         return 'equivalent'
     if tost_p_holm < ALPHA:
         return 'equivalent'
@@ -106,13 +109,16 @@ def controls(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str]]:
 
 def comparators(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str]]:
     """(label, system) of the comparisons of ``<dime>/<column>``: CV Top-k, the best Top-k tuned on the test
-    queries, Baseline, and for a soft RDIME column RDIME itself."""
+    queries, Baseline, and for a soft RDIME column RDIME itself. A best Top-k of k=1.0 keeps every dimension: it is
+    Baseline, compared once as :data:`BEST_IS_BASELINE` (twice, it would count one comparison twice in Holm's
+    family)."""
     topks = [s for s in means.index if s.startswith(f'{dime}/k=')]
     pairs = [('CV Top-k', f'{dime}/CV Top-k')] if f'{dime}/CV Top-k' in means.index else []
-    if topks:
-        best = max(topks, key=lambda s: (means[s], -float(s.split('=')[1])))
+    best = max(topks, key=lambda s: (means[s], -float(s.split('=')[1]))) if topks else None
+    best_is_baseline = best is not None and float(best.split('=')[1]) == 1
+    if best is not None and not best_is_baseline:
         pairs.append((f'best Top-k ({best.split("/")[1]}, tuned on the test queries)', best))
-    pairs.append(('Baseline', 'Baseline'))
+    pairs.append((BEST_IS_BASELINE if best_is_baseline else 'Baseline', 'Baseline'))
     if column != 'RDIME':
         pairs.append(('RDIME', f'{dime}/RDIME'))
     return pairs
@@ -126,9 +132,9 @@ def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequenc
     ``aggregate`` (``system, measure, value``) and ``perquery`` (``system, qid, measure, value``) hold every system,
     Top-k sweep points and ``<dime>/CV Top-k`` included. The significance test is ``test`` (``'auto'`` chooses per
     comparison) with ``alternative``; its p-values and TOST's are Holm-corrected over the comparisons of a measure
-    (statsmodels), each of the :data:`FAMILIES` on its own. The equivalence margin is ``margin`` times the Baseline's
-    mean of the measure. Returns :data:`COLUMNS`; ``significant`` and the verdict read the Holm-corrected p-values
-    at :data:`ALPHA`.
+    (statsmodels), each of the :data:`FAMILIES` on its own. The equivalence margin is ``margin`` (a fraction) times the
+    Baseline's mean of the measure: each row's ``margin_abs``, in the measure's units. Returns :data:`COLUMNS`;
+    ``significant`` and the verdict read the Holm-corrected p-values at :data:`ALPHA`.
     """
     rows = []
     for measure in dict.fromkeys(aggregate['measure']):
@@ -136,7 +142,7 @@ def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequenc
         # pt.Experiment's per-query values can arrive as dtype object, which scipy's tests reject
         scores = perquery[perquery['measure'] == measure].pivot(index='qid', columns='system',
                                                                 values='value').astype(float)
-        absolute = margin * abs(float(means['Baseline']))
+        margin_abs = margin * abs(float(means['Baseline']))
         for dime in dimes:
             for column in columns:
                 system = f'{dime}/{column}'
@@ -149,13 +155,13 @@ def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequenc
                     rows.append({'measure': measure, 'family': family, 'dime': dime, 'system': system,
                                  'comparison': label, 'other': other, 'n': len(pair), 'test': chosen,
                                  'alternative': alternative,
-                                 'p_value': paired_p_value(a, b, chosen, alternative), 'margin': absolute,
-                                 **equivalence(a, b, absolute), '_diff': a - b})
+                                 'p_value': paired_p_value(a, b, chosen, alternative), 'margin_abs': margin_abs,
+                                 **equivalence(a, b, margin_abs), '_diff': a - b})
     result = pd.DataFrame(rows, columns=COLUMNS + ['_diff'])
     for _, group in result.groupby(['measure', 'family'], sort=False):
         result.loc[group.index, 'p_holm'] = _holm(group['p_value'])
         result.loc[group.index, 'tost_p_holm'] = _holm(group['tost_p'])
     result['significant'] = result['p_holm'] < ALPHA
     result['verdict'] = [verdict(*args) for args in zip(result['_diff'], result['tost_p_holm'], result['p_holm'],
-                                                         result['margin'])]
+                                                         result['margin_abs'])]
     return result[COLUMNS].astype({'p_holm': float, 'tost_p_holm': float, 'significant': bool})

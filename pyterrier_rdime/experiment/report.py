@@ -11,10 +11,14 @@ import numpy as np
 import pandas as pd
 
 from . import figures
-from .parity import ALPHA
+from .parity import ALPHA, BEST_IS_BASELINE
 
 #: Significance marks of the paper table: comparison label -> mark.
 MARKS = {'CV Top-k': '¶', 'best Top-k': '†', 'Baseline': '‡', 'RDIME': '§'}
+#: Every mark a table can carry: ``*`` the best Top-k column of a row, then the significance marks.
+ALL_MARKS = '*' + ''.join(MARKS.values())
+#: Δ%: RDIME's relative difference from the cross-validated Top-k, in every output (the honest comparator).
+DELTA = 'Δ% vs CV Top-k'
 TEST_NAMES = {'t': 'paired t-test', 'wilcoxon': 'Wilcoxon signed-rank test',
               'auto': 'per comparison: Shapiro–Wilk on the paired differences, then paired t-test or Wilcoxon'}
 SWEEP_COLUMNS = ['dime', 'fraction', 'system', 'qid', 'measure', 'value']
@@ -39,7 +43,8 @@ class ExperimentResult:
         labels: DIME name -> row label.
         settings: the run's settings (collection, encoder, protocol, test, margin, folds, ...).
         notes: what the reader must know (feedback source, relevance level, skipped rows, dropped queries).
-        timings: seconds per phase.
+        timings: seconds per phase, back to back (``load``, ``generation``, ``first_stage``, ``index``,
+            ``systems``, ``evaluation``: those the run had), and their ``total``.
         sweep: the Top-k sweep per query: ``dime, fraction, system, qid, measure, value``; the rows of ``dime``
             ``random`` are the random-selection curve (the mean over the seeds of each query's measure).
         cv: the fraction cross-validation chose per fold: ``dime, measure, fold, fraction, queries``.
@@ -61,10 +66,10 @@ class ExperimentResult:
 
     def paper_table(self, measure: str) -> pd.DataFrame:
         """The paper's layout for one measure: rows DIME, columns the Top-k fractions, RDIME (mean kept fraction),
-        Δ% of RDIME over the best of those Top-k, any soft-RDIME column, then the honest comparators: the best Top-k
-        of the sweep tuned on the test queries and the cross-validated Top-k (with its mean chosen fraction); a
-        Baseline row. Marks: ``*`` best Top-k column; RDIME significantly different from ``¶`` CV Top-k, ``†`` the
-        test-tuned best Top-k, ``‡`` Baseline, ``§`` (soft RDIME) RDIME."""
+        Δ% of RDIME over the cross-validated Top-k (:data:`DELTA`), any soft-RDIME column, then the honest
+        comparators: the best Top-k of the sweep tuned on the test queries and the cross-validated Top-k (with its
+        mean chosen fraction); a Baseline row. Marks: ``*`` best Top-k column; RDIME significantly different from
+        ``¶`` CV Top-k, ``†`` the test-tuned best Top-k, ``‡`` Baseline, ``§`` (soft RDIME) RDIME."""
         values = self.table[self.table['measure'] == measure]
         columns = list(dict.fromkeys(values.loc[values['dime'] != '', 'threshold']))
         ks = [c for c in columns if c.startswith('k=')]
@@ -80,18 +85,17 @@ class ExperimentResult:
             row.update({k: f'{mine[k]:.4f}' + ('*' if k == best_k else '') for k in ks})
             row['RDIME (kept)'] = f'{mine["RDIME"]:.4f}{self.marks(measure, dime, "RDIME")} ' \
                                   f'({self.mean_kept(dime, "RDIME"):.2f})'
-            row['Δ% vs best Top-k'] = (f'{100 * (mine["RDIME"] - mine[best_k]) / mine[best_k]:+.2f}'
-                                       if best_k and mine[best_k] else 'n/a')
+            row[DELTA] = delta(mine['RDIME'], mine.get('CV Top-k', np.nan))
             for column in soft:
                 row[column] = f'{mine[column]:.4f}{self.marks(measure, dime, column)}'
             best = self.test_best(measure, dime)
-            row['best Top-k, tuned on test (k)'] = f'{best[1]:.4f} ({best[0].split("/")[1]})' if best else 'n/a'
+            row['best Top-k, tuned on test (k)'] = best_text(best)
             row['CV Top-k (mean k)'] = (f'{mine["CV Top-k"]:.4f} ({self.mean_cv_fraction(dime, measure):.2f})'
                                         if 'CV Top-k' in mine.index else 'n/a')
             rows.append(row)
         empty = {c: '' for c in soft + ['best Top-k, tuned on test (k)', 'CV Top-k (mean k)']}
         rows.append({'DIME': 'Baseline', **{k: '–' for k in ks}, 'RDIME (kept)': f'{baseline:.4f} (1.00)',
-                     'Δ% vs best Top-k': '', **empty})
+                     DELTA: '', **empty})
         return pd.DataFrame(rows)
 
     def parity_table(self, measure: str) -> pd.DataFrame:
@@ -106,7 +110,7 @@ class ExperimentResult:
             'Δ mean [95 % CI]': [f'{r.mean_diff:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]' for r in sig.itertuples()],
             'test': sig['test'],
             'p (Holm)': sig['p_holm'].map(lambda p: f'{p:.3g}'),
-            f'TOST p (Holm), ±{sig["margin"].iloc[0]:.4f}' if len(sig) else 'TOST p (Holm)':
+            f'TOST p (Holm), ±{sig["margin_abs"].iloc[0]:.4f}' if len(sig) else 'TOST p (Holm)':
                 sig['tost_p_holm'].map(lambda p: f'{p:.3g}'),
             'verdict': sig['verdict']})
 
@@ -151,12 +155,17 @@ class ExperimentResult:
 
     def test_best(self, measure: str, dime: str) -> Optional[Tuple[str, float]]:
         """``(system, value)`` of the best Top-k of ``dime`` tuned on the test queries (among the sweep and the
-        Top-k columns), the comparator RDIME was tested against; None without Top-k."""
+        Top-k columns), the comparator RDIME was tested against (``<dime>/k=1.0`` where it is Baseline:
+        :data:`~.parity.BEST_IS_BASELINE`); None without Top-k."""
         sig = self.significance
-        hit = sig[(sig['measure'] == measure) & (sig['system'] == f'{dime}/RDIME')
-                  & sig['comparison'].str.startswith('best Top-k')]
+        mine = sig[(sig['measure'] == measure) & (sig['system'] == f'{dime}/RDIME')]
+        hit = mine[mine['comparison'].str.startswith('best Top-k')]
         if hit.empty:
-            return None
+            baseline = mine[mine['comparison'] == BEST_IS_BASELINE]
+            if baseline.empty:
+                return None
+            values = self.table.set_index(['system', 'measure'])['value']
+            return f'{dime}/k=1.0', float(values['Baseline', measure])
         system = hit['other'].iloc[0]
         pool = pd.concat([self.table[['system', 'measure', 'value']],
                           self.sweep_means().assign(system=lambda f: f['dime'] + '/k=' + f['fraction'].astype(str))])
@@ -173,32 +182,43 @@ class ExperimentResult:
         lines = [f'# RDIME vs Top-k on {s["collection"]}', '',
                  f'Encoder `{s["encoder"]}`, mode `{s["mode"]}`, first stage {s["first_stage"]}, '
                  f'{s["num_queries"]} queries.', '']
+        shown = ''
         for measure in self.measures:
-            lines += [f'## {measure}', '', self.paper_table(measure).to_markdown(index=False, disable_numparse=True),
+            paper = self.paper_table(measure)
+            shown += ''.join(paper.to_numpy(str).ravel())
+            lines += [f'## {measure}', '', paper.to_markdown(index=False, disable_numparse=True),
                       '', self.parity_table(measure).to_markdown(index=False, disable_numparse=True), '']
             controls = self.controls_table(measure)
             if len(controls):
                 lines += [f'### {measure}: does the choice of dimensions matter?', '',
                           controls.to_markdown(index=False, disable_numparse=True), '']
-        lines += [self.footnote(), '']
+        lines += [self.footnote(''.join(mark for mark in ALL_MARKS if mark in shown)), '']
         lines += [f'- {note}' for note in self.notes]
         return '\n'.join(lines) + '\n'
 
-    def footnote(self) -> str:
-        """What the marks, the comparators and the verdicts mean, for this run's settings."""
+    def footnote(self, marks: str = ALL_MARKS) -> str:
+        """What the marks present in the tables (``marks``, among :data:`ALL_MARKS`), Δ%, the comparators and the
+        verdicts mean, for this run's settings."""
         s = self.settings
-        test = TEST_NAMES[s.get('test', 't')]
+        test = f'{TEST_NAMES[s.get("test", "t")]}, {s.get("alternative", "two-sided")}, Holm-corrected per measure, ' \
+               f'α = {ALPHA}'
         margin = s.get('margin')
         folds = f'{s.get("folds")} folds of queries, seed {s.get("cv_seed")}' if s.get('sweep') else 'no sweep'
-        return (f'`*` best Top-k column of the row; RDIME significantly different from `¶` CV Top-k, `†` the best '
-                f'Top-k tuned on the test queries, `‡` Baseline, `§` (soft RDIME) RDIME ({test}, '
-                f'{s.get("alternative", "two-sided")}, Holm-corrected per measure, α = {ALPHA}); (kept) = mean '
-                'fraction of dimensions RDIME kept per query. "best Top-k, tuned on test" is the best fraction of the '
-                'sweep and the Top-k columns chosen on the very queries it is scored on (no user can choose so); '
-                f'"CV Top-k" chooses the fraction on the other folds ({folds}) and scores it on the held-out fold. '
+        meanings = {'¶': 'CV Top-k', '†': 'the best Top-k tuned on the test queries', '‡': 'Baseline',
+                    '§': '(soft RDIME) RDIME'}
+        significant = [f'`{mark}` {meaning}' for mark, meaning in meanings.items() if mark in marks]
+        parts = ['`*` best Top-k column of the row'] if '*' in marks else []
+        if significant:
+            parts.append(f'RDIME significantly different from {", ".join(significant)} ({test})')
+        parts += ['(kept) = mean fraction of dimensions RDIME kept per query',
+                  f'{DELTA}: RDIME\'s difference from the cross-validated Top-k, in % of it']
+        return ('; '.join(parts) + '. "best Top-k, tuned on test" is the best fraction of the sweep and the Top-k '
+                'columns chosen on the very queries it is scored on (no user can choose so; where it is k=1.0, it is '
+                'Baseline, compared once); "CV Top-k" chooses the fraction on the other folds '
+                f'({folds}) and scores it on the held-out fold. '
                 + (f'Verdicts: equivalent when TOST shows the difference within ±{100 * margin:g} % of the Baseline '
-                   '(Holm-corrected p < α); different when the significance test rejects equality and equivalence is '
-                   'not shown; inconclusive otherwise (the queries cannot tell).' if margin else ''))
+                   f'(Holm-corrected p < α); different when the significance test ({test}) rejects equality and '
+                   'equivalence is not shown; inconclusive otherwise (the queries cannot tell).' if margin else ''))
 
     def save(self, out_dir: Union[str, Path]) -> List[str]:
         """Writes results.csv (long table), perquery.csv, significance.csv, kept_fraction.csv, sweep.csv (per query),
@@ -277,6 +297,20 @@ class ExperimentResult:
                                    'value': values[f'{dime}/CV Top-k', measure]})
         baseline = pd.Series({m: values['Baseline', m] for m in self.measures})
         figures.sweep_plot(curves, pd.DataFrame(points), baseline, self.labels, self._title(), path)
+
+
+def delta(value: float, reference: float) -> str:
+    """:data:`DELTA` as printed: ``value``'s difference from ``reference`` in % of it; ``n/a`` without a (non-zero)
+    reference."""
+    return f'{100 * (value - reference) / reference:+.2f}' if np.isfinite(reference) and reference else 'n/a'
+
+
+def best_text(best: Optional[Tuple[str, float]]) -> str:
+    """A best Top-k tuned on the test queries (:meth:`ExperimentResult.test_best`) as a table shows it."""
+    if best is None:
+        return 'n/a'
+    k = best[0].split('/')[1]
+    return f'{best[1]:.4f} ({k}{" = Baseline" if k == "k=1.0" else ""})'
 
 
 def outcome(verdict: str, mean_diff: float) -> str:

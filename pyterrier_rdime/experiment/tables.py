@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 
 from . import figures
-from .parity import SAME_BUDGET
-from .report import outcome, write_outputs
+from .parity import BEST_IS_BASELINE, SAME_BUDGET
+from .report import DELTA, best_text, delta, outcome, write_outputs
 
 GRID_COLUMNS = ['collection', 'encoder', 'dime', 'threshold', 'system', 'measure', 'value', 'kept', 'k']
 BEST = 'best Top-k (tuned on test)'
@@ -75,12 +75,11 @@ def markdown(cells: Sequence) -> str:
                 rows.append({
                     'collection': _names(cell)[0], 'encoder': _names(cell)[1], 'DIME': label,
                     'Baseline': f'{values["Baseline"]:.4f}',
-                    'best Top-k, tuned on test (k)': f'{best[1]:.4f} ({best[0].split("/")[1]})' if best else 'n/a',
+                    'best Top-k, tuned on test (k)': best_text(best),
                     'CV Top-k (mean k)': f'{cv:.4f} ({result.mean_cv_fraction(dime, measure):.2f})'
                     if np.isfinite(cv) else 'n/a',
                     'RDIME (kept)': f'{values[f"{dime}/RDIME"]:.4f} ({result.mean_kept(dime, "RDIME"):.2f})',
-                    'Δ% vs CV Top-k': f'{100 * (values[f"{dime}/RDIME"] - cv) / cv:+.2f}'
-                    if np.isfinite(cv) and cv else 'n/a',
+                    DELTA: delta(values[f'{dime}/RDIME'], cv),
                     **{f'vs {short}': _verdict(verdicts, prefix) for short, prefix in
                        (('CV', 'CV Top-k'), ('test-best', 'best Top-k'), ('Baseline', 'Baseline'))}})
         lines += [f'## {measure}', '', pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), '']
@@ -93,7 +92,7 @@ def markdown(cells: Sequence) -> str:
                       '`random`: the mean over the seeds of each query\'s measure, ± its standard deviation over the '
                       'seeds.', '']
     lines += ['Verdicts of RDIME against CV Top-k, the best Top-k tuned on the test queries, and Baseline. '
-              + cells[0].result.footnote(), '']
+              + cells[0].result.footnote(marks=''), '']
     lines += [f'- {c.collection.name} × {c.encoder}: {c.result.settings["num_queries"]} queries, first stage '
               f'{c.result.settings["first_stage"]}' for c in cells]
     return '\n'.join(lines) + '\n'
@@ -150,46 +149,55 @@ def control_summary(rows: pd.DataFrame) -> str:
 
 
 def _verdict(verdicts: pd.Series, prefix: str) -> str:
+    """The verdict of the comparison whose label starts with ``prefix``; a best Top-k that is Baseline
+    (:data:`~.parity.BEST_IS_BASELINE`) has the one verdict of that comparison."""
     hit = verdicts[verdicts.index.str.startswith(prefix)]
+    if hit.empty and prefix == 'best Top-k' and BEST_IS_BASELINE in verdicts.index:
+        return f'{verdicts[BEST_IS_BASELINE]} (= Baseline)'
     return hit.iloc[0] if len(hit) else 'n/a'
 
 
 def latex(cells: Sequence) -> str:
     """grid.tex: the paper's Table layout, one ``table*`` per measure: rows encoder × DIME (and a Baseline row per
-    encoder), a column group per collection with the Top-k columns, RDIME (kept) and Δ% over the best of them;
-    the best value of a row in a group is bold; significance marks are explained in a footnote."""
+    encoder), a column group per collection with the Top-k columns, CV Top-k, RDIME (kept) and Δ% of RDIME over CV
+    Top-k (:data:`~.report.DELTA`, as in grid.md and results.md); every value of a row's group that prints as the
+    best is bold (ties alike); the caption explains the significance marks that the table holds."""
     collections = list(dict.fromkeys(_names(c)[0] for c in cells))
     encoders = list(dict.fromkeys(_names(c)[1] for c in cells))
     by_name = {_names(c): c.result for c in cells}
     ks = list(dict.fromkeys(t for r in by_name.values() for t in r.table['threshold'] if t.startswith('k=')))
-    width = len(ks) + 2
+    width = len(ks) + 3
     labels = {d: label for r in by_name.values() for d, label in r.labels.items()}
+    first = next(iter(by_name.values()))
     out = []
     for measure in dict.fromkeys(m for r in by_name.values() for m in r.measures):
+        marks = set()
         out += [r'\begin{table*}[ht]', r'\centering', r'\resizebox{\textwidth}{!}{%',
                 r'\begin{tabular}{ll' + 'c' * width * len(collections) + '}', r'\toprule',
                 r'\multirow{2}{*}{Model} & \multirow{2}{*}{DIME} & '
                 + ' & '.join(rf'\multicolumn{{{width}}}{{c}}{{{_tex(c)}}}' for c in collections) + r' \\',
                 ' '.join(rf'\cmidrule(lr){{{3 + i * width}-{2 + (i + 1) * width}}}' for i in range(len(collections))),
-                ' & & ' + ' & '.join([*(k[2:] for k in ks), 'RDIME', r'$\Delta$ (\%)'] * len(collections))
+                ' & & ' + ' & '.join([*(k[2:] for k in ks), 'CV', 'RDIME', r'$\Delta$ (\%)'] * len(collections))
                 + r' \\', r'\midrule']
         for e, encoder in enumerate(encoders):
             dimes = [d for d in labels if any(f'{d}/RDIME' in set(r.table['system'])
                                               for (_, enc), r in by_name.items() if enc == encoder)]
             out.append(rf'\multirow{{{len(dimes) + 1}}}{{*}}{{{_tex(encoder)}}}')
             for dime in dimes:
-                cells_tex = [_tex_group(by_name.get((c, encoder)), measure, dime, ks) for c in collections]
+                cells_tex = [_tex_group(by_name.get((c, encoder)), measure, dime, ks, marks) for c in collections]
                 out.append(f' & {_tex(labels[dime])} & ' + ' & '.join(cells_tex) + r' \\')
             cells_tex = [_tex_baseline(by_name.get((c, encoder)), measure, ks) for c in collections]
             out.append(' & Baseline & ' + ' & '.join(cells_tex) + r' \\')
             out.append(r'\midrule' if e < len(encoders) - 1 else r'\bottomrule')
-        first = next(iter(by_name.values()))
+        meanings = {'¶': 'CV Top-$k$', '†': 'the best Top-$k$ tuned on the test queries', '‡': 'Baseline'}
+        shown = [f'$^{{{TEX_MARKS[m]}}}$ {meaning}' for m, meaning in meanings.items() if m in marks]
+        test = f'{TEX_TESTS[first.settings.get("test", "t")]}, {first.settings.get("alternative", "two-sided")}'
+        significance = (f' RDIME significantly different from {", ".join(shown)} ({test}, Holm-corrected per '
+                        r'measure, $\alpha = 0.05$).') if shown else ''
         out += [r'\end{tabular}}', rf'\caption{{{_tex(measure)} of RDIME and Top-$k$ pruning per encoder, DIME and '
-                r'collection. $\Delta$ (\%): RDIME over the best Top-$k$ column; (kept): mean fraction of dimensions '
-                r'RDIME kept; \textbf{bold}: best of the row in the collection. RDIME significantly different from '
-                r'$^{\P}$ CV Top-$k$, $^{\dagger}$ the best Top-$k$ tuned on the test queries, $^{\ddagger}$ Baseline '
-                rf'({TEX_TESTS[first.settings.get("test", "t")]}, {first.settings.get("alternative", "two-sided")}, '
-                r'Holm-corrected per measure, $\alpha = 0.05$).}', r'\end{table*}', '']
+                r'collection. CV: Top-$k$ with $k$ chosen by cross-validation over the queries; $\Delta$ (\%): RDIME '
+                r'over CV Top-$k$; (kept): mean fraction of dimensions RDIME kept; \textbf{bold}: best of the row in '
+                r'the collection (ties alike).' + significance + '}', r'\end{table*}', '']
     return '\n'.join(out + _latex_controls(cells))
 
 
@@ -243,29 +251,31 @@ def _latex_controls(cells: Sequence) -> List[str]:
     return out
 
 
-def _tex_group(result, measure: str, dime: str, ks: List[str]) -> str:
+def _tex_group(result, measure: str, dime: str, ks: List[str], marks: set) -> str:
+    """One collection's group of a DIME's row in grid.tex; adds the significance marks it prints to ``marks``."""
     if result is None or f'{dime}/RDIME' not in set(result.table['system']):
-        return ' & '.join(['--'] * (len(ks) + 2))
+        return ' & '.join(['--'] * (len(ks) + 3))
     values = result.table[result.table['measure'] == measure].set_index('system')['value']
-    mine = {k: values.get(f'{dime}/{k}', np.nan) for k in ks + ['RDIME']}
-    best = max((v for v in mine.values() if np.isfinite(v)), default=np.nan)
-    marks = ''.join(TEX_MARKS.get(m, '') for m in result.marks(measure, dime, 'RDIME'))
+    mine = {k: values.get(f'{dime}/{k}', np.nan) for k in ks + ['CV Top-k', 'RDIME']}
+    printed = {k: f'{v:.3f}' for k, v in mine.items() if np.isfinite(v)}
+    best = max(printed.values(), key=float, default=None)  # ties as printed: every value that prints as the best
+    rdime_marks = [m for m in result.marks(measure, dime, 'RDIME') if m in TEX_MARKS]
+    marks.update(rdime_marks)
     shown = []
-    for k, v in mine.items():
-        text = '--' if not np.isfinite(v) else (rf'\textbf{{{v:.3f}}}' if v == best else f'{v:.3f}')
+    for k in mine:
+        text = '--' if k not in printed else (rf'\textbf{{{printed[k]}}}' if printed[k] == best else printed[k])
         if k == 'RDIME':
-            text += (f'$^{{{marks}}}$' if marks else '') + f' ({result.mean_kept(dime, "RDIME"):.2f})'
+            text += (f'$^{{{"".join(TEX_MARKS[m] for m in rdime_marks)}}}$' if rdime_marks else '') + \
+                f' ({result.mean_kept(dime, "RDIME"):.2f})'
         shown.append(text)
-    topk = [mine[k] for k in ks if np.isfinite(mine[k])]
-    delta = f'{100 * (mine["RDIME"] - max(topk)) / max(topk):+.2f}' if topk and max(topk) else '--'
-    return ' & '.join(shown + [delta])
+    return ' & '.join(shown + [delta(mine['RDIME'], mine['CV Top-k']).replace('n/a', '--')])
 
 
 def _tex_baseline(result, measure: str, ks: List[str]) -> str:
     if result is None:
-        return ' & '.join(['--'] * (len(ks) + 2))
+        return ' & '.join(['--'] * (len(ks) + 3))
     value = result.table.loc[(result.table['system'] == 'Baseline') & (result.table['measure'] == measure), 'value']
-    return ' & '.join(['--'] * len(ks) + [f'{value.iloc[0]:.3f} (1.00)', ''])
+    return ' & '.join(['--'] * (len(ks) + 1) + [f'{value.iloc[0]:.3f} (1.00)', ''])
 
 
 def _tex(text: str) -> str:

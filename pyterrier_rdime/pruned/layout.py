@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -39,6 +38,7 @@ import pandas as pd
 import pyterrier as pt
 
 from .._config import default_cache_dir
+from .._io import atomic_open
 
 try:
     import fcntl
@@ -246,31 +246,25 @@ def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = Non
     docs, dims = vecs.shape
     block = block or BUILD_BLOCK
     abs_max = np.zeros(dims)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as out:
-            np.lib.format.write_array_header_1_0(out, {'descr': '<f4', 'fortran_order': False, 'shape': (dims, docs)})
-            header = out.tell()
-            out.truncate(header + dims * docs * 4)
-            out.flush()
-            progress = pt.tqdm(total=docs, desc=f'{stage} layout', unit='doc') if verbose and docs else None
-            with _row_reader(vecs) as read_rows:
-                for start in range(0, docs, block):
-                    rows = read_rows(start, min(docs, start + block))
-                    _check_finite(rows, start, docnos, stage, source)
-                    np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
-                    columns = np.ascontiguousarray(rows.T)
-                    for dim in range(dims):
-                        os.pwrite(out.fileno(), columns[dim], header + (dim * docs + start) * 4)
-                    if progress is not None:
-                        progress.update(len(rows))
-            if progress is not None:
-                progress.close()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, 'wb') as out:
+        np.lib.format.write_array_header_1_0(out, {'descr': '<f4', 'fortran_order': False, 'shape': (dims, docs)})
+        header = out.tell()
+        out.truncate(header + dims * docs * 4)
+        out.flush()
+        progress = pt.tqdm(total=docs, desc=f'{stage} layout', unit='doc') if verbose and docs else None
+        with _row_reader(vecs) as read_rows:
+            for start in range(0, docs, block):
+                rows = read_rows(start, min(docs, start + block))
+                _check_finite(rows, start, docnos, stage, source)
+                np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
+                columns = np.ascontiguousarray(rows.T)
+                for dim in range(dims):
+                    os.pwrite(out.fileno(), columns[dim], header + (dim * docs + start) * 4)
+                if progress is not None:
+                    progress.update(len(rows))
+        if progress is not None:
+            progress.close()
+        os.fsync(out.fileno())
     return abs_max
 
 
@@ -363,10 +357,8 @@ def _write_record(path: Path, sources: Dict[str, dict], abs_max: Sequence[float]
     """The layout's record, written (atomically) after the layout is in place: a build killed before this leaves
     a layout without a record, which is rebuilt."""
     record = {'sources': sources, 'layout': list(_identity(path)), 'abs_max': [float(x) for x in abs_max]}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    with os.fdopen(fd, 'w') as out:
+    with atomic_open(record_path(path)) as out:
         json.dump(record, out)
-    os.replace(tmp, record_path(path))
 
 
 def _read_record(path: Path) -> dict:
