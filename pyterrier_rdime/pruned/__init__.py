@@ -1,7 +1,10 @@
 """Exact dense retrieval that scores only the dimensions a pruned query keeps: the transformer (``stage``), its
-two exact scoring paths (``kept``: only the kept dimensions, compiled in ``_numba`` or numpy; ``dense``: BLAS over
-every dimension; both select with ``topk``), the on-disk dimension-major copy of an index (``layout``) and the choice
-between the two paths (``cost``, re-calibrated with ``python -m pyterrier_rdime.pruned``)."""
+exact scoring paths (``kept``: only the kept dimensions, compiled in ``_numba`` or numpy; ``dense``: BLAS over every
+dimension; ``compressed``: the kept rows of an int8 copy, then an exact re-scoring of what its error bound cannot rule
+out; all select with ``topk``), the on-disk dimension-major copy of an index (``layout``), the plan of each call
+(``plan``, decided once by ``cost`` and carried out below) and the calibration of the cost model on this machine
+(``calibration``, re-run with ``python -m pyterrier_rdime.pruned``). Imports go one way: ``stage`` → ``calibration``
+→ ``cost`` → ``plan``; ``kept`` → ``_numba`` → ``plan``, ``topk``."""
 from .stage import PrunedRetriever
 
 __all__ = ['PrunedRetriever']
