@@ -14,8 +14,12 @@ top-10, then RDIME or Top-k at 25/35/50/75 % kept.
 2. batches of 8 and 64 queries: the pruned path and ``strategy='auto'`` against one dense matrix product per batch
    (the dense path, top-k included; the bare product without top-k is shown too);
 3. exactness: the pruned top-100 against the dense one, identical / differing only by float ties / mismatched;
+4. the compressed path (``strategy='compressed'``, opt-in) in the same rounds as 1. and 2., with the size and build
+   time of its int8 copy;
 5. the real DL19 pool vectors (MiniLM, 4.3k x 384; skipped without ../shared/data): exactness and auto's choice on a
-   matrix that sits in the caches.
+   matrix that sits in the caches;
+6. with ``--faiss``: what a user would pick instead, FAISS's exact ``IndexFlatIP`` and an IVF index with the full and
+   the pruned query (latency, recall@100).
 
 Usage (from the repository root)::
 
@@ -23,6 +27,7 @@ Usage (from the repository root)::
     python benchmarks/run.py search --docs 200000        # a quick check
     python benchmarks/run.py search --calibrate --json out.json
     python benchmarks/run.py search --threads 1 --timing interleaved
+    python benchmarks/run.py search --docs 200000 --batches '' --faiss   # + FAISS (needs faiss-cpu)
 """
 import argparse
 import dataclasses
@@ -272,6 +277,72 @@ def compressed_copy(matrix: np.ndarray, copy: compressed.Codes, open_s: float) -
     return {'bytes': copy.codes.nbytes, 'build_s': build_s, 'open_s': open_s}
 
 
+def faiss_rows(index, matrix: np.ndarray, copy: compressed.Codes, sets: dict, raw: np.ndarray, args) -> dict:
+    """What a user would pick instead (``--faiss``, needs faiss-cpu and a second, in-memory copy of the vectors):
+    FAISS's exact ``IndexFlatIP`` and an ``IVF{nlist},Flat`` index (trained on 64k sampled documents, nprobe 16 and
+    64) with the full and with the RDIME-pruned query, one query at a time, against this package's paths; recall@100
+    against the exact top-100 of the same query (the full query's from the dense path, the pruned query's from the
+    pruned path)."""
+    import faiss
+    faiss.omp_set_num_threads(args.threads)
+    source = index.payload()[1]
+    docs, dims = source.shape
+    start = time.perf_counter()
+    vecs = np.array(source, dtype=np.float32)
+    load_s = time.perf_counter() - start
+    flat = faiss.IndexFlatIP(dims)
+    flat_s, _ = timed(lambda: flat.add(vecs))
+    nlist = max(1, min(1024, docs // 64))
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(dims), dims, nlist, faiss.METRIC_INNER_PRODUCT)
+    sample = np.sort(np.random.default_rng(0).choice(docs, size=min(docs, 65536), replace=False))
+    start = time.perf_counter()
+    ivf.train(vecs[sample])
+    ivf.add(vecs)
+    ivf_s = time.perf_counter() - start
+    vecs = None  # each FAISS index holds its own copy
+    pruned_q = sets['RDIME'][:args.single]
+    full_q = raw[:len(pruned_q)]
+
+    def ivf_search(nprobe):
+        def run(q):
+            ivf.nprobe = nprobe
+            return ivf.search(q, K)
+        return run
+    systems = {
+        ('dense (BLAS, this package)', 'full'): lambda q: dense.search_dense(matrix, q, K),
+        ('pruned (this package)', 'pruned'): lambda q: search_as(matrix, q, 'pruned', copy),
+        ('compressed (this package)', 'pruned'): lambda q: search_as(matrix, q, 'compressed', copy),
+        ('FAISS IndexFlatIP', 'full'): lambda q: flat.search(q, K),
+        ('FAISS IndexFlatIP', 'pruned'): lambda q: flat.search(q, K),
+        **{(f'FAISS IVF{nlist},Flat nprobe {p}', kind): ivf_search(p) for p in (16, 64) for kind in ('full', 'pruned')},
+    }
+    exact = {'full': [dense.search_dense(matrix, q[None], K)[1][0] for q in full_q],
+             'pruned': [kept.search_pruned(matrix, q[None], K)[1][0] for q in pruned_q]}
+    measure = timing(args)
+    totals = {key: np.zeros(args.rounds) for key in systems}
+    for i in range(len(pruned_q)):
+        one = {'full': full_q[i:i + 1], 'pruned': pruned_q[i:i + 1]}
+        times = measure({key: (lambda fn=fn, q=one[key[1]]: fn(q)) for key, fn in systems.items()}, args.rounds)
+        for key in systems:
+            totals[key] += np.asarray(times[key])
+    rows, result = [], {}
+    for (name, kind), fn in systems.items():
+        found = [np.asarray(fn(q[None])[1]).ravel() for q in (full_q if kind == 'full' else pruned_q)]
+        recall = float(np.mean([len(set(f.tolist()) & set(e.tolist())) / len(e) for f, e in zip(found, exact[kind])]))
+        per_query = totals[(name, kind)] / len(pruned_q)
+        rows.append([name, kind, best_median(per_query), f'{recall:.3f}', load()])
+        result[f'{name} / {kind}'] = {'best_s': float(np.min(per_query)), 'median_s': float(np.median(per_query)),
+                                      'recall_at_100': recall}
+    log(f'\n### 6. What a user would pick instead: FAISS {faiss.__version__} ({len(pruned_q)} RDIME queries, one at '
+        f'a time, {args.rounds} rounds, {args.threads} thread(s))\n')
+    log(f'FAISS holds its own in-memory copy of the vectors ({docs * dims * 4 / 2 ** 30:.2f} GiB, read in '
+        f'{load_s:.0f} s); IndexFlatIP filled in {flat_s:.1f} s, IVF{nlist},Flat trained and filled in {ivf_s:.0f} s. '
+        'recall@100: against the exact top-100 of the same query (full: the dense path; pruned: the pruned path); '
+        'time per query: best / median round.\n')
+    log(table(rows, ['system', 'query', 'time per query', 'recall@100', 'load']))
+    return {'build_s': {'flat': flat_s, 'ivf': ivf_s, 'nlist': nlist}, 'rows': result}
+
+
 def real_pool(args) -> list:
     from pyterrier_rdime import SwcDime
     from pyterrier_rdime.experiment.collection import load_collection
@@ -333,6 +404,9 @@ def main(argv=None) -> int:
     parser.add_argument('--per-block', type=int, default=3)
     parser.add_argument('--collection', type=Path, default=common.DEFAULT_COLLECTION)
     parser.add_argument('--calibrate', action='store_true', help="re-calibrate the cost model of strategy='auto'")
+    parser.add_argument('--faiss', action='store_true', help='also time FAISS (exact IndexFlatIP and an IVF index, '
+                                                             'full and pruned queries; needs faiss-cpu and memory '
+                                                             'for a second copy of the vectors)')
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(',') if b]
     info = common.machine()
@@ -357,6 +431,8 @@ def main(argv=None) -> int:
     results['batches'] = batches(matrix, copy, sets, args)
     if args.collection.is_dir():
         results['real_pool'] = real_pool(args)
+    if args.faiss:
+        results['faiss'] = faiss_rows(index, matrix, copy, sets, raw, args)
     log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}; peak RSS '
         f'{common.max_rss_gib():.2f} GiB (the memory-mapped layout counts where its pages are resident)')
     limiter.unregister()
