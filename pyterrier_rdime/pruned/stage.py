@@ -60,9 +60,10 @@ class PrunedRetriever(ConfigTransformer):
       the top ``num_results`` is re-scored exactly: the same ranking, reading a quarter of the bytes in the scan
       (:mod:`pyterrier_rdime.pruned.compressed`). Query after query, also for a batch.
 
-    Both paths return the same documents up to floating-point ties: scores agree to float32 summation-order
-    precision (~1e-6 relative), so documents whose scores differ by less than that may swap or, at the cut-off,
-    differ. Exact ties go to the lower docid on both paths.
+    Every path returns the same documents up to floating-point ties: scores agree to float32 summation-order
+    precision (~1e-6 relative; the compressed path's are float64 scores rounded to float32), so documents whose
+    scores differ by less than that may swap or, at the cut-off, differ. Exact ties go to the lower docid on every
+    path.
 
     The retriever pickles without its matrix (a worker of ``.parallel()`` reopens the shared file, or rebuilds the
     in-memory copy of an array index) and is safe to call from several threads (calls are served one after the
