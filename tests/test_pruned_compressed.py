@@ -131,6 +131,21 @@ def test_documents_the_first_pass_cannot_tell_apart(small_blocks, use_numba):
     assert result[1][3].tolist() == list(range(20))  # constant column: every score tied
 
 
+def _search_in_child(args):
+    docs, queries = args
+    return [d.tolist() for d in search(docs, queries, 5, True)[1]]
+
+
+@pytest.mark.skipif(not kept.NUMBA_AVAILABLE, reason='the compiled kernel needs numba')
+def test_first_pass_runs_in_a_child_forked_after_it_ran(corpus):
+    # as the float32 kernel: a child forked after the parallel first pass ran scores on one thread
+    import multiprocessing
+    docs, query_vecs = corpus
+    expected = [d.tolist() for d in search(docs, query_vecs, 5, True)[1]]
+    with multiprocessing.get_context('fork').Pool(1) as pool:
+        assert pool.map_async(_search_in_child, [(docs, query_vecs)]).get(timeout=900) == [expected]
+
+
 def test_the_stage_on_an_array_index(corpus):
     docs, query_vecs = corpus
     retriever = PrunedRetriever(index=docs, num_results=K, strategy='compressed')
