@@ -104,7 +104,8 @@ def rescored(matrix: np.ndarray, copy: compressed.Codes, query_vec: np.ndarray) 
     """How many documents the compressed path re-scores exactly for this query (its k best first-pass documents and
     every other one its bound cannot rule out)."""
     approx, best, bound = compressed.first_pass(copy, query_vec, K, use_numba=kept.NUMBA_AVAILABLE)
-    return int(np.sum(approx >= compressed.exact_scores(matrix, query_vec, np.sort(best)).min() - bound))
+    threshold = compressed.exact_scores(matrix, query_vec, np.sort(best)).min() - bound
+    return int(np.sum(approx >= compressed.float32_below(threshold)))
 
 
 def best_median(seconds) -> str:

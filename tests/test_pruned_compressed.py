@@ -59,6 +59,12 @@ def test_quantisation_by_hand():
     assert copy.codes.tolist() == codes.tolist() and copy.scale.tolist() == scale.tolist()
 
 
+def test_float32_below():
+    for value in (1.0, 0.1, -0.1, 1 + 2 ** -30, -1 - 2 ** -30, 3e38, 0.0):
+        below = compressed.float32_below(value)
+        assert below.dtype == np.float32 and below <= value < np.nextafter(below, np.float32(np.inf))
+
+
 @pytest.mark.parametrize('use_numba', FIRST_PASS)
 def test_the_bound_holds_for_every_document(corpus, small_blocks, use_numba):
     docs, query_vecs = corpus
