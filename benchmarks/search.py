@@ -395,7 +395,7 @@ def real_pool(args) -> list:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     common.synthetic_index_options(parser)
-    parser.add_argument('--single', type=int, default=12, help='queries per row, one at a time')
+    parser.add_argument('--single', type=int, default=12, help='queries per row, one at a time (0: none)')
     parser.add_argument('--batches', default='8,64', help="batch sizes ('' for none)")
     parser.add_argument('--rounds', type=int, default=5, help='repetitions (rounds)')
     parser.add_argument('--timing', choices=('blocks', 'interleaved'), default='blocks',
@@ -428,7 +428,8 @@ def main(argv=None) -> int:
     log(f'{len(raw)} queries pruned in {prep_s:.0f} s (PRF DIME M=2 from the exact top-10); kept fraction of RDIME: '
         f'mean {np.mean(sets["RDIME"] != 0):.2f}')
     results['cost_model'] = cost_model(args)
-    results['single'] = single_queries(matrix, copy, sets, raw, args)
+    if args.single:
+        results['single'] = single_queries(matrix, copy, sets, raw, args)
     results['batches'] = batches(matrix, copy, sets, args)
     if args.collection.is_dir():
         results['real_pool'] = real_pool(args)
