@@ -301,7 +301,7 @@ def faiss_rows(index, matrix: np.ndarray, copy: compressed.Codes, sets: dict, ra
     ivf.add(vecs)
     ivf_s = time.perf_counter() - start
     vecs = None  # each FAISS index holds its own copy
-    pruned_q = sets['RDIME'][:args.single]
+    pruned_q = sets['RDIME'][:args.single or 6]  # as many queries as the single-query rows, 6 without them
     full_q = raw[:len(pruned_q)]
 
     def ivf_search(nprobe):
@@ -422,7 +422,7 @@ def main(argv=None) -> int:
         f's ({matrix.nbytes / 2 ** 30:.2f} GiB, memory-mapped; building it once is measured by `run.py layout`)')
     copy_s, copy = timed(retriever._compressed.codes)
     results = {'compressed_copy': compressed_copy(matrix, copy, copy_s)}
-    raw = make_queries(state, max(args.batches + [args.single]))
+    raw = make_queries(state, max(args.batches + [args.single, 6]))
     prep_s, sets = timed(lambda: pruned_query_sets(index, matrix, raw, (0.25, 0.35, 0.5, 0.75)))
     kept.search_pruned(matrix, sets['RDIME'][:2], K)  # compile (or load) the kernel, warm the page cache
     log(f'{len(raw)} queries pruned in {prep_s:.0f} s (PRF DIME M=2 from the exact top-10); kept fraction of RDIME: '
