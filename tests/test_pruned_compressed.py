@@ -219,7 +219,11 @@ def test_one_copy_per_flex_index_rebuilt_when_stale_or_damaged(corpus, tmp_path,
         f.write(docs[::-1].tobytes())
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     layout._OPEN.clear()  # a new process: nothing opened yet
-    with pytest.warns(UserWarning, match='another float32 layout'):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
         moved = PrunedRetriever(index=FlexIndex(str(tmp_path / 'docs.flex')), num_results=K,
                                 strategy='compressed')(frame)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2 and 'rebuilding the dimension-major layout' in messages[0]
+    assert 'rebuilding the compressed copy' in messages[1] and 'another float32 layout' in messages[1]
     assert moved['docid'].tolist() == [len(docs) - 1 - d for d in expected['docid']]
