@@ -14,8 +14,12 @@ top-10, then RDIME or Top-k at 25/35/50/75 % kept.
 2. batches of 8 and 64 queries: the pruned path and ``strategy='auto'`` against one dense matrix product per batch
    (the dense path, top-k included; the bare product without top-k is shown too);
 3. exactness: the pruned top-100 against the dense one, identical / differing only by float ties / mismatched;
+4. the compressed path (``strategy='compressed'``, opt-in) in the same rounds as 1. and 2., with the size and build
+   time of its int8 copy;
 5. the real DL19 pool vectors (MiniLM, 4.3k x 384; skipped without ../shared/data): exactness and auto's choice on a
-   matrix that sits in the caches.
+   matrix that sits in the caches;
+6. with ``--faiss``: what a user would pick instead, FAISS's exact ``IndexFlatIP`` and an IVF index with the full and
+   the pruned query (latency, recall@100).
 
 Usage (from the repository root)::
 
@@ -23,6 +27,7 @@ Usage (from the repository root)::
     python benchmarks/run.py search --docs 200000        # a quick check
     python benchmarks/run.py search --calibrate --json out.json
     python benchmarks/run.py search --threads 1 --timing interleaved
+    python benchmarks/run.py search --docs 200000 --batches '' --faiss   # + FAISS (needs faiss-cpu)
 """
 import argparse
 import dataclasses
@@ -36,7 +41,8 @@ import pandas as pd
 from common import fmt_ratio, interleaved, log, ratio_stats, table, timed
 
 from pyterrier_rdime import PrfDime, PrunedRetriever, Rdime, TopK
-from pyterrier_rdime.pruned import cost, dense, kept
+from pyterrier_rdime.pruned import calibration, compressed, cost, dense, kept
+from pyterrier_rdime.pruned.plan import Plan
 
 K = 100
 
@@ -74,11 +80,40 @@ def check_topk(matrix: np.ndarray, query_vec: np.ndarray, ref, new, atol: float)
     return 'ties' if ok else 'MISMATCH'
 
 
-def auto_search(matrix: np.ndarray, queries: np.ndarray):
-    """What ``PrunedRetriever(strategy='auto')`` does for these queries."""
-    if cost.choose_path(queries, matrix.nbytes, kept.NUMBA_AVAILABLE) == 'pruned':
-        return kept.search_pruned(matrix, queries, K)
-    return dense.search_dense(matrix, queries, K)
+def plan_of(matrix: np.ndarray, queries: np.ndarray, strategy: str = 'auto') -> Plan:
+    """The plan ``PrunedRetriever(strategy=strategy)`` decides for these queries."""
+    return cost.plan(queries, strategy=strategy, matrix_bytes=matrix.nbytes, compiled=kept.NUMBA_AVAILABLE,
+                     model=calibration.model)
+
+
+def carry_out(matrix: np.ndarray, queries: np.ndarray, plan: Plan, copy: compressed.Codes):
+    """What ``PrunedRetriever.search`` does with this plan."""
+    if plan.path == 'dense':
+        return dense.search_dense(matrix, queries, K)
+    if plan.path == 'compressed':
+        return compressed.search_compressed(copy, matrix, queries, K, use_numba=kept.NUMBA_AVAILABLE)
+    return kept.search_pruned(matrix, queries, K, one_pass=plan.path == 'one pass')
+
+
+def search_as(matrix: np.ndarray, queries: np.ndarray, strategy: str, copy: compressed.Codes):
+    """What ``PrunedRetriever(strategy=strategy)`` does for these queries: decide the plan, carry it out."""
+    return carry_out(matrix, queries, plan_of(matrix, queries, strategy), copy)
+
+
+def rescored(matrix: np.ndarray, copy: compressed.Codes, query_vec: np.ndarray) -> int:
+    """How many documents the compressed path re-scores exactly for this query (its k best first-pass documents and
+    every other one its bound cannot rule out)."""
+    approx, best, bound = compressed.first_pass(copy, query_vec, K, use_numba=kept.NUMBA_AVAILABLE)
+    threshold = compressed.exact_scores(matrix, query_vec, np.sort(best)).min() - bound
+    return int(np.sum(approx >= compressed.float32_below(threshold)))
+
+
+def best_median(seconds) -> str:
+    return f'{np.min(seconds) * 1000:.1f} / {np.median(seconds) * 1000:.1f} ms'
+
+
+def load() -> str:
+    return f'{common.os.getloadavg()[0]:.1f}'
 
 
 def timing(args):
@@ -98,34 +133,48 @@ def auto_vs_faster(times: dict) -> dict:
 def auto_verdict(matrix: np.ndarray, queries: np.ndarray, times: dict) -> str:
     """Whether auto's choice is the path with the faster best round, and what choosing costs (timed alone: the
     difference of two timings of the same path is noise at this scale): ``'✔ dense +0.01 %'``."""
-    choice = cost.choose_path(queries, matrix.nbytes, kept.NUMBA_AVAILABLE)
+    choice = plan_of(matrix, queries).strategy
     faster = 'dense' if np.min(times['dense']) <= np.min(times['pruned']) else 'pruned'
-    decide = min(timed(lambda: cost.choose_path(queries, matrix.nbytes, kept.NUMBA_AVAILABLE))[0] for _ in range(20))
+    decide = min(timed(lambda: plan_of(matrix, queries))[0] for _ in range(20))
     share = decide / np.min(times[faster]) * 100
     loss = 1.0 if choice == faster else np.min(times[faster]) / np.min(times[choice])
     return f'{"✔" if choice == faster else "✘"} {choice} +{share:.2f} % → {loss / (1 + share / 100):.3f}×'
 
 
-def single_queries(matrix: np.ndarray, sets: dict, raw: np.ndarray, args) -> dict:
+def single_queries(matrix: np.ndarray, copy: compressed.Codes, sets: dict, raw: np.ndarray, args) -> dict:
     log(f'\n### 1. One query at a time ({args.single} queries per row, {args.rounds} rounds, timing: {args.timing})\n')
     measure = timing(args)
-    rows, result, checks = [], {}, {}
+    rows, compressed_rows, result, checks = [], [], {}, {}
     for name, queries in sets.items():
         queries = queries[:args.single]
-        totals = {side: np.zeros(args.rounds) for side in ('dense', 'pruned', 'auto', 'kernel, all dims')}
-        status = []
+        totals = {side: np.zeros(args.rounds) for side in ('dense', 'pruned', 'compressed', 'auto',
+                                                             'kernel, all dims')}
+        status, compressed_status, counts = [], [], []
         for qz, raw_q in zip(queries, raw):
             one, every = qz[None], raw_q[None]
             times = measure({'dense': lambda: dense.search_dense(matrix, one, K),
-                             'pruned': lambda: kept.search_pruned(matrix, one, K),
-                             'auto': lambda: auto_search(matrix, one),
+                             'pruned': lambda: search_as(matrix, one, 'pruned', copy),
+                             'compressed': lambda: search_as(matrix, one, 'compressed', copy),
+                             'auto': lambda: search_as(matrix, one, 'auto', copy),
                              'kernel, all dims': lambda: kept.search_pruned(matrix, every, K)}, args.rounds)
             for side in totals:
                 totals[side] += times[side]
-            ref, new = dense.search_dense(matrix, one, K), kept.search_pruned(matrix, one, K)
+            ref = dense.search_dense(matrix, one, K)
             atol = 1e-5 * float(np.abs(qz).sum())
-            status.append(check_topk(matrix, qz, (ref[0][0], ref[1][0]), (new[0][0], new[1][0]), atol))
+            for path, into in (('pruned', status), ('compressed', compressed_status)):
+                new = search_as(matrix, one, path, copy)
+                into.append(check_topk(matrix, qz, (ref[0][0], ref[1][0]), (new[0][0], new[1][0]), atol))
+            counts.append(rescored(matrix, copy, qz))
         frac = float(np.mean(queries != 0))
+        per_query = {side: t / len(queries) for side, t in totals.items()}
+        vs_pruned = ratio_stats(totals['pruned'], totals['compressed'])
+        vs_dense = ratio_stats(totals['dense'], totals['compressed'])
+        compressed_check = {s: compressed_status.count(s) for s in ('identical', 'ties', 'MISMATCH')}
+        compressed_rows.append([name, f'{frac:.2f}', load(), f'{np.min(per_query["dense"]) * 1000:.1f} ms',
+                                best_median(per_query['pruned']), best_median(per_query['compressed']),
+                                f'**{fmt_ratio(vs_pruned)}**', fmt_ratio(vs_dense),
+                                f'{np.mean(counts):.0f} (max {max(counts)})',
+                                '/'.join(str(compressed_check[s]) for s in ('identical', 'ties', 'MISMATCH'))])
         pruned, auto = ratio_stats(totals['dense'], totals['pruned']), auto_vs_faster(totals)
         own = ratio_stats(totals['kernel, all dims'], totals['pruned'])
         checks[name] = {s: status.count(s) for s in ('identical', 'ties', 'MISMATCH')}
@@ -135,7 +184,9 @@ def single_queries(matrix: np.ndarray, sets: dict, raw: np.ndarray, args) -> dic
                      verdict, fmt_ratio(auto), fmt_ratio(own),
                      '/'.join(str(checks[name][s]) for s in ('identical', 'ties', 'MISMATCH'))])
         result[name] = {'kept': frac, 'pruned_vs_dense': pruned, 'auto': verdict, 'auto_vs_faster': auto,
-                        'pruned_vs_kernel_all': own, 'check': checks[name]}
+                        'pruned_vs_kernel_all': own, 'check': checks[name], 'compressed_vs_pruned': vs_pruned,
+                        'compressed_vs_dense': vs_dense, 'compressed_rescored': counts,
+                        'compressed_check': compressed_check, 'load_average': load()}
     log('time per query = the least disturbed round; speed-up = min-over-rounds ratio (median, interquartile range '
         'of the per-round ratios) against the dense path (BLAS gemv + top-k); auto: ✔ when strategy="auto" chooses '
         'the path with the faster best round, the time of choosing (timed alone) as a share of that path, and what '
@@ -146,10 +197,17 @@ def single_queries(matrix: np.ndarray, sets: dict, raw: np.ndarray, args) -> dic
     log(table(rows, ['queries', 'kept', 'dense (all dims)', 'pruned (kept dims)', 'pruned speed-up',
                      "auto: faster path? choice, cost of choosing → auto / faster", 'auto vs faster, measured',
                      'vs kernel, all dims', 'top-100 id./ties/mism.']))
+    log('\nThe compressed path (strategy="compressed", opt-in) in the same rounds: the int8 copy\'s kept rows, then '
+        'the documents its bound cannot rule out re-scored exactly. Times: best round / median round per query; '
+        'speed-ups: min-over-rounds ratio (median, IQR); load: the 1-minute load average after the row; re-scored: '
+        'documents re-scored exactly per query (the k best of the first pass included); top-100 against the dense '
+        'path.\n')
+    log(table(compressed_rows, ['queries', 'kept', 'load', 'dense', 'pruned (float32)', 'compressed (int8 + re-score)',
+                                'compressed vs pruned', 'compressed vs dense', 're-scored', 'top-100 id./ties/mism.']))
     return result
 
 
-def batches(matrix: np.ndarray, sets: dict, args) -> dict:
+def batches(matrix: np.ndarray, copy: compressed.Codes, sets: dict, args) -> dict:
     log(f'\n### 2. Batches ({args.rounds} rounds, timing: {args.timing})\n')
     measure = timing(args)
     rows, result = [], {}
@@ -159,11 +217,16 @@ def batches(matrix: np.ndarray, sets: dict, args) -> dict:
             if len(queries) < size:
                 continue
             times = measure({'dense': lambda: dense.search_dense(matrix, queries, K, batch_size=size),
-                             'pruned': lambda: kept.search_pruned(matrix, queries, K),
-                             'auto': lambda: auto_search(matrix, queries),
+                             'pruned': lambda: search_as(matrix, queries, 'pruned', copy),
+                             'compressed': lambda: search_as(matrix, queries, 'compressed', copy),
+                             'auto': lambda: search_as(matrix, queries, 'auto', copy),
                              'bare GEMM': lambda: queries @ matrix}, args.rounds)
-            model = cost.model()
-            one_pass = model.batch_in_one_pass(queries)
+            model = calibration.model()
+            one_pass = plan_of(matrix, queries, 'pruned').path == 'one pass'
+            ref, new = dense.search_dense(matrix, queries, K), search_as(matrix, queries, 'compressed', copy)
+            atol = [1e-5 * float(np.abs(q).sum()) for q in queries]
+            status = [check_topk(matrix, q, (ref[0][i], ref[1][i]), (new[0][i], new[1][i]), atol[i])
+                      for i, q in enumerate(queries)]
             verdict = auto_verdict(matrix, queries, times)
             pruned, auto = ratio_stats(times['dense'], times['pruned']), auto_vs_faster(times)
             bare = ratio_stats(times['bare GEMM'], times['pruned'])
@@ -171,27 +234,114 @@ def batches(matrix: np.ndarray, sets: dict, args) -> dict:
                          f'{np.min(times["dense"]) * 1000:.0f} ms', f'{np.min(times["pruned"]) * 1000:.0f} ms',
                          'one pass' if one_pass else 'one by one', f'**{fmt_ratio(pruned)}**', f'{bare["min"]:.2f}×',
                          f'{model.pruned_cost(queries):.1f} / {model.dense_cost(len(queries)):.1f}', verdict,
-                         fmt_ratio(auto)])
+                         fmt_ratio(auto), load(), f'{np.min(times["compressed"]) * 1000:.0f} ms',
+                         fmt_ratio(ratio_stats(times['dense'], times['compressed'])),
+                         '/'.join(str(status.count(s)) for s in ('identical', 'ties', 'MISMATCH'))])
             result[f'{size}/{name}'] = {'pruned_vs_dense': pruned, 'pruned_vs_bare_gemm': bare, 'auto': verdict,
-                                        'auto_vs_faster': auto, 'one_pass': one_pass}
+                                        'auto_vs_faster': auto, 'one_pass': one_pass, 'load_average': load(),
+                                        'compressed_vs_dense': ratio_stats(times['dense'], times['compressed']),
+                                        'compressed_check': {s: status.count(s) for s in ('identical', 'ties',
+                                                                                          'MISMATCH')}}
     log('dense = one matrix product per batch and block of documents with the top-k merged block by block (the dense '
         'path); bare GEMM = one matrix product over the whole matrix, no top-k (a lower bound for dense); estimate = '
-        'the cost model\'s pruned / dense cost in gemv units.\n')
+        'the cost model\'s pruned / dense cost in gemv units; compressed = strategy="compressed" (opt-in), query '
+        'after query, with its top-100 against the dense path.\n')
     log(table(rows, ['batch', 'queries', 'kept', 'union kept', 'dense', 'pruned', 'pruned mode', 'pruned speed-up',
                      'vs bare GEMM', 'estimate', "auto: faster path? choice, cost of choosing → auto / faster",
-                     'auto vs faster, measured']))
+                     'auto vs faster, measured', 'load', 'compressed', 'compressed vs dense',
+                     'compressed top-100 id./ties/mism.']))
     return result
 
 
-def calibration(args) -> dict:
+def cost_model(args) -> dict:
     """The cost model of this machine: calibrated now with ``--calibrate``, else loaded (or calibrated once)."""
     start = time.perf_counter()
-    model = cost.calibrate() if args.calibrate else cost.model()
+    model = calibration.calibrate() if args.calibrate else calibration.model()
     seconds = time.perf_counter() - start
     log(f'cost model ({f"calibrated now in {seconds:.1f} s" if args.calibrate else "of this machine"}, '
-        f'{cost.cache_path()}): '
+        f'{calibration.cache_path()}): '
         + ', '.join(f'{k} {v:.2f}' for k, v in dataclasses.asdict(model).items()))
     return {'seconds': seconds, **dataclasses.asdict(model)}
+
+
+def compressed_copy(matrix: np.ndarray, copy: compressed.Codes, open_s: float) -> dict:
+    """The int8 copy of the layout: its size, and the time to build it again (into a temporary file beside it,
+    removed after: the build of ``strategy='compressed'``'s first use, timed whether or not the copy existed)."""
+    path = compressed.compressed_path(Path(matrix.filename))
+    scratch = path.with_name('bench-' + path.name)
+    build_s, _ = timed(lambda: compressed.build_compressed(matrix, scratch))
+    scratch.unlink()
+    log(f'int8 copy {path}: {copy.codes.nbytes / 2 ** 20:.0f} MiB ({copy.codes.nbytes / matrix.nbytes:.0%} of the '
+        f'float32 layout; opened in {open_s:.1f} s), built again from the page-cached layout in {build_s:.1f} s '
+        f'(load {load()}); largest per-dimension error / step: '
+        f'{float(np.max(copy.error / copy.scale)):.3f}')
+    return {'bytes': copy.codes.nbytes, 'build_s': build_s, 'open_s': open_s}
+
+
+def faiss_rows(index, matrix: np.ndarray, copy: compressed.Codes, sets: dict, raw: np.ndarray, args) -> dict:
+    """What a user would pick instead (``--faiss``, needs faiss-cpu and a second, in-memory copy of the vectors):
+    FAISS's exact ``IndexFlatIP`` and an ``IVF{nlist},Flat`` index (trained on 64k sampled documents, nprobe 16 and
+    64) with the full and with the RDIME-pruned query, one query at a time, against this package's paths; recall@100
+    against the exact top-100 of the same query (the full query's from the dense path, the pruned query's from the
+    pruned path)."""
+    import faiss
+    faiss.omp_set_num_threads(args.threads)
+    source = index.payload()[1]
+    docs, dims = source.shape
+    start = time.perf_counter()
+    vecs = np.array(source, dtype=np.float32)
+    load_s = time.perf_counter() - start
+    flat = faiss.IndexFlatIP(dims)
+    flat_s, _ = timed(lambda: flat.add(vecs))
+    nlist = max(1, min(1024, docs // 64))
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(dims), dims, nlist, faiss.METRIC_INNER_PRODUCT)
+    sample = np.sort(np.random.default_rng(0).choice(docs, size=min(docs, 65536), replace=False))
+    start = time.perf_counter()
+    ivf.train(vecs[sample])
+    ivf.add(vecs)
+    ivf_s = time.perf_counter() - start
+    vecs = None  # each FAISS index holds its own copy
+    pruned_q = sets['RDIME'][:args.single or 6]  # as many queries as the single-query rows, 6 without them
+    full_q = raw[:len(pruned_q)]
+
+    def ivf_search(nprobe):
+        def run(q):
+            ivf.nprobe = nprobe
+            return ivf.search(q, K)
+        return run
+    systems = {
+        ('dense (BLAS, this package)', 'full'): lambda q: dense.search_dense(matrix, q, K),
+        ('pruned (this package)', 'pruned'): lambda q: search_as(matrix, q, 'pruned', copy),
+        ('compressed (this package)', 'pruned'): lambda q: search_as(matrix, q, 'compressed', copy),
+        ('FAISS IndexFlatIP', 'full'): lambda q: flat.search(q, K),
+        ('FAISS IndexFlatIP', 'pruned'): lambda q: flat.search(q, K),
+        **{(f'FAISS IVF{nlist},Flat nprobe {p}', kind): ivf_search(p) for p in (16, 64) for kind in ('full', 'pruned')},
+    }
+    exact = {'full': [dense.search_dense(matrix, q[None], K)[1][0] for q in full_q],
+             'pruned': [kept.search_pruned(matrix, q[None], K)[1][0] for q in pruned_q]}
+    measure = timing(args)
+    totals = {key: np.zeros(args.rounds) for key in systems}
+    for i in range(len(pruned_q)):
+        one = {'full': full_q[i:i + 1], 'pruned': pruned_q[i:i + 1]}
+        times = measure({key: (lambda fn=fn, q=one[key[1]]: fn(q)) for key, fn in systems.items()}, args.rounds)
+        for key in systems:
+            totals[key] += np.asarray(times[key])
+    rows, result = [], {}
+    for (name, kind), fn in systems.items():
+        found = [np.asarray(fn(q[None])[1]).ravel() for q in (full_q if kind == 'full' else pruned_q)]
+        recall = float(np.mean([len(set(f.tolist()) & set(e.tolist())) / len(e) for f, e in zip(found, exact[kind])]))
+        per_query = totals[(name, kind)] / len(pruned_q)
+        rows.append([name, kind, best_median(per_query), f'{recall:.3f}', load()])
+        result[f'{name} / {kind}'] = {'best_s': float(np.min(per_query)), 'median_s': float(np.median(per_query)),
+                                      'recall_at_100': recall}
+    log(f'\n### 6. What a user would pick instead: FAISS {faiss.__version__} ({len(pruned_q)} RDIME queries, one at '
+        f'a time, {args.rounds} rounds, {args.threads} thread(s))\n')
+    log(f'FAISS holds its own in-memory copy of the vectors ({docs * dims * 4 / 2 ** 30:.2f} GiB, read in '
+        f'{load_s:.0f} s); IndexFlatIP filled in {flat_s:.1f} s, IVF{nlist},Flat trained and filled in {ivf_s:.0f} s. '
+        'recall@100: against the exact top-100 of the same query (full: the dense path; pruned: the pruned path); '
+        'time per query: best / median round.\n')
+    log(table(rows, ['system', 'query', 'time per query', 'recall@100', 'load']))
+    return {'build_s': {'flat': flat_s, 'ivf': ivf_s, 'nlist': nlist}, 'rows': result}
 
 
 def real_pool(args) -> list:
@@ -209,14 +359,15 @@ def real_pool(args) -> list:
     dense = PrunedRetriever(index=index, num_results=K, strategy='dense')
     pruned = PrunedRetriever(index=index, num_results=K, strategy='pruned')
     auto = PrunedRetriever(index=index, num_results=K)
+    squeezed = PrunedRetriever(index=index, num_results=K, strategy='compressed')
     feedback = PrunedRetriever(index=index, num_results=10, strategy='dense') >> index.vec_loader()
     matrix = dense.dim_major()
     rows = []
     for name, dime in (('PRF+RDIME', PrfDime(keep_ranking=False)), ('SWC+RDIME', SwcDime(keep_ranking=False))):
         q = (feedback >> dime >> Rdime())(queries)
-        a, b, c = dense(q), pruned(q), index.np_retriever(num_results=K)(q)
+        a, b, c, d = dense(q), pruned(q), index.np_retriever(num_results=K)(q), squeezed(q)
         qv = np.stack(q['query_vec']).astype(np.float32)
-        status = []
+        status, squeezed_status = [], []
         for i, qid in enumerate(q['qid']):
             atol = 1e-5 * float(np.abs(qv[i]).sum())
             ra, rb, rc = a[a['qid'] == qid], b[b['qid'] == qid], c[c['qid'] == qid]
@@ -224,23 +375,27 @@ def real_pool(args) -> list:
             status.append(check_topk(matrix, qv[i], ref, (rb['score'].to_numpy(), rb['docid'].to_numpy()), atol))
             status.append(check_topk(matrix, qv[i], ref, (rc['score'].to_numpy().astype(np.float32),
                                                           rc['docid'].to_numpy()), atol))
+            rd = d[d['qid'] == qid]
+            squeezed_status.append(check_topk(matrix, qv[i], ref, (rd['score'].to_numpy().astype(np.float32),
+                                                                   rd['docid'].to_numpy()), atol))
         one = [q.iloc[[i]] for i in range(len(q))]
         times = interleaved({'dense': lambda: [dense(x) for x in one], 'pruned': lambda: [pruned(x) for x in one],
                              'auto': lambda: [auto(x) for x in one]}, args.rounds * 2)
         rows.append([name, len(q), f'{np.mean(qv != 0):.2f}', fmt_ratio(ratio_stats(times['dense'], times['pruned'])),
                      auto.choose_strategy(qv[:1]), fmt_ratio(ratio_stats(times['dense'], times['auto'])),
-                     f'{status.count("identical")}/{status.count("ties")}/{status.count("MISMATCH")}'])
+                     f'{status.count("identical")}/{status.count("ties")}/{status.count("MISMATCH")}',
+                     '/'.join(str(squeezed_status.count(s)) for s in ('identical', 'ties', 'MISMATCH'))])
     log(f'\n### 5. Real pool vectors ({matrix.shape[1]:,} x {matrix.shape[0]}, MiniLM; stage level, one query per '
         "call; exactness against the dense path and pyterrier-dr's np_retriever)\n")
     log(table(rows, ['queries', 'n', 'kept', 'pruned vs dense', "auto's choice", 'auto vs dense',
-                     'top-100 id./ties/mism.']))
+                     'top-100 id./ties/mism.', 'compressed top-100 id./ties/mism.']))
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     common.synthetic_index_options(parser)
-    parser.add_argument('--single', type=int, default=12, help='queries per row, one at a time')
+    parser.add_argument('--single', type=int, default=12, help='queries per row, one at a time (0: none)')
     parser.add_argument('--batches', default='8,64', help="batch sizes ('' for none)")
     parser.add_argument('--rounds', type=int, default=5, help='repetitions (rounds)')
     parser.add_argument('--timing', choices=('blocks', 'interleaved'), default='blocks',
@@ -250,6 +405,9 @@ def main(argv=None) -> int:
     parser.add_argument('--per-block', type=int, default=3)
     parser.add_argument('--collection', type=Path, default=common.DEFAULT_COLLECTION)
     parser.add_argument('--calibrate', action='store_true', help="re-calibrate the cost model of strategy='auto'")
+    parser.add_argument('--faiss', action='store_true', help='also time FAISS (exact IndexFlatIP and an IVF index, '
+                                                             'full and pruned queries; needs faiss-cpu and memory '
+                                                             'for a second copy of the vectors)')
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(',') if b]
     info = common.machine()
@@ -258,20 +416,25 @@ def main(argv=None) -> int:
     log(common.describe_machine(info, args.threads) + f'; compiled kernel: {kept.NUMBA_AVAILABLE}')
     args.cache.mkdir(parents=True, exist_ok=True)
     gen_s, (index, state) = timed(lambda: common.synthetic_flex_index(args.cache, args.docs, args.dims))
-    retriever = PrunedRetriever(index=index, num_results=K, verbose=True)
+    retriever = PrunedRetriever(index=index, num_results=K, strategy='compressed', verbose=True)
     layout_s, matrix = timed(retriever.dim_major)
     log(f'synthetic index {index.index_path} ready in {gen_s:.0f} s; layout {matrix.filename} ready in {layout_s:.0f} '
         f's ({matrix.nbytes / 2 ** 30:.2f} GiB, memory-mapped; building it once is measured by `run.py layout`)')
-    raw = make_queries(state, max(args.batches + [args.single]))
+    copy_s, copy = timed(retriever._compressed.codes)
+    results = {'compressed_copy': compressed_copy(matrix, copy, copy_s)}
+    raw = make_queries(state, max(args.batches + [args.single, 6]))
     prep_s, sets = timed(lambda: pruned_query_sets(index, matrix, raw, (0.25, 0.35, 0.5, 0.75)))
     kept.search_pruned(matrix, sets['RDIME'][:2], K)  # compile (or load) the kernel, warm the page cache
     log(f'{len(raw)} queries pruned in {prep_s:.0f} s (PRF DIME M=2 from the exact top-10); kept fraction of RDIME: '
         f'mean {np.mean(sets["RDIME"] != 0):.2f}')
-    results = {'cost_model': calibration(args)}
-    results['single'] = single_queries(matrix, sets, raw, args)
-    results['batches'] = batches(matrix, sets, args)
+    results['cost_model'] = cost_model(args)
+    if args.single:
+        results['single'] = single_queries(matrix, copy, sets, raw, args)
+    results['batches'] = batches(matrix, copy, sets, args)
     if args.collection.is_dir():
         results['real_pool'] = real_pool(args)
+    if args.faiss:
+        results['faiss'] = faiss_rows(index, matrix, copy, sets, raw, args)
     log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}; peak RSS '
         f'{common.max_rss_gib():.2f} GiB (the memory-mapped layout counts where its pages are resident)')
     limiter.unregister()

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyterrier_rdime.pruned import cost, kept
+from pyterrier_rdime.pruned import calibration, cost, kept, plan
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -21,7 +21,7 @@ ROUND = cost.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fi
 def cache(tmp_path, monkeypatch):
     """An empty cache folder and no model in memory."""
     monkeypatch.setenv('PYTERRIER_RDIME_CACHE', str(tmp_path))
-    monkeypatch.setattr(cost, '_MODELS', {})
+    monkeypatch.setattr(calibration, '_MODELS', {})
     return tmp_path
 
 
@@ -29,7 +29,7 @@ def cache(tmp_path, monkeypatch):
 def no_calibration(monkeypatch):
     def fail(**kwargs):
         raise AssertionError('calibrated')
-    monkeypatch.setattr(cost, 'calibrate', fail)
+    monkeypatch.setattr(calibration, 'calibrate', fail)
 
 
 def test_costs_by_hand():
@@ -44,82 +44,109 @@ def test_costs_by_hand():
     most[0, 0] = 0
     assert ROUND.prefers_pruned(most)  # 0.975 < 1: no margin, the lower estimate wins
     ten = np.repeat(half, 10, axis=0)  # same kept set: one by one 6.0, one pass 0.5 + 2 x 0.5 + 0.2 x 5 = 2.5
-    assert cost.batch_features(ten).tolist() == [10, 0.5, 5.0]
+    assert plan.batch_features(ten).tolist() == [10, 0.5, 5.0]
     assert ROUND.batch_in_one_pass(ten) and ROUND.pruned_cost(ten) == pytest.approx(2.5)
     assert ROUND.prefers_pruned(ten)  # 2.5 < 3.0
     assert not ROUND.prefers_pruned(np.ones((10, 8), dtype=np.float32))  # one pass 0.5 + 2 + 2 = 4.5 > 3.0
     assert not ROUND.batch_in_one_pass(half)
-    assert cost.nonzero_fractions(np.array([[0, 1, 2, 0], [0, 0, 0, 0]])).tolist() == [0.5, 0.0]
-    assert cost.batch_features(half[:0]).tolist() == [0, 0, 0]
+    assert plan.nonzero_fractions(np.array([[0, 1, 2, 0], [0, 0, 0, 0]])).tolist() == [0.5, 0.0]
+    assert plan.batch_features(half[:0]).tolist() == [0, 0, 0]
 
 
 def test_fit_non_negative_by_hand():
     features = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]])
-    assert cost.fit_non_negative(features, np.array([1.0, 2.0, 3.0])) == pytest.approx([1.0, 1.0])
+    assert calibration.fit_non_negative(features, np.array([1.0, 2.0, 3.0])) == pytest.approx([1.0, 1.0])
     # falling costs would need a negative slope: slope 0 and the constant c minimising sum (c / y - 1)^2,
     # c = sum(1 / y) / sum(1 / y^2) = (1/3 + 1/2 + 1) / (1/9 + 1/4 + 1)
-    fitted = cost.fit_non_negative(features, np.array([3.0, 2.0, 1.0]))
+    fitted = calibration.fit_non_negative(features, np.array([3.0, 2.0, 1.0]))
     assert fitted == pytest.approx([(1 / 3 + 1 / 2 + 1) / (1 / 9 + 1 / 4 + 1), 0.0])
 
 
-@COMPILED
-def test_choose_path(monkeypatch, cache, no_calibration):
+def test_plan_of_each_strategy():
     half = np.zeros((1, 8), dtype=np.float32)
     half[0, :4] = 1
-    assert cost.choose_path(half, 2 ** 10, True) == 'dense'  # a matrix in the caches: no model needed
-    assert cost.choose_path(half, 2 ** 30, False) == 'dense'  # no compiled kernel
-    assert cost.choose_path(half[:0], 2 ** 30, True) == 'dense'
-    monkeypatch.setitem(cost._MODELS, cost.machine_key(), ROUND)
-    assert cost.choose_path(half, 2 ** 30, True) == 'pruned'
-    assert cost.choose_path(np.ones((1, 8)), 2 ** 30, True) == 'dense'
+    ten = np.repeat(half, 10, axis=0)  # one pass 2.5 < one by one 6.0 (test_costs_by_hand)
+    spread = np.eye(8, dtype=np.float32)[:2]  # disjoint kept sets: one by one 2 x 0.225 < one pass 0.1 + 0.5 + 0.05
+
+    def decide(queries, strategy, matrix_bytes=2 ** 30, compiled=True):
+        return cost.plan(queries, strategy=strategy, matrix_bytes=matrix_bytes, compiled=compiled,
+                         model=lambda: ROUND).path
+
+    assert decide(half, 'auto', 2 ** 10) == 'dense'  # a matrix in the caches
+    assert decide(half, 'auto', compiled=False) == 'dense'  # no compiled kernel
+    assert decide(half[:0], 'auto') == 'dense'
+    assert decide(half, 'auto') == 'pruned' and decide(np.ones((1, 8)), 'auto') == 'dense'  # 0.6 < 1 < 1.1
+    assert decide(ten, 'auto') == 'one pass' and decide(spread, 'auto') == 'pruned'
+    assert decide(np.ones((10, 8), dtype=np.float32), 'auto') == 'dense'  # 4.5 > 3.0
+    assert decide(ten, 'pruned') == 'one pass' and decide(spread, 'pruned') == 'pruned'
+    assert decide(spread, 'pruned', 2 ** 10) == 'one pass'  # in the caches: one pass reads them once
+    assert decide(ten, 'pruned', compiled=False) == 'pruned'  # the numpy path goes query by query
+    assert decide(np.ones((10, 8)), 'pruned') == 'one pass' and decide(half, 'dense') == 'dense'
+    assert decide(ten, 'compressed') == 'compressed'
+    assert plan.Plan('one pass').strategy == 'pruned' and plan.Plan('compressed').strategy == 'compressed'
+    with pytest.raises(ValueError, match='unknown path'):
+        plan.Plan('fast')
+    with pytest.raises(ValueError, match='unknown strategy'):
+        decide(half, 'fast')
+
+
+def test_plan_calls_the_model_only_when_it_decides():
+    def fail():
+        raise AssertionError('calibrated')
+    one = np.ones((1, 8), dtype=np.float32)
+    for strategy, queries, matrix_bytes in (('dense', one, 2 ** 30), ('compressed', one, 2 ** 30),
+                                            ('pruned', one, 2 ** 30), ('pruned', np.ones((3, 8)), 2 ** 10),
+                                            ('auto', one, 2 ** 10)):
+        cost.plan(queries, strategy=strategy, matrix_bytes=matrix_bytes, compiled=True, model=fail)
 
 
 @COMPILED
 def test_calibration_is_cached_per_machine_and_thread_count(cache, monkeypatch):
     import numba
-    fitted = cost.calibrate(docs=4096, rounds=1)
-    path = cost.cache_path()
+    fitted = calibration.calibrate(docs=4096, rounds=1)
+    path = calibration.cache_path()
     assert path.parent == cache / 'cost' and f'-{numba.get_num_threads()}threads-blas' in path.name
     record = json.loads(path.read_text())
-    assert record['model'] == dataclasses.asdict(fitted) and record['machine'] == cost.machine_key()
+    assert record['model'] == dataclasses.asdict(fitted) and record['machine'] == calibration.machine_key()
     assert all(np.isfinite(v) for v in record['model'].values()) and record['timings_in_gemv']['gemv'] == 1.0
     assert min(dataclasses.asdict(fitted).values()) >= 0
     assert set(record['fit_relative_errors']) == {name for name in record['timings_in_gemv'] if
                                                   name.startswith(('one', 'pass'))}
-    monkeypatch.setattr(cost, '_MODELS', {})  # a new process: read from the file, not calibrated again
-    monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: pytest.fail('calibrated again'))
-    assert cost.model() == fitted
+    monkeypatch.setattr(calibration, '_MODELS', {})  # a new process: read from the file, not calibrated again
+    monkeypatch.setattr(calibration, 'calibrate', lambda **kwargs: pytest.fail('calibrated again'))
+    assert calibration.model() == fitted
     calls = []
-    monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: calls.append(cost.machine_key()) or ROUND)
+    monkeypatch.setattr(calibration, 'calibrate', lambda **kwargs: calls.append(calibration.machine_key()) or ROUND)
     if numba.config.NUMBA_NUM_THREADS > 1:  # another thread count of the kernel is another calibration
         threads = numba.get_num_threads()
         numba.set_num_threads(1)
         try:
-            assert cost.model() == ROUND and calls == [cost.machine_key()] and '-1threads-' in calls[0]
+            assert calibration.model() == ROUND and calls == [calibration.machine_key()] and '-1threads-' in calls[0]
         finally:
             numba.set_num_threads(threads)
     from threadpoolctl import threadpool_limits
-    blas = cost.machine_key().rsplit('-blas', 1)[1]
+    blas = calibration.machine_key().rsplit('-blas', 1)[1]
     if blas not in ('1', 'unknown'):  # so is another thread count of BLAS (the dense path)
         with threadpool_limits(1, user_api='blas'):
-            assert cost.machine_key().endswith('-blas1') and cost.model() == ROUND and calls[-1].endswith('-blas1')
+            assert calibration.machine_key().endswith('-blas1') and calibration.model() == ROUND
+            assert calls[-1].endswith('-blas1')
 
 
 @COMPILED
 def test_a_broken_cache_file_is_recalibrated(cache, monkeypatch):
-    cost.cache_path().parent.mkdir(parents=True)
-    cost.cache_path().write_text('{"model": {"dense_gemm_fixed": 1}}')  # from another version: missing constants
-    monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: ROUND)
-    assert cost.model() == ROUND
+    calibration.cache_path().parent.mkdir(parents=True)
+    calibration.cache_path().write_text('{"model": {"dense_gemm_fixed": 1}}')  # from another version: missing constants
+    monkeypatch.setattr(calibration, 'calibrate', lambda **kwargs: ROUND)
+    assert calibration.model() == ROUND
 
 
 @COMPILED
 def test_the_calibration_command(cache, monkeypatch, capsys):
     from pyterrier_rdime.pruned import __main__ as command
-    monkeypatch.setattr(cost, 'calibrate', lambda **kwargs: ROUND)
+    monkeypatch.setattr(calibration, 'calibrate', lambda **kwargs: ROUND)
     assert command.main([]) == 0
     out = capsys.readouterr().out
-    assert str(cost.cache_path()) in out and json.loads(out.split(':', 1)[1]) == dataclasses.asdict(ROUND)
+    assert str(calibration.cache_path()) in out and json.loads(out.split(':', 1)[1]) == dataclasses.asdict(ROUND)
     with pytest.raises(SystemExit) as stop:
         command.main(['--threads', '0'])
     assert stop.value.code == 2 and '--threads must be between 1 and' in capsys.readouterr().err
@@ -155,7 +182,7 @@ def fake_machine(monkeypatch):
 
     def install(disturbed=()):
         machine = _Machine(disturbed)
-        monkeypatch.setattr(cost, 'time', type('Clock', (), {'perf_counter': machine.perf_counter,
+        monkeypatch.setattr(calibration, 'time', type('Clock', (), {'perf_counter': machine.perf_counter,
                                                              'strftime': staticmethod(time.strftime)}))
         monkeypatch.setattr(dense, 'search_dense', machine.dense)
         monkeypatch.setattr(_numba, 'fused_top_k', machine.pruned)
@@ -166,7 +193,7 @@ def fake_machine(monkeypatch):
 @COMPILED
 def test_calibration_recovers_the_costs_of_the_machine(cache, fake_machine, caplog):
     fake_machine()
-    fitted = cost.calibrate(docs=256, rounds=1, save=False)
+    fitted = calibration.calibrate(docs=256, rounds=1, save=False)
     for name, value in dataclasses.asdict(_Machine.TRUE).items():
         assert getattr(fitted, name) == pytest.approx(value, rel=0.05, abs=0.01), name
     assert 'misses the timing' not in caplog.text
@@ -175,10 +202,11 @@ def test_calibration_recovers_the_costs_of_the_machine(cache, fake_machine, capl
 @COMPILED
 def test_a_disturbed_calibration_warns(cache, fake_machine, caplog):
     fake_machine(disturbed={(8, False)})  # every batch of 8 timed 3x too slow: no model of the form fits
-    with caplog.at_level('WARNING', logger=cost.__name__):
-        cost.calibrate(docs=256, rounds=1)
+    with caplog.at_level('WARNING', logger=calibration.__name__):
+        calibration.calibrate(docs=256, rounds=1)
     assert 'misses the timing of "pass ' in caplog.text and 'python -m pyterrier_rdime.pruned' in caplog.text
-    assert max(json.loads(cost.cache_path().read_text())['fit_relative_errors'].values()) > cost.FIT_TOLERANCE
+    errors = json.loads(calibration.cache_path().read_text())['fit_relative_errors']
+    assert max(errors.values()) > calibration.FIT_TOLERANCE
 
 
 def test_the_key_counts_the_threads_of_numpy_s_blas_only(monkeypatch):
@@ -186,8 +214,8 @@ def test_the_key_counts_the_threads_of_numpy_s_blas_only(monkeypatch):
     # path runs on numpy's, the only one the calibration's key may count
     pytest.importorskip('threadpoolctl')
     pytest.importorskip('scipy.linalg')
-    monkeypatch.setattr(cost, '_blas', functools.lru_cache(maxsize=1)(cost._blas.__wrapped__))
-    paths = [Path(info['filepath']) for info in cost._blas().info()]
+    monkeypatch.setattr(calibration, '_blas', functools.lru_cache(maxsize=1)(calibration._blas.__wrapped__))
+    paths = [Path(info['filepath']) for info in calibration._blas().info()]
     if not any(p.parent.name.startswith('numpy') for p in paths):
         pytest.skip("numpy uses the system's BLAS here")
     assert paths and all(p.parent.name.startswith('numpy') for p in paths)

@@ -11,7 +11,7 @@ import pytest
 from pruned_data import DIMS, DOCS, K, flex_index, full_topk, make_corpus, query_frame
 
 from pyterrier_rdime import PrfDime, PrunedRetriever, Rdime
-from pyterrier_rdime.pruned import cost, kept
+from pyterrier_rdime.pruned import calibration, cost, kept
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -82,7 +82,7 @@ def test_auto_strategy_of_the_stage(corpus, monkeypatch):
     assert retriever.choose_strategy(query_vecs[2:3]) == 'dense'  # a 0.5 MiB matrix sits in the caches
     monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', 0)
     # a given model (no calibration in the tests: it would time this machine): one query costs 0.4 + 0.7 x kept
-    monkeypatch.setattr(cost, '_MODELS', {cost.machine_key(): cost.CostModel(
+    monkeypatch.setattr(calibration, '_MODELS', {calibration.machine_key(): cost.CostModel(
         dense_gemm_fixed=3.0, dense_gemm_per_query=0.3, pruned_fixed=0.4, pruned_slope=0.7, batch_per_query=0.05,
         batch_union=1.0, batch_per_kept=0.4)})
     assert retriever.choose_strategy(query_vecs[2:3]) == 'pruned'  # about half kept: 0.75 < 1

@@ -1,8 +1,11 @@
 """Exact dense retrieval that scores only the dimensions a pruned query keeps: the transformer (``stage``), its
-two exact scoring paths (``kept``: only the kept dimensions, compiled in ``_numba`` or numpy; ``dense``: BLAS over
-every dimension; both select with ``topk``), the on-disk dimension-major copy of an index (``layout``) and the choice
-between the two paths (``cost``, re-calibrated with ``python -m pyterrier_rdime.pruned``), and the same search
-over a sharded index on Ray (``sharded``)."""
+exact scoring paths (``kept``: only the kept dimensions, compiled in ``_numba`` or numpy; ``dense``: BLAS over every
+dimension; ``compressed``: the kept rows of an int8 copy, then an exact re-scoring of what its error bound cannot rule
+out; all select with ``topk``), the on-disk dimension-major copy of an index (``layout``), the plan of each call
+(``plan``, decided once by ``cost`` and carried out below), the calibration of the cost model on this machine
+(``calibration``, re-run with ``python -m pyterrier_rdime.pruned``), and the same search over a sharded index on Ray
+(``sharded``). Imports go one way: ``stage`` → ``calibration`` → ``cost`` → ``plan``; ``kept`` → ``_numba`` →
+``plan``, ``topk``."""
 from .sharded import ShardedPrunedRetriever, split_flex_index
 from .stage import PrunedRetriever
 

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 
-from . import cost
+from . import calibration
 
 
 def main(argv=None) -> int:
@@ -35,8 +35,8 @@ def main(argv=None) -> int:
         numba.set_num_threads(args.threads)
         limits = threadpool_limits(args.threads, user_api='blas')
     with limits:  # the cache file is named after the thread counts in force
-        fitted = cost.calibrate()
-        print(f'{cost.cache_path()}:', json.dumps(dataclasses.asdict(fitted), indent=1))
+        fitted = calibration.calibrate()
+        print(f'{calibration.cache_path()}:', json.dumps(dataclasses.asdict(fitted), indent=1))
     return 0
 
 

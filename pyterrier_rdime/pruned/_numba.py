@@ -3,13 +3,11 @@ kept rows of a dimension-major ``(dims, docs)`` float32 matrix and keeps a runni
 import math
 import os
 import threading
-from typing import Optional
 
 import numba
 import numpy as np
 
-from . import cost
-from .kept import kept_dims
+from .plan import kept_dims
 from .topk import Result, merge_heaps
 
 #: Documents per block of the score vector for one query: the block's scores (64 KiB) stay in the L2 cache while
@@ -41,17 +39,15 @@ if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pass: Optional[bool] = None) -> Result:
+def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pass: bool) -> Result:
     """The compiled path of :func:`.kept.search_pruned`. The documents are cut into chunks, the tasks of a parallel loop
     (several per thread, for balance when another process takes a core); a chunk is scored block by block, each
     block's scores held in the cache while the kept rows are added to them (eight rows per pass over the block), then
     pushed into the chunk's top-k heap. A batch is scored either one query after the other (each streams only its
-    kept rows) or in one pass (``one_pass``, chosen by the cost model when None): blocks narrow enough for the scores
-    of every query to stay in the L2 cache, rows taken in tiles of ``TILE_DIMS`` dimensions that every query re-reads
-    from the cache, so the matrix is read from memory once per batch. The chunks' heaps are merged at the end."""
-    if one_pass is None:  # a matrix in the caches is read from there either way: no calibration needed
-        one_pass = len(query_vecs) > 1 and (dim_major.nbytes < cost.MIN_PRUNED_BYTES
-                                            or cost.model().batch_in_one_pass(query_vecs))
+    kept rows) or in one pass (``one_pass``, as the call's :class:`.plan.Plan` says): blocks narrow enough for the
+    scores of every query to stay in the L2 cache, rows taken in tiles of ``TILE_DIMS`` dimensions that every query
+    re-reads from the cache, so the matrix is read from memory once per batch. The chunks' heaps are merged at the
+    end."""
     if len(query_vecs) > 1 and not one_pass:
         results = [fused_top_k(dim_major, query_vec[None], k, one_pass=True) for query_vec in query_vecs]
         return [r[0][0] for r in results], [r[1][0] for r in results]
@@ -73,6 +69,26 @@ def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pa
         if _PARALLEL['layer'] is None and not _PARALLEL['forked']:
             _PARALLEL['layer'] = numba.threading_layer()
     return merge_heaps(heap_s, heap_i, k)
+
+
+def approximate_top_k(codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, k: int):
+    """The first pass of the compressed path (:func:`.compressed.search_compressed`) for one query: the approximate
+    score ``sum_r weights[r] * codes[dims[r], d]`` of every document ``d`` of a dimension-major int8 ``(dims, docs)``
+    matrix, in float32 (the same chunks, blocks and eight-row passes as :func:`fused_top_k`, reading a quarter of
+    its bytes), and the docids of the ``k`` best of them. Returns ``(approx, docids)``."""
+    n_docs = codes.shape[1]
+    k = min(k, n_docs)
+    approx = np.empty(n_docs, dtype=np.float32)
+    if _PARALLEL['forked']:
+        kernel, threads = _serial_approx_kernel(), 1
+    else:
+        kernel, threads = _approx_kernel, numba.get_num_threads()
+    chunks = max(1, min(math.ceil(n_docs / BLOCK_DOCS), CHUNKS_PER_THREAD * threads))
+    with _KERNEL_LOCK:
+        heap_s, heap_i = kernel(codes, dims, weights, k, BLOCK_DOCS, chunks, approx)
+        if _PARALLEL['layer'] is None and not _PARALLEL['forked']:
+            _PARALLEL['layer'] = numba.threading_layer()
+    return approx, merge_heaps(heap_s, heap_i, k)[1][0]
 
 
 _jit = numba.njit(cache=True, nogil=True, fastmath={'contract'})
@@ -185,12 +201,41 @@ def _fused_kernel(matrix, dims, weights, starts, k, block, tile, chunks):
     return heap_s, heap_i
 
 
-_SERIAL = []
+@_parallel_jit
+def _approx_kernel(codes, dims, weights, k, block, chunks, approx):
+    n_docs = codes.shape[1]
+    heap_s = np.full((chunks, 1, k), -np.inf, dtype=np.float32)
+    heap_i = np.full((chunks, 1, k), -1, dtype=np.int64)
+    per_chunk = (n_docs + chunks - 1) // chunks
+    per_chunk = (per_chunk + block - 1) // block * block
+    for c in _prange(chunks):
+        acc = np.empty(block, dtype=np.float32)
+        lo = c * per_chunk
+        hi = min(n_docs, lo + per_chunk)
+        for b0 in range(lo, hi, block):
+            n = min(hi, b0 + block) - b0
+            acc[:n] = 0.0
+            _add_rows(acc, codes, dims, weights, 0, dims.shape[0], b0, n)
+            approx[b0:b0 + n] = acc[:n]
+            _push_block(heap_s[c, 0], heap_i[c, 0], acc, n, b0)
+    return heap_s, heap_i
+
+
+_SERIAL = {}
 
 
 def _serial_kernel():
     """The kernel compiled without the parallel loop (for a forked child; not cached on disk, where it would share
     the parallel kernel's entry)."""
-    if not _SERIAL:
-        _SERIAL.append(numba.njit(nogil=True, fastmath={'contract'})(_fused_kernel.py_func))
-    return _SERIAL[0]
+    return _serial(_fused_kernel)
+
+
+def _serial_approx_kernel():
+    """The compressed path's first pass compiled without the parallel loop (for a forked child)."""
+    return _serial(_approx_kernel)
+
+
+def _serial(kernel):
+    if kernel not in _SERIAL:
+        _SERIAL[kernel] = numba.njit(nogil=True, fastmath={'contract'})(kernel.py_func)
+    return _SERIAL[kernel]

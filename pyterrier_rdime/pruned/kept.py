@@ -3,7 +3,7 @@ only the rows of the dimensions each query keeps (its non-zero entries; a zero e
 kernel (:mod:`._numba`, imported on its first call so that importing the package does not load numba) or, without
 numba, a pure-numpy version with the same ranking."""
 import importlib.util
-from typing import Optional, Tuple
+from typing import Optional
 
 import numpy as np
 
@@ -14,11 +14,12 @@ from .topk import Result, best_k, top_k
 NUMBA_AVAILABLE = importlib.util.find_spec('numba') is not None
 
 
-def search_pruned(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
+def search_pruned(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pass: bool = False,
                   use_numba: Optional[bool] = None) -> Result:
     """Top-``k`` ``(scores, docids)`` of each query, reading only the rows of ``dim_major`` where the query is
-    non-zero. With numba, the fused parallel kernel (:func:`._numba.fused_top_k`); else :func:`numpy_top_k`.
-    ``use_numba=None`` uses numba when it is installed."""
+    non-zero. With numba, the fused parallel kernel (:func:`._numba.fused_top_k`), a batch in one pass over the union
+    of its kept rows with ``one_pass`` (the plan ``'one pass'`` of :func:`.cost.plan`), else query after query;
+    without, :func:`numpy_top_k`. ``use_numba=None`` uses numba when it is installed."""
     dim_major = check_matrix(dim_major)
     query_vecs = np.ascontiguousarray(query_vecs, dtype=np.float32)
     if not len(query_vecs):
@@ -30,17 +31,8 @@ def search_pruned(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
         use_numba = NUMBA_AVAILABLE
     if use_numba:
         from . import _numba
-        return _numba.fused_top_k(dim_major, query_vecs, k)
+        return _numba.fused_top_k(dim_major, query_vecs, k, one_pass=one_pass)
     return numpy_top_k(dim_major, query_vecs, k)
-
-
-def kept_dims(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The non-zero entries of each query, concatenated: ``(dims, weights, starts)`` with query ``i``'s kept dims
-    (ascending) and values at ``starts[i]:starts[i + 1]``."""
-    rows, dims = np.nonzero(query_vecs)
-    starts = np.zeros(len(query_vecs) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=len(query_vecs)), out=starts[1:])
-    return dims.astype(np.int64), query_vecs[rows, dims].astype(np.float32), starts
 
 
 def numpy_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, block: int = 32768) -> Result:

@@ -8,11 +8,13 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
-from . import cost, dense, kept
+from . import calibration, cost, dense, kept
+from .compressed import CompressedCopy, search_compressed
 from .layout import Layout, portable_index
+from .plan import Plan
 from .topk import Result
 
-STRATEGIES = ('auto', 'pruned', 'dense')
+STRATEGIES = ('auto', 'pruned', 'dense', 'compressed')
 #: A query whose scores could reach this (half the float32 range) is refused: see ``PrunedRetriever.stack_queries``.
 SCORE_LIMIT = float(np.finfo(np.float32).max) / 2
 
@@ -40,7 +42,7 @@ class PrunedRetriever(ConfigTransformer):
     copy is built. The on-disk copy records the size, times, inode and full SHA-256 of the vectors and docnos it was
     built from, and is rebuilt (with a warning) when they change (see :mod:`pyterrier_rdime.pruned.layout`).
 
-    Two exact scoring paths; ``strategy`` picks one:
+    Three exact scoring paths; ``strategy`` picks one:
 
     - ``'pruned'``: a compiled kernel (numba) reads only the kept rows of the matrix, in one pass over blocks of the
       score vector that stay in the CPU cache, with the top-k selection fused, parallel over blocks of documents on
@@ -51,11 +53,18 @@ class PrunedRetriever(ConfigTransformer):
       matrix product per ``batch_size`` queries and block of documents.
     - ``'auto'`` (default): per call, the path of lower estimated cost (:mod:`pyterrier_rdime.pruned.cost`,
       calibrated on this machine on first use: a few seconds, cached per CPU model and thread counts), and ``'dense'``
-      without numba or for a matrix under 16 MiB (it sits in the CPU caches).
+      without numba or for a matrix under 16 MiB (it sits in the CPU caches). The call's plan (dense, pruned query
+      by query, pruned in one pass, compressed) is decided once, by :func:`pyterrier_rdime.pruned.cost.plan`.
+    - ``'compressed'`` (opt-in; ``'auto'`` never takes it): the kept rows of an int8 copy of the matrix (a quarter of
+      its size; for a FlexIndex a second file beside the layout, ``rdime.dim_major.i8.npy``, built once on first use
+      under the same protocol) are scanned first, then every document whose exact error bound cannot rule it out of
+      the top ``num_results`` is re-scored exactly: the same ranking, reading a quarter of the bytes in the scan
+      (:mod:`pyterrier_rdime.pruned.compressed`). Query after query, also for a batch.
 
-    Both paths return the same documents up to floating-point ties: scores agree to float32 summation-order
-    precision (~1e-6 relative), so documents whose scores differ by less than that may swap or, at the cut-off,
-    differ. Exact ties go to the lower docid on both paths.
+    Every path returns the same documents up to floating-point ties: scores agree to float32 summation-order
+    precision (~1e-6 relative; the compressed path's are float64 scores rounded to float32), so documents whose
+    scores differ by less than that may swap or, at the cut-off, differ. Exact ties go to the lower docid on every
+    path.
 
     The retriever pickles without its matrix (a worker of ``.parallel()`` reopens the shared file, or rebuilds the
     in-memory copy of an array index) and is safe to call from several threads (calls are served one after the
@@ -66,7 +75,7 @@ class PrunedRetriever(ConfigTransformer):
         index: a pyterrier-dr ``FlexIndex`` (inner product) or a ``(docs, dims)`` float array of document vectors.
         num_results: documents returned per query.
         docnos: with an array ``index``, the docno of each row (default: the row number as a string).
-        strategy: ``'auto'``, ``'pruned'`` or ``'dense'`` (see above).
+        strategy: ``'auto'``, ``'pruned'``, ``'dense'`` or ``'compressed'`` (see above).
         batch_size: queries per matrix product on the dense path.
         drop_query_vec: drop ``query_vec`` from the output.
         verbose: show a progress bar while the on-disk copy of a FlexIndex is built.
@@ -121,6 +130,7 @@ class PrunedRetriever(ConfigTransformer):
         self.drop_query_vec = drop_query_vec
         self.verbose = verbose
         self._layout = Layout(index, docnos=docnos, stage=name, verbose=verbose)
+        self._compressed = CompressedCopy(self._layout)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -134,26 +144,35 @@ class PrunedRetriever(ConfigTransformer):
             return None
         fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
         fused._layout = self._layout
+        fused._compressed = self._compressed
         return fused
 
     def dim_major(self) -> np.ndarray:
         """The ``(dims, docs)`` float32 C-contiguous document matrix (opened or built on first use)."""
         return self._layout.matrix()
 
-    def choose_strategy(self, query_vecs: np.ndarray) -> str:
-        """The path this retriever takes for these (already pruned) query vectors (n, dims)."""
-        if self.strategy != 'auto':
-            return self.strategy
-        return cost.choose_path(query_vecs, self.dim_major().nbytes, kept.NUMBA_AVAILABLE)
+    def plan(self, query_vecs: np.ndarray) -> Plan:
+        """How this retriever scores these (already pruned) query vectors (n, dims): decided once per call."""
+        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=self.dim_major().nbytes,
+                         compiled=kept.NUMBA_AVAILABLE, model=calibration.model)
 
-    def search(self, query_vecs: np.ndarray) -> Result:
+    def choose_strategy(self, query_vecs: np.ndarray) -> str:
+        """The path this retriever takes for these (already pruned) query vectors (n, dims): ``'pruned'``,
+        ``'dense'`` or ``'compressed'``."""
+        return self.plan(query_vecs).strategy
+
+    def search(self, query_vecs: np.ndarray, plan: Optional[Plan] = None) -> Result:
         """The top ``num_results`` ``(scores, docids)`` of each query vector (n, dims), already checked by
-        :meth:`stack_queries`, on the path :meth:`choose_strategy` picks: the search of one index, which
+        :meth:`stack_queries`, scored as ``plan`` says (default: :meth:`plan`): the search of one index, which
         :class:`~pyterrier_rdime.pruned.sharded.ShardedPrunedRetriever` runs on every shard."""
+        plan = plan or self.plan(query_vecs)
         matrix = self.dim_major()
-        if self.choose_strategy(query_vecs) == 'pruned':
-            return kept.search_pruned(matrix, query_vecs, self.num_results)
-        return dense.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
+        if plan.path == 'dense':
+            return dense.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
+        if plan.path == 'compressed':
+            return search_compressed(self._compressed.codes(), matrix, query_vecs, self.num_results,
+                                     use_numba=kept.NUMBA_AVAILABLE)
+        return kept.search_pruned(matrix, query_vecs, self.num_results, one_pass=plan.path == 'one pass')
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)

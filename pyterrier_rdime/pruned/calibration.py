@@ -1,0 +1,184 @@
+"""The calibration harness of the cost model behind ``PrunedRetriever(strategy='auto')``: :func:`calibrate` times
+the dense and the pruned paths on a synthetic matrix several times the size of the CPU caches (a few seconds) and
+fits the seven constants of :class:`.cost.CostModel`; the result is cached per CPU model and thread counts (numba's
+and BLAS's) in ``default_cache_dir()/cost``; :func:`model` loads it, or calibrates on first use. Re-run it on demand
+with ``python -m pyterrier_rdime.pruned``."""
+import dataclasses
+import functools
+import json
+import logging
+import os
+import platform
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from .._config import default_cache_dir
+from . import dense
+from .cost import CostModel
+from .plan import batch_features, nonzero_fractions
+
+#: The calibration matrix: ``CALIBRATION_DIMS x CALIBRATION_DOCS`` float32 (192 MiB, six times a 32 MiB L3 cache),
+#: so that both paths stream it from memory, as they do a real index.
+CALIBRATION_DIMS, CALIBRATION_DOCS = 768, 65536
+#: Repetitions of each timing per pass of a calibration (the minimum over both passes is kept: the least
+#: disturbed by other processes).
+CALIBRATION_ROUNDS = 3
+#: A calibration whose fitted model misses one of its own timings by more than this (relative) was disturbed, or ran
+#: on a machine the model does not describe: it is kept, with a warning to re-run it on a quieter machine.
+FIT_TOLERANCE = 0.25
+
+_log = logging.getLogger(__name__)
+
+
+def fit_non_negative(features: np.ndarray, costs: np.ndarray) -> np.ndarray:
+    """The coefficients ``c >= 0`` minimising the relative error of ``features @ c`` against ``costs`` (a cost that
+    noise pushed below 0 is 0: every path costs at least what it reads); every subset of the few columns is tried,
+    which is exact non-negative least squares at this size."""
+    weighted = features / costs[:, None]
+    best, best_error = np.zeros(features.shape[1]), np.inf
+    for mask in range(1, 2 ** features.shape[1]):
+        cols = [c for c in range(features.shape[1]) if mask >> c & 1]
+        coef = np.linalg.lstsq(weighted[:, cols], np.ones(len(costs)), rcond=None)[0]
+        error = float(np.sum((weighted[:, cols] @ coef - 1) ** 2))
+        if np.all(coef >= 0) and error < best_error:
+            best, best_error = np.zeros(features.shape[1]), error
+            best[cols] = coef
+    return best
+
+
+_MODELS: Dict[str, CostModel] = {}
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as f:
+            cpu = next((line.split(':', 1)[1] for line in f if line.startswith('model name')), cpu)
+    except OSError:
+        pass
+    slug = re.sub(r'[^A-Za-z0-9]+', '-', cpu).strip('-').lower() or 'cpu'
+    return f'{slug}-{os.cpu_count()}cpus'
+
+
+@functools.lru_cache(maxsize=1)
+def _blas():
+    """numpy's BLAS, the dense path's (found once, by threadpoolctl; None without it): the BLAS libraries in numpy's
+    wheel (``numpy.libs``), else every BLAS loaded (a numpy built on the system's BLAS); a BLAS that scipy or numba
+    loads beside it is not numpy's."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    blas = ThreadpoolController().select(user_api='blas')
+    numpy_own = [info['filepath'] for info in blas.info() if Path(info['filepath']).parent.name.startswith('numpy')]
+    return blas.select(filepath=numpy_own) if numpy_own else blas
+
+
+def machine_key() -> str:
+    """The CPU model, the numba thread count and numpy's BLAS thread count (both of which the process may change: the
+    kernel runs on the one, the dense path on the other), as a file name: a calibration holds for these only. Without
+    threadpoolctl the BLAS thread count is ``unknown``."""
+    import numba
+    blas = _blas()
+    counts = sorted({library['num_threads'] for library in blas.info()}) if blas is not None else []
+    return f'{_cpu()}-{numba.get_num_threads()}threads-blas{"-".join(map(str, counts)) or "unknown"}'
+
+
+def cache_path(key: Optional[str] = None) -> Path:
+    """Where the calibration of this machine (or of ``key``) is cached."""
+    return default_cache_dir() / 'cost' / f'{key or machine_key()}.json'
+
+
+def model() -> CostModel:
+    """The cost model of this machine and thread count: from this process's memory, else the cache file, else
+    calibrated now (a few seconds, once per CPU model and thread counts) and cached."""
+    key = machine_key()
+    if key not in _MODELS:
+        path = cache_path(key)
+        try:
+            _MODELS[key] = CostModel(**json.loads(path.read_text())['model'])
+        except (OSError, ValueError, KeyError, TypeError):
+            _log.info('calibrating the cost model of PrunedRetriever(strategy="auto") for %s (once: cached in %s)',
+                      key, path)
+            _MODELS[key] = calibrate()
+    return _MODELS[key]
+
+
+def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int = CALIBRATION_DOCS) -> CostModel:
+    """Times the dense and the pruned paths on a ``CALIBRATION_DIMS x docs`` synthetic matrix with top-100, each
+    timing ``2 x rounds`` times in blocks (the minimum kept), and fits the model's constants by non-negative least
+    squares on the relative error: the dense matrix product from batches of 8 and 64; the pruned path one query at a
+    time from kept fractions of 0.2, 0.5 and 0.8; one pass from batches of 8 and 64 at 25, 50 and 75 % kept, with
+    independent kept sets (union ~1) and with one shared kept set (union = kept). With ``save``, cached for
+    :func:`model` (and replaces its entry); a fit that misses one of its timings by more than ``FIT_TOLERANCE`` is
+    logged as a warning."""
+    from . import _numba  # numba loads only when the kernel first runs, or now
+    rng = np.random.default_rng(0)
+    matrix = rng.random((CALIBRATION_DIMS, docs), dtype=np.float32)
+    matrix -= 0.5
+
+    def queries(n: int, kept: float, shared: bool = False) -> np.ndarray:
+        q = rng.standard_normal((n, CALIBRATION_DIMS)).astype(np.float32)
+        mask = rng.random((1 if shared else n, CALIBRATION_DIMS)) < kept
+        return np.where(mask, q, 0).astype(np.float32)
+
+    single = {f'one {kept}': queries(1, kept) for kept in (0.2, 0.5, 0.8)}
+    batch = {f'pass {n} {kept} {"shared" if shared else "independent"}': queries(n, kept, shared)
+             for n in (8, 64) for kept in (0.25, 0.5, 0.75) for shared in (False, True)}
+    full = queries(64, 1.0)
+    fns: Dict[str, Callable] = {
+        'gemv': lambda: dense.search_dense(matrix, full[:1], 100),
+        'gemm 8': lambda: dense.search_dense(matrix, full[:8], 100),
+        'gemm 64': lambda: dense.search_dense(matrix, full, 100),
+        **{name: (lambda q=q: _numba.fused_top_k(matrix, q, 100, one_pass=True))
+           for name, q in {**single, **batch}.items()},
+    }
+    for fn in fns.values():  # compile (or load) the kernels, touch the matrix
+        fn()
+    # in blocks (each timing ``rounds`` times in a row, so that the previous one's threads have stopped spinning),
+    # in two passes in opposite orders (a burst of load from other processes does not hit one timing alone)
+    times: Dict[str, List[float]] = {name: [] for name in fns}
+    for names in (list(fns), list(fns)[::-1]):
+        for name in names:
+            for _ in range(rounds):
+                start = time.perf_counter()
+                fns[name]()
+                times[name].append(time.perf_counter() - start)
+    unit = min(times['gemv'])
+    t = {name: min(values) / unit for name, values in times.items()}
+    dense_fit = fit_non_negative(np.array([[1.0, 8.0], [1.0, 64.0]]), np.array([t['gemm 8'], t['gemm 64']]))
+    single_fit = fit_non_negative(np.array([[1.0, nonzero_fractions(q)[0]] for q in single.values()]),
+                                  np.array([t[name] for name in single]))
+    batch_fit = fit_non_negative(np.array([batch_features(q) for q in batch.values()]),
+                                 np.array([t[name] for name in batch]))
+    fitted = CostModel(dense_gemm_fixed=float(dense_fit[0]), dense_gemm_per_query=float(dense_fit[1]),
+                       pruned_fixed=float(single_fit[0]),
+                       pruned_slope=float(single_fit[1]), batch_per_query=float(batch_fit[0]),
+                       batch_union=float(batch_fit[1]), batch_per_kept=float(batch_fit[2]))
+    estimates = {**{name: fitted.pruned_one_by_one_cost(q) for name, q in single.items()},
+                 **{name: fitted.pruned_batch_cost(q) for name, q in batch.items()}}
+    errors = {name: abs(estimate / t[name] - 1) for name, estimate in estimates.items()}
+    worst = max(errors, key=errors.get)
+    if errors[worst] > FIT_TOLERANCE:
+        _log.warning('the cost model of PrunedRetriever(strategy="auto") misses the timing of "%s" by %.0f %% (load '
+                     'average %.1f): re-run the calibration on a quieter machine with python -m '
+                     'pyterrier_rdime.pruned', worst, errors[worst] * 100, os.getloadavg()[0])
+    if save:
+        key = machine_key()
+        path = cache_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {'machine': key, 'calibrated_at': time.strftime('%Y-%m-%d %H:%M:%S'), 'unit_gemv_s': unit,
+                  'load_average': os.getloadavg(), 'timings_in_gemv': t, 'fit_relative_errors': errors,
+                  'model': dataclasses.asdict(fitted)}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+        with os.fdopen(fd, 'w') as out:
+            json.dump(record, out, indent=1)
+        os.replace(tmp, path)
+        _MODELS[key] = fitted
+    return fitted

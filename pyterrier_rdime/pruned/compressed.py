@@ -1,0 +1,313 @@
+"""The compressed path of ``PrunedRetriever(strategy='compressed')``: exact top-k from an int8 copy of the
+dimension-major matrix, reading a quarter of the bytes of the kept float32 rows for the scan.
+
+The copy holds, per dimension ``j``, ``code[j, d] = round(value[j, d] / scale[j])`` in ``[-127, 127]`` with
+``scale[j] = max_d |value[j, d]| / 127``, and the largest quantisation error of the dimension,
+``error[j] = max_d |value[j, d] - scale[j] * code[j, d]|`` (measured when the copy is built, at most ``scale[j] / 2``).
+A query ``q`` with kept dimensions ``K`` is scored in two steps:
+
+1. the first pass scans the kept int8 rows: ``approx[d] = sum_{j in K} w_j code[j, d]`` with ``w_j = q_j scale[j]``
+   in float32; every document's exact score lies within ``bound`` of it, where ``bound`` adds the quantisation error
+   ``sum_{j in K} |q_j| error[j]``, the rounding of ``w_j`` and the worst-case rounding of the float32 sum
+   (:func:`error_bound`);
+2. the ``k`` best approximate documents are re-scored exactly (float64, from the float32 rows), their lowest exact
+   score ``s`` is a lower bound of the k-th best exact score, and every other document whose upper bound
+   ``approx + bound`` reaches ``s`` is re-scored too. No document of the exact top-k is left out, so the result is the
+   exact top-k (ties to the lower docid), as the float32 paths give it up to float32 rounding.
+
+The re-scored documents are few when the bound is small against the gaps between the top scores (about ``k`` to
+``2.5 k`` on sentence-embedding-like data); exact ties at the k-th score (duplicate documents) are all re-scored.
+
+For a FlexIndex the copy is one file per index beside the float32 layout (``rdime.dim_major.i8.npy``, a quarter of
+its size), built on first use from the layout, dimension by dimension, under the same protocol as the layout: a
+temporary file renamed into place when complete and flushed, a JSON record written after it that names the layout
+file it was built from and the file itself, a copy whose record is missing or does not match (a stale copy of a
+rebuilt layout, a damaged or interrupted file) rebuilt with a warning, concurrent builds serialised by a lock. An
+array index gets an in-memory copy.
+"""
+import dataclasses
+import json
+import os
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import pyterrier as pt
+
+from .layout import Layout, _exclusive, _identity
+from .plan import kept_dims
+from .topk import Result, best_k, top_k
+
+#: The largest code: int8 values are in ``[-CODE_MAX, CODE_MAX]`` (-128 unused, so that the scale is symmetric).
+CODE_MAX = 127
+#: Unit roundoff of float32: each float32 operation is exact to within this relative error.
+UNIT_ROUNDOFF = 2.0 ** -24
+#: Dimensions quantised per step of a build: ``ROWS_PER_STEP x docs x 8`` bytes of temporary memory (64 MiB per
+#: million documents).
+ROWS_PER_STEP = 8
+
+_REGISTRY_LOCK = threading.Lock()
+_BUILD_LOCKS: Dict[Path, threading.Lock] = {}
+_OPEN: Dict[Path, Tuple[tuple, 'Codes']] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Codes:
+    """An int8 copy of a dimension-major matrix: ``codes`` ``(dims, docs)`` int8 C-contiguous, with ``scale``
+    (float32) and the largest quantisation ``error`` (float64) of each dimension."""
+    codes: np.ndarray
+    scale: np.ndarray
+    error: np.ndarray
+
+
+def quantise_rows(rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(codes, scale, error)`` of float32 rows ``(n, docs)``, one scale per row; a row of zeros gets scale 1."""
+    rows = np.asarray(rows, dtype=np.float32)
+    scale = (np.abs(rows).max(axis=1, initial=0) / CODE_MAX).astype(np.float32)
+    scale[scale == 0] = 1
+    codes = np.clip(np.rint(rows / scale[:, None]), -CODE_MAX, CODE_MAX).astype(np.int8)
+    error = np.abs(rows.astype(np.float64) - scale.astype(np.float64)[:, None] * codes).max(axis=1, initial=0)
+    return codes, scale, error
+
+
+def quantise(dim_major: np.ndarray) -> Codes:
+    """The in-memory int8 copy of a ``(dims, docs)`` float32 matrix, ``ROWS_PER_STEP`` dimensions at a time."""
+    dims, docs = dim_major.shape
+    codes = np.empty((dims, docs), dtype=np.int8)
+    scale, error = np.empty(dims, dtype=np.float32), np.empty(dims)
+    for j in range(0, dims, ROWS_PER_STEP):
+        codes[j:j + ROWS_PER_STEP], scale[j:j + ROWS_PER_STEP], error[j:j + ROWS_PER_STEP] = \
+            quantise_rows(dim_major[j:j + ROWS_PER_STEP])
+    return Codes(codes, scale, error)
+
+
+def query_weights(copy: Codes, query_vec: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(dims, values, weights)`` of one query: its kept dimensions, their float32 values and the float32 weights
+    ``values * scale`` of the first pass."""
+    dims, values, _ = kept_dims(np.asarray(query_vec, dtype=np.float32)[None])
+    return dims, values, (values * copy.scale[dims]).astype(np.float32)
+
+
+def error_bound(copy: Codes, dims: np.ndarray, values: np.ndarray, weights: np.ndarray) -> float:
+    """The largest difference between any document's exact score ``sum_j values_j x_j`` (real arithmetic) and its
+    first-pass score, a float32 sum of ``weights_j code_j``: the quantisation error ``sum_j |values_j| error_j``, plus
+    the rounding of the weights ``sum_j |values_j scale_j - weights_j| CODE_MAX``, plus the rounding of a float32 sum
+    of ``n`` products in any order, ``gamma_{n+2} sum_j |weights_j| CODE_MAX`` with ``gamma_m = m u / (1 - m u)``
+    (Higham, Accuracy and Stability of Numerical Algorithms, 2002, §3.1; two more terms than needed cover the
+    conversion of each block's sum to float32). Computed in float64 and widened by ``1e-9`` relative, which is far
+    beyond the float64 rounding of these few sums."""
+    values64, weights64 = values.astype(np.float64), weights.astype(np.float64)
+    quantisation = float(np.abs(values64) @ copy.error[dims])
+    weight_rounding = float(np.abs(values64 * copy.scale[dims].astype(np.float64) - weights64).sum()) * CODE_MAX
+    m = (len(dims) + 2) * UNIT_ROUNDOFF
+    sum_rounding = m / (1 - m) * float(np.abs(weights64).sum()) * CODE_MAX
+    return (quantisation + weight_rounding + sum_rounding) * (1 + 1e-9)
+
+
+def first_pass(copy: Codes, query_vec: np.ndarray, k: int, *,
+               use_numba: bool) -> Tuple[np.ndarray, np.ndarray, float]:
+    """``(approx, docids, bound)`` of one query: the first-pass score of every document, the docids of the ``k``
+    best of them, and the bound of :func:`error_bound` (compiled with numba, else numpy by blocks of documents)."""
+    dims, values, weights = query_weights(copy, query_vec)
+    k = min(k, copy.codes.shape[1])
+    if use_numba:
+        from . import _numba
+        approx, docids = _numba.approximate_top_k(copy.codes, dims, weights, k)
+    else:
+        approx = np.empty(copy.codes.shape[1], dtype=np.float32)
+        for d0 in range(0, len(approx), 32768):
+            approx[d0:d0 + 32768] = weights @ copy.codes[dims, d0:d0 + 32768].astype(np.float32)
+        docids = top_k(approx, k)[1]
+    return approx, docids, error_bound(copy, dims, values, weights)
+
+
+def exact_scores(dim_major: np.ndarray, query_vec: np.ndarray, docids: np.ndarray) -> np.ndarray:
+    """The float64 scores of these documents, read from the float32 matrix (only their kept values: one gather)."""
+    dims = np.flatnonzero(query_vec)
+    if not len(dims) or not len(docids):
+        return np.zeros(len(docids))
+    return query_vec[dims].astype(np.float64) @ np.asarray(dim_major[np.ix_(dims, docids)], dtype=np.float64)
+
+
+def float32_below(value: float) -> np.float32:
+    """The largest float32 at most ``value``: a float32 score is ``>= value`` exactly when it is ``>=`` this one
+    (compared in float32, twice as fast over the first pass's scores as in float64)."""
+    below = np.float32(value)
+    return np.nextafter(below, np.float32(-np.inf)) if below > value else below
+
+
+def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
+                      use_numba: bool) -> Result:
+    """Top-``k`` ``(scores, docids)`` of each query, exact: the first pass over ``copy``, then the documents whose
+    bound reaches the k-th best exact score re-scored from ``dim_major`` (see the module's description). Scores are
+    the float64 exact scores rounded to float32."""
+    scores, docids = [], []
+    for query_vec in query_vecs:
+        if not query_vec.any():  # every score is 0: the lowest docids, as on the other paths
+            n = min(k, dim_major.shape[1])
+            scores.append(np.zeros(n, dtype=np.float32))
+            docids.append(np.arange(n))
+            continue
+        approx, best, bound = first_pass(copy, query_vec, k, use_numba=use_numba)
+        best = np.sort(best)
+        best_scores = exact_scores(dim_major, query_vec, best)
+        # every document of the exact top-k scores at least the k-th best of any k exact scores, so its first-pass
+        # score is at least that minus the bound
+        others = np.flatnonzero(approx >= float32_below(best_scores.min() - bound))
+        others = others[~np.isin(others, best, assume_unique=True)]
+        ids = np.concatenate([best, others])
+        s = np.concatenate([best_scores, exact_scores(dim_major, query_vec, others)])
+        order = best_k(s, ids, min(k, len(approx)))
+        scores.append(s[order].astype(np.float32))
+        docids.append(ids[order])
+    return scores, docids
+
+
+class CompressedCopy:
+    """The int8 copy of one :class:`.layout.Layout`, opened (or built) on first use. Thread-safe; pickles without the
+    copy (the other side reopens the file, or quantises its own matrix again)."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self._lock = threading.Lock()
+        self._codes: Optional[Codes] = None
+
+    def __getstate__(self) -> dict:
+        return {'layout': self.layout}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state['layout'])
+
+    def codes(self) -> Codes:
+        if self._codes is None:
+            with self._lock:
+                if self._codes is None:
+                    if self.layout.is_array:
+                        self._codes = quantise(self.layout.matrix())
+                    else:
+                        self._codes = open_flex_compressed(self.layout)
+        return self._codes
+
+
+def compressed_path(layout_path: Path) -> Path:
+    """Where the int8 copy of the float32 layout at ``layout_path`` is stored: beside it, ``.i8`` added to its name
+    (``rdime.dim_major.i8.npy`` in an index folder)."""
+    layout_path = Path(layout_path)
+    return layout_path.with_name(f'{layout_path.stem}.i8{layout_path.suffix}')
+
+
+def open_flex_compressed(layout: Layout) -> Codes:
+    """The memory-mapped int8 copy of a FlexIndex's layout, built first (with a warning when one was there) if it is
+    missing, incomplete, damaged or was built from another layout file. The float32 layout is opened (or rebuilt)
+    first."""
+    matrix = layout.matrix()
+    layout_path = Path(matrix.filename)
+    path = compressed_path(layout_path)
+    with _REGISTRY_LOCK:
+        build_lock = _BUILD_LOCKS.setdefault(path, threading.Lock())
+    with build_lock:
+        with _REGISTRY_LOCK:
+            opened = _OPEN.get(path)
+        identities = (_identity(path), _identity(layout_path))
+        if opened is not None and opened[0] == identities and _check(path, layout_path, matrix.shape) is None:
+            return opened[1]
+        if _check(path, layout_path, matrix.shape) is not None:
+            with _exclusive(layout_path):  # another process may be building it: wait, then look again
+                reason = _check(path, layout_path, matrix.shape)
+                if reason is not None:
+                    if path.exists() or record_path(path).exists():
+                        warnings.warn(f'{layout.stage}: rebuilding the compressed copy {path}: {reason}',
+                                      stacklevel=4)
+                    for stale in path.parent.glob(f'.{path.name}.*.tmp'):  # from a killed build: no one writes it now
+                        stale.unlink(missing_ok=True)
+                    record_path(path).unlink(missing_ok=True)
+                    scale, error = build_compressed(matrix, path, stage=layout.stage, verbose=layout.verbose)
+                    _write_record(path, layout_path, scale, error)
+        record = _read_record(path)
+        copy = Codes(np.load(path, mmap_mode='r'), np.asarray(record['scale'], dtype=np.float32),
+                     np.asarray(record['error'], dtype=np.float64))
+        with _REGISTRY_LOCK:
+            _OPEN[path] = ((_identity(path), _identity(layout_path)), copy)
+        return copy
+
+
+def build_compressed(dim_major: np.ndarray, path: Path, *, stage: str = 'PrunedRetriever',
+                     verbose: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """Write the int8 ``(dims, docs)`` ``.npy`` copy of a float32 dimension-major matrix to ``path``,
+    ``ROWS_PER_STEP`` dimensions at a time; the file appears under its name only once complete and flushed. Returns
+    ``(scale, error)`` of each dimension."""
+    dims, docs = dim_major.shape
+    scale, error = np.empty(dims, dtype=np.float32), np.empty(dims)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as out:
+            np.lib.format.write_array_header_1_0(out, {'descr': '|i1', 'fortran_order': False, 'shape': (dims, docs)})
+            progress = pt.tqdm(total=dims, desc=f'{stage} int8 copy', unit='dim') if verbose else None
+            for j in range(0, dims, ROWS_PER_STEP):
+                codes, scale[j:j + ROWS_PER_STEP], error[j:j + ROWS_PER_STEP] = \
+                    quantise_rows(dim_major[j:j + ROWS_PER_STEP])
+                out.write(codes.tobytes())
+                if progress is not None:
+                    progress.update(len(codes))
+            if progress is not None:
+                progress.close()
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return scale, error
+
+
+def record_path(path: Path) -> Path:
+    """The JSON record that describes the int8 copy at ``path``."""
+    return path.with_suffix('.json')
+
+
+def _write_record(path: Path, layout_path: Path, scale: np.ndarray, error: np.ndarray) -> None:
+    """The copy's record, written (atomically) after the copy is in place: a build killed before this leaves a copy
+    without a record, which is rebuilt."""
+    record = {'layout': list(_identity(layout_path)), 'codes': list(_identity(path)),
+              'scale': [float(x) for x in scale], 'error': [float(x) for x in error]}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    with os.fdopen(fd, 'w') as out:
+        json.dump(record, out)
+    os.replace(tmp, record_path(path))
+
+
+def _read_record(path: Path) -> dict:
+    with open(record_path(path)) as f:
+        return json.load(f)
+
+
+def _check(path: Path, layout_path: Path, shape: Tuple[int, int]) -> Optional[str]:
+    """None for a complete int8 copy of this shape whose record matches both it and the float32 layout; else why
+    not."""
+    if not path.exists():
+        return 'there is none'
+    try:
+        with open(path, 'rb') as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            got_shape, fortran, dtype = read_header(f)
+            complete = path.stat().st_size == f.tell() + shape[0] * shape[1]
+    except (OSError, ValueError):
+        return 'it is not a readable .npy file'
+    if not (complete and tuple(got_shape) == tuple(shape) and not fortran and dtype == np.dtype('i1')):
+        return f'it is incomplete or not an int8 {tuple(shape)} matrix (damaged, or a build was interrupted)'
+    try:
+        record = _read_record(path)
+        if len(record['scale']) != shape[0] or len(record['error']) != shape[0]:
+            raise ValueError('scale')
+    except (OSError, ValueError, KeyError, TypeError):
+        return f'its record {record_path(path).name} is missing or unreadable (a build was interrupted)'
+    if tuple(record['codes']) != _identity(path):
+        return f'its record {record_path(path).name} describes another file (damaged, or a build was interrupted)'
+    if tuple(record['layout']) != _identity(layout_path):
+        return f'it was built from another float32 layout than {layout_path.name} (the layout was rebuilt)'
+    return None

@@ -1,0 +1,229 @@
+"""The compressed path of PrunedRetriever (strategy='compressed'): quantisation by hand; the error bound against
+float64 scores for every document; the exact top-k against a float64 reference and the float32 pruned path on random
+and adversarial data (exact ties, documents the first pass cannot tell apart, maximal quantisation errors, constant
+columns, every count of kept dimensions from one); the int8 copy of a FlexIndex built once beside the layout, and
+rebuilt with a warning when stale or damaged."""
+import os
+import pickle
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from pruned_data import DIMS, K, flex_index, full_topk, make_corpus, query_frame
+
+from pyterrier_rdime import PrunedRetriever
+from pyterrier_rdime.pruned import compressed, kept, layout
+
+FIRST_PASS = [pytest.param(True, id='numba', marks=pytest.mark.skipif(
+    not kept.NUMBA_AVAILABLE, reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')),
+    pytest.param(False, id='numpy')]
+
+
+@pytest.fixture(scope='module')
+def corpus():
+    return make_corpus()
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 64 documents: many chunks and several blocks per chunk on a small matrix."""
+    if kept.NUMBA_AVAILABLE:
+        from pyterrier_rdime.pruned import _numba
+        monkeypatch.setattr(_numba, 'BLOCK_DOCS', 64)
+
+
+def search(docs, query_vecs, k, use_numba):
+    dim_major = np.ascontiguousarray(docs.T)
+    return compressed.search_compressed(compressed.quantise(dim_major), dim_major, query_vecs, k,
+                                        use_numba=use_numba)
+
+
+def assert_reference(docs, query_vecs, result, k):
+    for query_vec, s, d in zip(query_vecs, *result):
+        ref_s, ref_d = full_topk(docs, query_vec, k)
+        assert d.tolist() == ref_d.tolist()
+        np.testing.assert_allclose(s, ref_s, rtol=1e-6, atol=1e-6)
+
+
+def test_quantisation_by_hand():
+    rows = np.array([[0.5, -1.27, 0.0], [0, 0, 0], [2, 2, 2], [0.01, 0.015, -0.0149]], dtype=np.float32)
+    codes, scale, error = compressed.quantise_rows(rows)
+    assert scale[0] == np.float32(1.27) / 127 and scale[1] == 1 and scale[2] == np.float32(2) / 127
+    assert codes.dtype == np.int8 and codes[:3].tolist() == [[50, -127, 0], [0, 0, 0], [127, 127, 127]]
+    # 0.01 / (0.015 / 127) = 84.67 -> 85, error 0.33 steps; -0.0149 -> -126.2 -> -126, error 0.15 steps
+    assert codes[3].tolist() == [85, 127, -126]
+    assert error[3] == pytest.approx(abs(np.float32(0.01) - 85 * np.float64(scale[3])), rel=1e-6)
+    assert error[3] <= scale[3] / 2 and error[1] == 0 and error[2] < 1e-7
+    copy = compressed.quantise(np.ascontiguousarray(rows))
+    assert copy.codes.tolist() == codes.tolist() and copy.scale.tolist() == scale.tolist()
+
+
+def test_float32_below():
+    for value in (1.0, 0.1, -0.1, 1 + 2 ** -30, -1 - 2 ** -30, 3e38, 0.0):
+        below = compressed.float32_below(value)
+        assert below.dtype == np.float32 and below <= value < np.nextafter(below, np.float32(np.inf))
+
+
+@pytest.mark.parametrize('use_numba', FIRST_PASS)
+def test_the_bound_holds_for_every_document(corpus, small_blocks, use_numba):
+    docs, query_vecs = corpus
+    rng = np.random.default_rng(3)
+    # and a matrix of maximal quantisation errors: every value half a step from two codes (nudged either way)
+    steps = rng.integers(-126, 126, size=docs.shape) + 0.5 + rng.choice([-1e-3, 1e-3], size=docs.shape)
+    halfway = (steps * 0.01).astype(np.float32)
+    halfway[0] = 1.27  # the largest value: scale 0.01
+    for matrix in (docs, halfway):
+        copy = compressed.quantise(np.ascontiguousarray(matrix.T))
+        for query_vec in query_vecs:
+            approx, best, bound = compressed.first_pass(copy, query_vec, K, use_numba=use_numba)
+            exact = matrix.astype(np.float64) @ query_vec.astype(np.float64)
+            assert np.abs(exact - approx).max() <= bound
+            # not vacuous: within 1 % of the quantisation error alone (the rounding terms are ~1e-5 of it)
+            assert bound <= 1.01 * float(np.abs(query_vec.astype(np.float64)) @ copy.error)
+            assert sorted(best.tolist()) == sorted(np.argsort(-approx, kind='stable')[:K].tolist())
+    assert np.abs(copy.error - 0.01 * 0.499).max() < 2e-6  # halfway: every dimension's error is half a step
+
+
+@pytest.mark.parametrize('use_numba', FIRST_PASS)
+def test_same_topk_as_full_scoring_and_the_float32_path(corpus, small_blocks, use_numba):
+    docs, query_vecs = corpus
+    result = search(docs, query_vecs, K, use_numba)
+    assert_reference(docs, query_vecs, result, K)
+    pruned = kept.search_pruned(np.ascontiguousarray(docs.T), query_vecs, K, use_numba=use_numba)
+    for ours, theirs in zip(result[1], pruned[1]):
+        assert ours.tolist() == theirs.tolist()
+
+
+@pytest.mark.parametrize('use_numba', FIRST_PASS)
+def test_every_count_of_kept_dimensions(corpus, small_blocks, use_numba):
+    docs, _ = corpus
+    rng = np.random.default_rng(5)
+    query_vecs = np.zeros((21, DIMS), dtype=np.float32)
+    for count in range(1, 21):  # from one kept dimension up, every remainder of the eight-row passes
+        query_vecs[count - 1, rng.choice(DIMS, count, replace=False)] = rng.standard_normal(count)
+    query_vecs[20, 7] = -1e-30  # one tiny negative weight
+    assert_reference(docs, query_vecs, search(docs, query_vecs, K, use_numba), K)
+
+
+@pytest.mark.parametrize('use_numba', FIRST_PASS)
+def test_exact_ties_go_to_the_lower_docid(small_blocks, use_numba):
+    # as test_pruned_search: 500 documents of four distinct vectors, every score tied 125 times
+    base = np.array([[1, 0, 0], [2, 0, 1], [2, 0, -1], [0, 1, 0]], dtype=np.float32)
+    docs = np.tile(base, (125, 1))
+    queries = np.array([[1, 0, 0], [1, 0, 1], [0, 0, 0], [0, 0.5, 0]], dtype=np.float32)
+    scores, docids = search(docs, queries, 130, use_numba)
+    assert docids[0].tolist() == [i for i in range(500) if i % 4 in (1, 2)][:130] and scores[0].tolist() == [2] * 130
+    assert docids[1].tolist() == list(range(1, 500, 4)) + [0, 2, 4, 6, 8]
+    assert docids[2].tolist() == list(range(130)) and scores[2].tolist() == [0] * 130  # nothing kept
+    assert docids[3].tolist() == list(range(3, 500, 4)) + [0, 1, 2, 4, 5]  # one kept dimension of codes 0 and 127
+
+
+@pytest.mark.parametrize('use_numba', FIRST_PASS)
+def test_documents_the_first_pass_cannot_tell_apart(small_blocks, use_numba):
+    # column 0 rises by 1e-5 from document to document, less than a step (1/127): the first pass sees the same
+    # code for runs of ~800 documents and its k best are the lowest docids of the highest run, not the best ones;
+    # with column 1 constant (every code 127) and column 2 maximal errors, a near-tie at the bound in every query
+    n = 3000
+    rng = np.random.default_rng(11)
+    docs = np.zeros((n, 3), dtype=np.float32)
+    docs[:, 0] = 1 - 1e-5 * np.arange(n)[::-1]
+    docs[:, 1] = 0.25
+    docs[:, 2] = (rng.integers(-126, 126, size=n) + 0.5 + rng.choice([-1e-4, 1e-4], size=n)) / 127
+    queries = np.array([[1, 0, 0], [1, 1, 0], [0.3, 0, 1], [0, 1, 0], [0, 2, 1e-3]], dtype=np.float32)
+    result = search(docs, queries, 20, use_numba)
+    assert_reference(docs, queries, result, 20)
+    assert result[1][0].tolist() == list(range(n - 1, n - 21, -1))
+    assert result[1][3].tolist() == list(range(20))  # constant column: every score tied
+
+
+def _search_in_child(args):
+    docs, queries = args
+    return [d.tolist() for d in search(docs, queries, 5, True)[1]]
+
+
+@pytest.mark.skipif(not kept.NUMBA_AVAILABLE, reason='the compiled kernel needs numba')
+def test_first_pass_runs_in_a_child_forked_after_it_ran(corpus):
+    # as the float32 kernel: a child forked after the parallel first pass ran scores on one thread
+    import multiprocessing
+    docs, query_vecs = corpus
+    expected = [d.tolist() for d in search(docs, query_vecs, 5, True)[1]]
+    with multiprocessing.get_context('fork').Pool(1) as pool:
+        assert pool.map_async(_search_in_child, [(docs, query_vecs)]).get(timeout=900) == [expected]
+
+
+def test_the_stage_on_an_array_index(corpus):
+    docs, query_vecs = corpus
+    retriever = PrunedRetriever(index=docs, num_results=K, strategy='compressed')
+    out = retriever(query_frame(query_vecs))
+    expected = PrunedRetriever(index=docs, num_results=K, strategy='pruned')(query_frame(query_vecs))
+    assert out['docid'].tolist() == expected['docid'].tolist()
+    np.testing.assert_allclose(out['score'], expected['score'], rtol=1e-5, atol=1e-5)
+    assert repr(retriever).endswith("strategy='compressed')") and retriever.choose_strategy(query_vecs) == 'compressed'
+    clone = pickle.loads(pickle.dumps(retriever))
+    assert clone._compressed._codes is None and retriever._compressed._codes is not None
+    pd.testing.assert_frame_equal(clone(query_frame(query_vecs)), out)
+    cut = (retriever % 5).compile()
+    assert cut._compressed is retriever._compressed and len(cut(query_frame(query_vecs[:1]))) == 5
+
+
+@pytest.fixture
+def count_builds(monkeypatch):
+    built = []
+    original = compressed.build_compressed
+
+    def counting(*args, **kwargs):
+        built.append(args[1])
+        return original(*args, **kwargs)
+    monkeypatch.setattr(compressed, 'build_compressed', counting)
+    return built
+
+
+def test_one_copy_per_flex_index_rebuilt_when_stale_or_damaged(corpus, tmp_path, count_builds):
+    from pyterrier_dr import FlexIndex
+    docs, query_vecs = corpus
+    index = flex_index(tmp_path / 'docs.flex', docs)
+    frame = query_frame(query_vecs)
+    expected = PrunedRetriever(index=index, num_results=K, strategy='pruned')(frame)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # the first build warns nothing
+        out = PrunedRetriever(index=index, num_results=K, strategy='compressed')(frame)
+    assert out['docno'].tolist() == expected['docno'].tolist()
+    path = tmp_path / 'docs.flex' / 'rdime.dim_major.i8.npy'
+    assert count_builds == [path] and np.load(path).shape == (DIMS, len(docs))
+    assert compressed.record_path(path).is_file() and path.stat().st_size < docs.nbytes / 3
+    PrunedRetriever(index=FlexIndex(str(tmp_path / 'docs.flex')), num_results=K, strategy='compressed')(frame)
+    assert len(count_builds) == 1  # opened, not rebuilt
+
+    def rebuilt(match):
+        before = len(count_builds)
+        with pytest.warns(UserWarning, match=match):
+            again = PrunedRetriever(index=FlexIndex(str(tmp_path / 'docs.flex')), num_results=K,
+                                    strategy='compressed')(frame)
+        assert len(count_builds) == before + 1 and again['docno'].tolist() == expected['docno'].tolist()
+        assert compressed._check(path, path.with_name('rdime.dim_major.npy'), (DIMS, len(docs))) is None
+
+    with open(path, 'r+b') as f:  # damaged: cut short
+        f.truncate(path.stat().st_size - 10)
+    rebuilt('incomplete')
+    compressed.record_path(path).write_text('{"scale": [1.0]}')  # damaged record
+    rebuilt('record')
+    with open(path, 'r+b') as f:  # damaged in place, same size: the record no longer describes the file
+        f.seek(200)
+        f.write(b'\x7f' * 16)
+    rebuilt('describes another file')
+    # stale: other vectors written in place (same shape, old times put back), the layout rebuilt, so is the copy
+    source = tmp_path / 'docs.flex' / 'vecs.f4'
+    stat = source.stat()
+    with open(source, 'r+b') as f:
+        f.write(docs[::-1].tobytes())
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    layout._OPEN.clear()  # a new process: nothing opened yet
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        moved = PrunedRetriever(index=FlexIndex(str(tmp_path / 'docs.flex')), num_results=K,
+                                strategy='compressed')(frame)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2 and 'rebuilding the dimension-major layout' in messages[0]
+    assert 'rebuilding the compressed copy' in messages[1] and 'another float32 layout' in messages[1]
+    assert moved['docid'].tolist() == [len(docs) - 1 - d for d in expected['docid']]
