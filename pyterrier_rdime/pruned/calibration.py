@@ -10,7 +10,6 @@ import logging
 import os
 import platform
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -18,6 +17,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from .._config import default_cache_dir
+from .._io import atomic_open
 from . import dense
 from .cost import CostModel
 from .plan import batch_features, nonzero_fractions
@@ -176,9 +176,7 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
         record = {'machine': key, 'calibrated_at': time.strftime('%Y-%m-%d %H:%M:%S'), 'unit_gemv_s': unit,
                   'load_average': os.getloadavg(), 'timings_in_gemv': t, 'fit_relative_errors': errors,
                   'model': dataclasses.asdict(fitted)}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-        with os.fdopen(fd, 'w') as out:
+        with atomic_open(path) as out:
             json.dump(record, out, indent=1)
-        os.replace(tmp, path)
         _MODELS[key] = fitted
     return fitted

@@ -28,7 +28,6 @@ array index gets an in-memory copy.
 import dataclasses
 import json
 import os
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import pyterrier as pt
 
+from .._io import atomic_open
 from .layout import Layout, _exclusive, _identity
 from .plan import kept_dims
 from .topk import Result, best_k, top_k
@@ -241,25 +241,19 @@ def build_compressed(dim_major: np.ndarray, path: Path, *, stage: str = 'PrunedR
     ``(scale, error)`` of each dimension."""
     dims, docs = dim_major.shape
     scale, error = np.empty(dims, dtype=np.float32), np.empty(dims)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as out:
-            np.lib.format.write_array_header_1_0(out, {'descr': '|i1', 'fortran_order': False, 'shape': (dims, docs)})
-            progress = pt.tqdm(total=dims, desc=f'{stage} int8 copy', unit='dim') if verbose else None
-            for j in range(0, dims, ROWS_PER_STEP):
-                codes, scale[j:j + ROWS_PER_STEP], error[j:j + ROWS_PER_STEP] = \
-                    quantise_rows(dim_major[j:j + ROWS_PER_STEP])
-                out.write(codes.tobytes())
-                if progress is not None:
-                    progress.update(len(codes))
+    with atomic_open(path, 'wb') as out:
+        np.lib.format.write_array_header_1_0(out, {'descr': '|i1', 'fortran_order': False, 'shape': (dims, docs)})
+        progress = pt.tqdm(total=dims, desc=f'{stage} int8 copy', unit='dim') if verbose else None
+        for j in range(0, dims, ROWS_PER_STEP):
+            codes, scale[j:j + ROWS_PER_STEP], error[j:j + ROWS_PER_STEP] = \
+                quantise_rows(dim_major[j:j + ROWS_PER_STEP])
+            out.write(codes.tobytes())
             if progress is not None:
-                progress.close()
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+                progress.update(len(codes))
+        if progress is not None:
+            progress.close()
+        out.flush()
+        os.fsync(out.fileno())
     return scale, error
 
 
@@ -273,10 +267,8 @@ def _write_record(path: Path, layout_path: Path, scale: np.ndarray, error: np.nd
     without a record, which is rebuilt."""
     record = {'layout': list(_identity(layout_path)), 'codes': list(_identity(path)),
               'scale': [float(x) for x in scale], 'error': [float(x) for x in error]}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    with os.fdopen(fd, 'w') as out:
+    with atomic_open(record_path(path)) as out:
         json.dump(record, out)
-    os.replace(tmp, record_path(path))
 
 
 def _read_record(path: Path) -> dict:
