@@ -37,7 +37,7 @@ import numpy as np
 import pyterrier as pt
 
 from .._io import atomic_open
-from .layout import Layout, _exclusive, _identity
+from .layout import Layout, _exclusive, _identity, npy_problem
 from .plan import kept_dims
 from .topk import Result, best_k, top_k
 
@@ -279,19 +279,9 @@ def _read_record(path: Path) -> dict:
 def _check(path: Path, layout_path: Path, shape: Tuple[int, int]) -> Optional[str]:
     """None for a complete int8 copy of this shape whose record matches both it and the float32 layout; else why
     not."""
-    if not path.exists():
-        return 'there is none'
-    try:
-        with open(path, 'rb') as f:
-            version = np.lib.format.read_magic(f)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                np.lib.format.read_array_header_2_0
-            got_shape, fortran, dtype = read_header(f)
-            complete = path.stat().st_size == f.tell() + shape[0] * shape[1]
-    except (OSError, ValueError):
-        return 'it is not a readable .npy file'
-    if not (complete and tuple(got_shape) == tuple(shape) and not fortran and dtype == np.dtype('i1')):
-        return f'it is incomplete or not an int8 {tuple(shape)} matrix (damaged, or a build was interrupted)'
+    problem = npy_problem(path, shape, np.dtype('i1'))
+    if problem is not None:
+        return problem + ' (damaged, or a build was interrupted)'
     try:
         record = _read_record(path)
         if len(record['scale']) != shape[0] or len(record['error']) != shape[0]:

@@ -366,12 +366,9 @@ def _read_record(path: Path) -> dict:
         return json.load(f)
 
 
-def _check(path: Path, shape: Tuple[int, int], folder: Path, *, verify: bool = False) -> Optional[str]:
-    """None for a complete layout of this shape whose record matches both it and the ``SOURCES`` files of the index
-    in ``folder``; else why not. A source whose size, times and inode are as recorded is taken as unchanged (its
-    inode change time cannot be set back short of the system clock); one whose size is the same but a time or the
-    inode differs is hashed with ``verify`` (else reported as a reason, for the caller to verify under its lock), and
-    on the same content the record is brought up to date."""
+def npy_problem(path: Path, shape: Tuple[int, int], dtype: np.dtype) -> Optional[str]:
+    """None for a complete C-ordered ``.npy`` matrix of this shape and dtype at ``path``; else why not (no file, not a
+    readable ``.npy``, or cut short / another shape or type)."""
     if not path.exists():
         return 'there is none'
     try:
@@ -379,12 +376,24 @@ def _check(path: Path, shape: Tuple[int, int], folder: Path, *, verify: bool = F
             version = np.lib.format.read_magic(f)
             read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
                 np.lib.format.read_array_header_2_0
-            got_shape, fortran, dtype = read_header(f)
-            complete = path.stat().st_size == f.tell() + shape[0] * shape[1] * 4
+            got_shape, fortran, got_dtype = read_header(f)
+            complete = path.stat().st_size == f.tell() + shape[0] * shape[1] * dtype.itemsize
     except (OSError, ValueError):
         return 'it is not a readable .npy file'
-    if not (complete and tuple(got_shape) == shape and not fortran and dtype == np.dtype('<f4')):
-        return f'it is incomplete or not a float32 {shape} matrix (a build was interrupted, or the index changed)'
+    if not (complete and tuple(got_shape) == tuple(shape) and not fortran and got_dtype == dtype):
+        return f'it is incomplete or not a {dtype.name} {tuple(shape)} matrix'
+    return None
+
+
+def _check(path: Path, shape: Tuple[int, int], folder: Path, *, verify: bool = False) -> Optional[str]:
+    """None for a complete layout of this shape whose record matches both it and the ``SOURCES`` files of the index
+    in ``folder``; else why not. A source whose size, times and inode are as recorded is taken as unchanged (its
+    inode change time cannot be set back short of the system clock); one whose size is the same but a time or the
+    inode differs is hashed with ``verify`` (else reported as a reason, for the caller to verify under its lock), and
+    on the same content the record is brought up to date."""
+    problem = npy_problem(path, shape, np.dtype('<f4'))
+    if problem is not None:
+        return problem + ' (a build was interrupted, or the index changed)'
     try:
         record = _read_record(path)
         if len(record['abs_max']) != shape[0] or sorted(record['sources']) != sorted(SOURCES) or not all(
