@@ -77,8 +77,6 @@ DIME_NAMES = ('prf', 'swc', 'llm', 'rank', 'rbf', 'sigmoid', 'eclipse', 'magnitu
               'active-neg')
 #: DIMEs that read an LLM answer per query: skipped, with a note, where there are none.
 NEEDS_ANSWERS = ('llm', 'llm-eclipse')
-#: DIMEs that read the relevance judgments of the ranking: oracle-like upper bounds, not systems a user can run.
-READ_QRELS = ('oracle', 'active', 'active-neg')
 
 
 def thresholds(ks: Sequence[float], modulators: Sequence[str], masses: Sequence[float] = ()
