@@ -89,7 +89,8 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     if settings.get('index') is not None and len(loaded) * len(fingerprints) > 1:
         raise ValueError('--index: an existing index serves one collection and one encoder; run a grid without it '
                          '(each cell encodes its collection, cached under --cache)')
-    common = {'code': code_digest(), 'first-stage file': _file_digest(settings.get('first_stage')),
+    run_file = options.first_stage if options.first_stage not in ('auto', 'bm25') else None
+    common = {'code': code_digest(), 'first-stage file': _file_digest(run_file),
               'index': _file_digest(settings.get('index')),
               'options': _digest({**options.settings(), **{k: v for k, v in settings.items()
                                                           if k not in (*OPTION_NAMES, *NEUTRAL, 'answers')}})}
