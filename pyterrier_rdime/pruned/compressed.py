@@ -24,6 +24,8 @@ temporary file renamed into place when complete and flushed, a JSON record writt
 file it was built from and the file itself, a copy whose record is missing or does not match (a stale copy of a
 rebuilt layout, a damaged or interrupted file) rebuilt with a warning, concurrent builds serialised by a lock. An
 array index gets an in-memory copy.
+
+A little over ~250 lines: the bound, the scan and the copy it reads are one guarantee (exact top-k), kept together.
 """
 import dataclasses
 import json

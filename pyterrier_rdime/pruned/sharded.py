@@ -1,6 +1,9 @@
 """Pruned retrieval over a sharded index: one :class:`~pyterrier_rdime.PrunedRetriever` per shard, each in its own Ray
 actor (on the node that holds the shard), queried at once; their exact top-k merged into the exact global top-k.
-Also :func:`split_flex_index`, which cuts a FlexIndex into shards by document range."""
+Also :func:`split_flex_index`, which cuts a FlexIndex into shards by document range.
+
+Over ~250 lines on purpose: the stage's checks, the actors' start-up and placement, and the retry on a dead actor are
+one protocol (no partial result ever leaves it), and read best in one place."""
 import json
 import os
 import threading
