@@ -26,6 +26,16 @@ def check_nonnegative(stage: str, name: str, value: object, hint: str = '') -> N
         _fail(stage, name, 'a non-negative number', value, hint)
 
 
+
+def check_weights(stage: str, alpha: object, beta: object, positive: str, negative: str) -> None:
+    """The weights of a positive and a negative feedback term: each >= 0, and not both 0 (every importance would be
+    0); ``positive`` and ``negative`` name what each weighs, for the error."""
+    check_nonnegative(stage, 'alpha', alpha)
+    check_nonnegative(stage, 'beta', beta)
+    if alpha == 0 and beta == 0:
+        raise ValueError(f'{stage}: alpha and beta are both 0, so every importance would be 0 (no signal); give '
+                         f'{positive} (alpha) or {negative} (beta) a positive weight')
+
 def check_fraction(stage: str, name: str, value: object, hint: str = '') -> None:
     """A real number in (0, 1]."""
     if not _is_real(value) or not 0 < value <= 1:

@@ -21,10 +21,11 @@ from ._checks import (
     check_positive,
     check_prompt,
     check_topk,
+    check_weights,
 )
 
 __all__ = ['ConfigTransformer', 'default_cache_dir', 'hub_offline', 'check_bool', 'check_choice', 'check_fraction',
-           'check_int', 'check_nonnegative', 'check_positive', 'check_prompt', 'check_topk']
+           'check_int', 'check_nonnegative', 'check_positive', 'check_prompt', 'check_topk', 'check_weights']
 
 
 class ConfigTransformer(pt.Transformer):

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from .. import maths
-from .._config import check_bool, check_nonnegative
+from .._config import check_bool, check_weights
 from .._frames import Feedback, gather_vectors, select_feedback
 from ._base import DimeScorer
 from .oracle import candidate_labels, check_qrels
@@ -45,11 +45,7 @@ class ActiveFeedbackDime(DimeScorer):
     def __init__(self, *, qrels: pd.DataFrame, alpha: float = 1.0, beta: float = 0.0, keep_ranking: bool = True):
         stage = type(self).__name__
         check_qrels(qrels, stage)
-        check_nonnegative(stage, 'alpha', alpha)
-        check_nonnegative(stage, 'beta', beta)
-        if alpha == 0 and beta == 0:
-            raise ValueError(f'{stage}: alpha and beta are both 0, so every importance would be 0 (no signal); give '
-                             'the relevant document (alpha) or the non-relevant one (beta) a positive weight')
+        check_weights(stage, alpha, beta, 'the relevant document', 'the non-relevant one')
         check_bool(stage, 'keep_ranking', keep_ranking)
         self.qrels = qrels
         self.alpha = alpha

@@ -5,7 +5,7 @@ from typing import Optional
 import numpy as np
 
 from .. import maths
-from .._config import check_bool, check_int, check_nonnegative
+from .._config import check_bool, check_int, check_weights
 from .._frames import gather_vectors, select_feedback
 from ._base import DimeScorer
 from .llm import answer_vectors, check_encoder, validate_answers
@@ -25,11 +25,7 @@ class EclipseDime(DimeScorer):
         stage = type(self).__name__
         check_int(stage, 'num_pos', num_pos, 1)
         check_int(stage, 'num_neg', num_neg, 1)
-        check_nonnegative(stage, 'alpha', alpha)
-        check_nonnegative(stage, 'beta', beta)
-        if alpha == 0 and beta == 0:
-            raise ValueError(f'{stage}: alpha and beta are both 0, so every importance would be 0 (no signal); give '
-                             'the positives (alpha) or the negatives (beta) a positive weight')
+        check_weights(stage, alpha, beta, 'the positives', 'the negatives')
         check_bool(stage, 'keep_ranking', keep_ranking)
         self.num_pos = num_pos
         self.num_neg = num_neg
@@ -72,11 +68,7 @@ class LlmEclipseDime(DimeScorer):
         stage = type(self).__name__
         check_encoder(stage, encoder)
         check_int(stage, 'num_neg', num_neg, 1)
-        check_nonnegative(stage, 'alpha', alpha)
-        check_nonnegative(stage, 'beta', beta)
-        if alpha == 0 and beta == 0:
-            raise ValueError(f'{stage}: alpha and beta are both 0, so every importance would be 0 (no signal); give '
-                             'the answer (alpha) or the negatives (beta) a positive weight')
+        check_weights(stage, alpha, beta, 'the answer', 'the negatives')
         check_bool(stage, 'keep_ranking', keep_ranking)
         self.encoder = encoder
         self.num_neg = num_neg
