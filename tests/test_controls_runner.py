@@ -131,6 +131,8 @@ def test_the_grid_writes_the_controls_tables(small, tmp_path):
     tex = (tmp_path / 'out' / 'grid.tex').read_text()
     assert tex.count(r'\begin{table*}') == tex.count(r'\end{table*}') == 4  # the paper's two, the controls' two
     assert 'same number of dimensions per query chosen at random' in tex
+    controls = [line for line in tex.splitlines() if 'same number of dimensions per query chosen at random' in line]
+    assert [line.split(' of RDIME')[0] for line in controls] == [r'\caption{nDCG@10', r'\caption{AP']  # the order
     table = pd.read_csv(tmp_path / 'out' / 'grid.csv')
     assert {'prf/RDIME:random', 'prf/RDIME:magnitude', 'prf/RDIME:variance', 'Vector PRF', 'Average PRF'} <= \
         set(table['system'])

@@ -220,7 +220,10 @@ def _latex_controls(cells: Sequence) -> List[str]:
     controls = list(dict.fromkeys(rows['control']))
     width = len(controls) + 1
     out = []
-    for measure, mine in rows.groupby('measure', sort=False):
+    for measure in dict.fromkeys(m for c in cells for m in c.result.measures):  # the paper tables' order
+        mine = rows[rows['measure'] == measure]
+        if mine.empty:
+            continue
         out += [r'\begin{table*}[ht]', r'\centering', r'\resizebox{\textwidth}{!}{%',
                 r'\begin{tabular}{ll' + 'c' * width * len(collections) + '}', r'\toprule',
                 r'\multirow{2}{*}{Model} & \multirow{2}{*}{DIME} & '
