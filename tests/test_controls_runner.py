@@ -75,6 +75,7 @@ def test_random_is_the_mean_over_seeds_with_its_spread(result):
     assert f'± {seeds["value"].std(ddof=1):.4f} (sd over 3 seeds)' in shown
     markdown = result.to_markdown()
     assert 'does the choice of dimensions matter?' in markdown and 'random (same budget)' in markdown
+    assert markdown.count("Each control at RDIME's budget, then how RDIME compares") == len(result.measures)
 
 
 def test_the_sweep_carries_the_random_curve(result, tmp_path):

@@ -26,6 +26,10 @@ CV_COLUMNS = ['dime', 'measure', 'fold', 'fraction', 'queries']
 SEED_COLUMNS = ['system', 'seed', 'measure', 'value']
 #: How a control comparison reads: RDIME better or worse (the test rejects equality), equivalent, or inconclusive.
 OUTCOMES = ('better', 'equivalent', 'worse', 'inconclusive')
+#: What a controls table's verdicts and values mean, under each such table of results.md and grid.md.
+CONTROLS_NOTE = ("Each control at RDIME's budget, then how RDIME compares (better or worse: the test rejects equality, "
+                 'Holm over the controls of a measure; equivalent: TOST within the margin; inconclusive). `random`: '
+                 "the mean over the seeds of each query's measure, ± its standard deviation over the seeds.")
 
 
 @dataclass
@@ -191,7 +195,7 @@ class ExperimentResult:
             controls = self.controls_table(measure)
             if len(controls):
                 lines += [f'### {measure}: does the choice of dimensions matter?', '',
-                          controls.to_markdown(index=False, disable_numparse=True), '']
+                          controls.to_markdown(index=False, disable_numparse=True), '', CONTROLS_NOTE, '']
         lines += [self.footnote(''.join(mark for mark in ALL_MARKS if mark in shown)), '']
         lines += [f'- {note}' for note in self.notes]
         return '\n'.join(lines) + '\n'

@@ -11,7 +11,7 @@ import pandas as pd
 
 from . import figures
 from .parity import BEST_IS_BASELINE, SAME_BUDGET
-from .report import DELTA, best_text, delta, outcome, write_outputs
+from .report import CONTROLS_NOTE, DELTA, best_text, delta, outcome, write_outputs
 
 GRID_COLUMNS = ['collection', 'encoder', 'dime', 'threshold', 'system', 'measure', 'value', 'kept', 'k']
 BEST = 'best Top-k (tuned on test)'
@@ -89,11 +89,7 @@ def markdown(cells: Sequence) -> str:
         mine = controls[controls['measure'] == measure] if len(controls) else controls
         if len(mine):
             lines += [f'### {measure}: RDIME against the controls at the same budget, and vector PRF', '',
-                      control_grid(mine).to_markdown(index=False, disable_numparse=True), '',
-                      'Each control: its value, then how RDIME compares (better or worse: the test rejects equality, '
-                      'Holm over the controls of a measure; equivalent: TOST within the margin; inconclusive). '
-                      '`random`: the mean over the seeds of each query\'s measure, ± its standard deviation over the '
-                      'seeds.', '']
+                      control_grid(mine).to_markdown(index=False, disable_numparse=True), '', CONTROLS_NOTE, '']
     lines += ['Verdicts of RDIME against CV Top-k, the best Top-k tuned on the test queries, and Baseline. '
               + cells[0].result.footnote(marks=''), '']
     lines += [f'- {c.collection.name} × {c.encoder}: {c.result.settings["num_queries"]} queries, first stage '
