@@ -10,11 +10,12 @@ top-10, then RDIME or Top-k at 25/35/50/75 % kept.
 
 0. the cost model of ``strategy='auto'`` for this machine (``--calibrate`` re-runs the calibration);
 1. one query at a time: speed-up by kept fraction (min over rounds, median and IQR of the per-round ratios), and
-   ``strategy='auto'`` against the faster of the two paths;
+   ``strategy='auto'`` against the fastest of the three paths (dense, pruned float32, compressed);
 2. batches of 8 and 64 queries: the pruned path and ``strategy='auto'`` against one dense matrix product per batch
-   (the dense path, top-k included; the bare product without top-k is shown too);
+   (the dense path, top-k included; the bare product without top-k is shown too), ``'auto'`` against the fastest
+   of the three paths;
 3. exactness: the pruned top-100 against the dense one, identical / differing only by float ties / mismatched;
-4. the compressed path (``strategy='compressed'``, opt-in) in the same rounds as 1. and 2., with the size and build
+4. the compressed path (``strategy='compressed'``) in the same rounds as 1. and 2., with the size and build
    time of its int8 copy;
 5. the real DL19 pool vectors (MiniLM, 4.3k x 384; skipped without ../shared/data): exactness and auto's choice on a
    matrix that sits in the caches;
@@ -83,7 +84,7 @@ def check_topk(matrix: np.ndarray, query_vec: np.ndarray, ref, new, atol: float)
 def plan_of(matrix: np.ndarray, queries: np.ndarray, strategy: str = 'auto') -> Plan:
     """The plan ``PrunedRetriever(strategy=strategy)`` decides for these queries."""
     return cost.plan(queries, strategy=strategy, matrix_bytes=matrix.nbytes, compiled=kept.NUMBA_AVAILABLE,
-                     model=calibration.model)
+                     model=calibration.model, k=K)
 
 
 def carry_out(matrix: np.ndarray, queries: np.ndarray, plan: Plan, copy: compressed.Codes):
@@ -123,22 +124,32 @@ def timing(args):
     return interleaved
 
 
-def auto_vs_faster(times: dict) -> dict:
-    """``strategy='auto'`` against the faster of the two paths, round by round (1.00 = auto took the faster path and
-    paid nothing for choosing)."""
-    faster = np.minimum(times['dense'], times['pruned'])
-    return ratio_stats(list(faster), times['auto'])
+#: The paths ``strategy='auto'`` chooses among, as the strategies that force them.
+PATHS = ('dense', 'pruned', 'compressed')
+
+
+def auto_vs_fastest(times: dict) -> dict:
+    """``strategy='auto'`` against the fastest of the three paths, round by round (1.00 = auto took the fastest path
+    and paid nothing for choosing)."""
+    fastest = np.min([times[path] for path in PATHS], axis=0)
+    return ratio_stats(list(fastest), times['auto'])
 
 
 def auto_verdict(matrix: np.ndarray, queries: np.ndarray, times: dict) -> str:
-    """Whether auto's choice is the path with the faster best round, and what choosing costs (timed alone: the
-    difference of two timings of the same path is noise at this scale): ``'✔ dense +0.01 %'``."""
+    """Whether auto's choice is the path with the fastest best round, and what choosing costs (timed alone: the
+    difference of two timings of the same path is noise at this scale): ``'✔ dense +0.01 % → 1.000×'``."""
     choice = plan_of(matrix, queries).strategy
-    faster = 'dense' if np.min(times['dense']) <= np.min(times['pruned']) else 'pruned'
+    fastest = min(PATHS, key=lambda path: np.min(times[path]))
     decide = min(timed(lambda: plan_of(matrix, queries))[0] for _ in range(20))
-    share = decide / np.min(times[faster]) * 100
-    loss = 1.0 if choice == faster else np.min(times[faster]) / np.min(times[choice])
-    return f'{"✔" if choice == faster else "✘"} {choice} +{share:.2f} % → {loss / (1 + share / 100):.3f}×'
+    share = decide / np.min(times[fastest]) * 100
+    loss = np.min(times[fastest]) / np.min(times[choice])
+    return f'{"✔" if choice == fastest else "✘"} {choice} +{share:.2f} % → {loss / (1 + share / 100):.3f}×'
+
+
+def estimates(matrix: np.ndarray, queries: np.ndarray) -> str:
+    """The cost model's estimate of each path, in gemv units: ``'dense 9.8 · pruned 21 · one pass 6.5 · ...'``."""
+    costs = calibration.model().path_costs(queries, k=K, matrix_bytes=matrix.nbytes, one_pass=len(queries) > 1)
+    return ' · '.join(f'{path} {value:.2g}' for path, value in costs.items())
 
 
 def single_queries(matrix: np.ndarray, copy: compressed.Codes, sets: dict, raw: np.ndarray, args) -> dict:
@@ -175,7 +186,7 @@ def single_queries(matrix: np.ndarray, copy: compressed.Codes, sets: dict, raw: 
                                 f'**{fmt_ratio(vs_pruned)}**', fmt_ratio(vs_dense),
                                 f'{np.mean(counts):.0f} (max {max(counts)})',
                                 '/'.join(str(compressed_check[s]) for s in ('identical', 'ties', 'MISMATCH'))])
-        pruned, auto = ratio_stats(totals['dense'], totals['pruned']), auto_vs_faster(totals)
+        pruned, auto = ratio_stats(totals['dense'], totals['pruned']), auto_vs_fastest(totals)
         own = ratio_stats(totals['kernel, all dims'], totals['pruned'])
         checks[name] = {s: status.count(s) for s in ('identical', 'ties', 'MISMATCH')}
         verdict = auto_verdict(matrix, queries[:1], {side: t / len(queries) for side, t in totals.items()})
@@ -183,21 +194,22 @@ def single_queries(matrix: np.ndarray, copy: compressed.Codes, sets: dict, raw: 
                      f'{np.min(totals["pruned"]) / len(queries) * 1000:.0f} ms', f'**{fmt_ratio(pruned)}**',
                      verdict, fmt_ratio(auto), fmt_ratio(own),
                      '/'.join(str(checks[name][s]) for s in ('identical', 'ties', 'MISMATCH'))])
-        result[name] = {'kept': frac, 'pruned_vs_dense': pruned, 'auto': verdict, 'auto_vs_faster': auto,
+        result[name] = {'kept': frac, 'pruned_vs_dense': pruned, 'auto': verdict, 'auto_vs_fastest': auto,
                         'pruned_vs_kernel_all': own, 'check': checks[name], 'compressed_vs_pruned': vs_pruned,
                         'compressed_vs_dense': vs_dense, 'compressed_rescored': counts,
                         'compressed_check': compressed_check, 'load_average': load()}
     log('time per query = the least disturbed round; speed-up = min-over-rounds ratio (median, interquartile range '
         'of the per-round ratios) against the dense path (BLAS gemv + top-k); auto: ✔ when strategy="auto" chooses '
-        'the path with the faster best round, the time of choosing (timed alone) as a share of that path, and what '
-        'auto then costs against the faster path; auto vs faster, measured: the two timed side by side (their '
-        'spread is the noise of the machine: auto runs the same path); last speed-up: against the same compiled kernel '
+        'the path with the fastest best round of the three (dense, pruned, compressed: the compressed path\'s times '
+        'are in the table below), the time of choosing (timed alone) as a share of that path, and what auto then '
+        'costs against the fastest path; auto vs fastest, measured: the two timed side by side (their spread is the '
+        'noise of the machine: auto runs the same path); last speed-up: against the same compiled kernel '
         'fed the unpruned query (every dimension); top-100 identical / float ties only / mismatched against the dense '
         'path.\n')
     log(table(rows, ['queries', 'kept', 'dense (all dims)', 'pruned (kept dims)', 'pruned speed-up',
-                     "auto: faster path? choice, cost of choosing → auto / faster", 'auto vs faster, measured',
+                     "auto: fastest path? choice, cost of choosing → auto / fastest", 'auto vs fastest, measured',
                      'vs kernel, all dims', 'top-100 id./ties/mism.']))
-    log('\nThe compressed path (strategy="compressed", opt-in) in the same rounds: the int8 copy\'s kept rows, then '
+    log('\nThe compressed path (strategy="compressed") in the same rounds: the int8 copy\'s kept rows, then '
         'the documents its bound cannot rule out re-scored exactly. Times: best round / median round per query; '
         'speed-ups: min-over-rounds ratio (median, IQR); load: the 1-minute load average after the row; re-scored: '
         'documents re-scored exactly per query (the k best of the first pass included); top-100 against the dense '
@@ -221,34 +233,33 @@ def batches(matrix: np.ndarray, copy: compressed.Codes, sets: dict, args) -> dic
                              'compressed': lambda: search_as(matrix, queries, 'compressed', copy),
                              'auto': lambda: search_as(matrix, queries, 'auto', copy),
                              'bare GEMM': lambda: queries @ matrix}, args.rounds)
-            model = calibration.model()
             one_pass = plan_of(matrix, queries, 'pruned').path == 'one pass'
             ref, new = dense.search_dense(matrix, queries, K), search_as(matrix, queries, 'compressed', copy)
             atol = [1e-5 * float(np.abs(q).sum()) for q in queries]
             status = [check_topk(matrix, q, (ref[0][i], ref[1][i]), (new[0][i], new[1][i]), atol[i])
                       for i, q in enumerate(queries)]
             verdict = auto_verdict(matrix, queries, times)
-            pruned, auto = ratio_stats(times['dense'], times['pruned']), auto_vs_faster(times)
+            pruned, auto = ratio_stats(times['dense'], times['pruned']), auto_vs_fastest(times)
             bare = ratio_stats(times['bare GEMM'], times['pruned'])
             rows.append([size, name, f'{np.mean(queries != 0):.2f}', f'{np.mean((queries != 0).any(axis=0)):.2f}',
                          f'{np.min(times["dense"]) * 1000:.0f} ms', f'{np.min(times["pruned"]) * 1000:.0f} ms',
                          'one pass' if one_pass else 'one by one', f'**{fmt_ratio(pruned)}**', f'{bare["min"]:.2f}×',
-                         f'{model.pruned_cost(queries):.1f} / {model.dense_cost(len(queries)):.1f}', verdict,
+                         estimates(matrix, queries), verdict,
                          fmt_ratio(auto), load(), f'{np.min(times["compressed"]) * 1000:.0f} ms',
                          fmt_ratio(ratio_stats(times['dense'], times['compressed'])),
                          '/'.join(str(status.count(s)) for s in ('identical', 'ties', 'MISMATCH'))])
             result[f'{size}/{name}'] = {'pruned_vs_dense': pruned, 'pruned_vs_bare_gemm': bare, 'auto': verdict,
-                                        'auto_vs_faster': auto, 'one_pass': one_pass, 'load_average': load(),
+                                        'auto_vs_fastest': auto, 'one_pass': one_pass, 'load_average': load(),
                                         'compressed_vs_dense': ratio_stats(times['dense'], times['compressed']),
                                         'compressed_check': {s: status.count(s) for s in ('identical', 'ties',
                                                                                           'MISMATCH')}}
     log('dense = one matrix product per batch and block of documents with the top-k merged block by block (the dense '
         'path); bare GEMM = one matrix product over the whole matrix, no top-k (a lower bound for dense); estimate = '
-        'the cost model\'s pruned / dense cost in gemv units; compressed = strategy="compressed" (opt-in), query '
+        'the cost model\'s cost of each path in gemv units; compressed = strategy="compressed", query '
         'after query, with its top-100 against the dense path.\n')
     log(table(rows, ['batch', 'queries', 'kept', 'union kept', 'dense', 'pruned', 'pruned mode', 'pruned speed-up',
-                     'vs bare GEMM', 'estimate', "auto: faster path? choice, cost of choosing → auto / faster",
-                     'auto vs faster, measured', 'load', 'compressed', 'compressed vs dense',
+                     'vs bare GEMM', 'estimate', "auto: fastest path? choice, cost of choosing → auto / fastest",
+                     'auto vs fastest, measured', 'load', 'compressed', 'compressed vs dense',
                      'compressed top-100 id./ties/mism.']))
     return result
 

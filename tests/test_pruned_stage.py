@@ -1,6 +1,7 @@
 """The PrunedRetriever stage: output columns and the reference top-k on every strategy, the numpy fallback without
 numba, a pipeline on a FlexIndex against pyterrier-dr's retriever, pickling, the auto strategy, scores that could
 overflow float32 refused, empty input, errors naming the stage, repr / equality / hash, rank cut-off fusion."""
+import dataclasses
 import pickle
 import sys
 
@@ -82,13 +83,25 @@ def test_auto_strategy_of_the_stage(corpus, monkeypatch):
     assert retriever.choose_strategy(query_vecs[2:3]) == 'dense'  # a 0.5 MiB matrix sits in the caches
     monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', 0)
     # a given model (no calibration in the tests: it would time this machine): one query costs 0.4 + 0.7 x kept
-    monkeypatch.setattr(calibration, '_MODELS', {calibration.machine_key(): cost.CostModel(
-        dense_gemm_fixed=3.0, dense_gemm_per_query=0.3, pruned_fixed=0.4, pruned_slope=0.7, batch_per_query=0.05,
-        batch_union=1.0, batch_per_kept=0.4)})
+    # pruned, 2 for the compressed scan
+    model = cost.CostModel(dense_gemm_fixed=3.0, dense_gemm_per_query=0.3, pruned_fixed=0.4, pruned_slope=0.7,
+                           batch_per_query=0.05, batch_union=1.0, batch_per_kept=0.4, compressed_fixed=2.0,
+                           compressed_slope=0.0, compressed_call_seconds=0.0, rescore_seconds=1e-8,
+                           gemv_seconds_per_byte=1e-9)
+    monkeypatch.setattr(calibration, '_MODELS', {calibration.machine_key(): model})
     assert retriever.choose_strategy(query_vecs[2:3]) == 'pruned'  # about half kept: 0.75 < 1
     assert retriever.choose_strategy(query_vecs[:1]) == 'dense'  # every dimension kept: 1.1 > 1
     assert PrunedRetriever(index=docs, strategy='pruned').choose_strategy(query_vecs[:1]) == 'pruned'
     assert PrunedRetriever(index=docs, strategy='dense').choose_strategy(query_vecs[2:3]) == 'dense'
+    # a cheap scan (0.05 + 0.1 x kept): the compressed path wins while its re-scoring is small against a gemv over
+    # the 576 kB matrix (0.58 ms): 25 results re-score ~37 documents x ~24 dims, 9 us; 3000 (every document), 1 ms
+    cheap = cost.CostModel(**{**dataclasses.asdict(model), 'compressed_fixed': 0.05, 'compressed_slope': 0.1})
+    monkeypatch.setattr(calibration, '_MODELS', {calibration.machine_key(): cheap})
+    few = PrunedRetriever(index=docs, num_results=K)
+    assert few.choose_strategy(query_vecs[2:3]) == 'compressed'
+    assert PrunedRetriever(index=docs, num_results=5000).choose_strategy(query_vecs[2:3]) == 'pruned'
+    out = few(query_frame(query_vecs[2:3]))
+    assert out['docid'].tolist() == full_topk(docs, query_vecs[2], K)[1].tolist()
 
 
 def test_more_results_than_documents_and_empty_kept_set(corpus):

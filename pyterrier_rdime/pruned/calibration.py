@@ -1,8 +1,8 @@
 """The calibration harness of the cost model behind ``PrunedRetriever(strategy='auto')``: :func:`calibrate` times
-the dense and the pruned paths on a synthetic matrix several times the size of the CPU caches (a few seconds) and
-fits the seven constants of :class:`.cost.CostModel`; the result is cached per CPU model and thread counts (numba's
-and BLAS's) in ``default_cache_dir()/cost``; :func:`model` loads it, or calibrates on first use. Re-run it on demand
-with ``python -m pyterrier_rdime.pruned``."""
+the dense, the pruned and the compressed paths on a synthetic matrix several times the size of the CPU caches (a few
+seconds) and fits the constants of :class:`.cost.CostModel`; the result is cached per CPU model and thread counts
+(numba's and BLAS's) in ``default_cache_dir()/cost``; :func:`model` loads it, or calibrates on first use. Re-run it
+on demand with ``python -m pyterrier_rdime.pruned``."""
 import dataclasses
 import functools
 import json
@@ -18,13 +18,17 @@ import numpy as np
 
 from .._config import default_cache_dir
 from .._io import atomic_open
-from . import dense
-from .cost import CostModel
+from . import compressed, dense
+from .cost import RESCORED_PER_RESULT, CostModel
 from .plan import batch_features, nonzero_fractions
 
 #: The calibration matrix: ``CALIBRATION_DIMS x CALIBRATION_DOCS`` float32 (192 MiB, six times a 32 MiB L3 cache),
 #: so that both paths stream it from memory, as they do a real index.
 CALIBRATION_DIMS, CALIBRATION_DOCS = 768, 65536
+#: The matrix on which the compressed path's own work per call is timed: as many documents as the top-k needs.
+CALLS_DOCS = 256
+#: Results per query of every timing (``k``).
+CALIBRATION_K = 100
 #: Repetitions of each timing per pass of a calibration (the minimum over both passes is kept: the least
 #: disturbed by other processes).
 CALIBRATION_ROUNDS = 3
@@ -111,33 +115,50 @@ def model() -> CostModel:
 
 
 def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int = CALIBRATION_DOCS) -> CostModel:
-    """Times the dense and the pruned paths on a ``CALIBRATION_DIMS x docs`` synthetic matrix with top-100, each
-    timing ``2 x rounds`` times in blocks (the minimum kept), and fits the model's constants by non-negative least
-    squares on the relative error: the dense matrix product from batches of 8 and 64; the pruned path one query at a
-    time from kept fractions of 0.2, 0.5 and 0.8; one pass from batches of 8 and 64 at 25, 50 and 75 % kept, with
-    independent kept sets (union ~1) and with one shared kept set (union = kept). With ``save``, cached for
-    :func:`model` (and replaces its entry); a fit that misses one of its timings by more than ``FIT_TOLERANCE`` is
-    logged as a warning."""
+    """Times the dense, the pruned and the compressed paths on a ``CALIBRATION_DIMS x docs`` synthetic matrix with
+    top-``CALIBRATION_K``, each timing ``2 x rounds`` times in blocks (the minimum kept), and fits the model's
+    constants by non-negative least squares on the relative error: the dense matrix product from batches of 8 and 64;
+    the pruned path one query at a time from kept fractions of 0.2, 0.5 and 0.8; one pass from batches of 8 and 64 at
+    25, 50 and 75 % kept, with independent kept sets (union ~1) and with one shared kept set (union = kept); the
+    compressed path from single queries at 0.2, 0.5 and 0.8 kept, its exact re-scoring timed apart (as many random
+    documents as the model expects it to re-score), its own work per call timed on a matrix of ``CALLS_DOCS``
+    documents with one kept dimension (nothing to scan or re-score), and the rest, the scan, fitted in units of the
+    ``gemv``. With
+    ``save``, cached for :func:`model` (and replaces its entry); a fit that misses one of its timings by more than
+    ``FIT_TOLERANCE`` is logged as a warning."""
     from . import _numba  # numba loads only when the kernel first runs, or now
     rng = np.random.default_rng(0)
     matrix = rng.random((CALIBRATION_DIMS, docs), dtype=np.float32)
     matrix -= 0.5
+    copy = compressed.quantise(matrix)
+    tiny = np.ascontiguousarray(matrix[:, :CALLS_DOCS])
+    tiny_copy, one_dim = compressed.quantise(tiny), np.eye(1, CALIBRATION_DIMS, dtype=np.float32)
+    rescored = np.sort(rng.choice(docs, min(docs, round(RESCORED_PER_RESULT * CALIBRATION_K)), replace=False))
 
     def queries(n: int, kept: float, shared: bool = False) -> np.ndarray:
         q = rng.standard_normal((n, CALIBRATION_DIMS)).astype(np.float32)
         mask = rng.random((1 if shared else n, CALIBRATION_DIMS)) < kept
         return np.where(mask, q, 0).astype(np.float32)
 
-    single = {f'one {kept}': queries(1, kept) for kept in (0.2, 0.5, 0.8)}
+    single = {kept: queries(1, kept) for kept in (0.2, 0.5, 0.8)}
     batch = {f'pass {n} {kept} {"shared" if shared else "independent"}': queries(n, kept, shared)
              for n in (8, 64) for kept in (0.25, 0.5, 0.75) for shared in (False, True)}
     full = queries(64, 1.0)
     fns: Dict[str, Callable] = {
-        'gemv': lambda: dense.search_dense(matrix, full[:1], 100),
-        'gemm 8': lambda: dense.search_dense(matrix, full[:8], 100),
-        'gemm 64': lambda: dense.search_dense(matrix, full, 100),
-        **{name: (lambda q=q: _numba.fused_top_k(matrix, q, 100, one_pass=True))
-           for name, q in {**single, **batch}.items()},
+        'gemv': lambda: dense.search_dense(matrix, full[:1], CALIBRATION_K),
+        'gemm 8': lambda: dense.search_dense(matrix, full[:8], CALIBRATION_K),
+        'gemm 64': lambda: dense.search_dense(matrix, full, CALIBRATION_K),
+        **{f'one {kept}': (lambda q=q: _numba.fused_top_k(matrix, q, CALIBRATION_K, one_pass=True))
+           for kept, q in single.items()},
+        **{name: (lambda q=q: _numba.fused_top_k(matrix, q, CALIBRATION_K, one_pass=True))
+           for name, q in batch.items()},
+        **{f'compressed {kept}': (lambda q=q: compressed.search_compressed(copy, matrix, q, CALIBRATION_K,
+                                                                          use_numba=True))
+           for kept, q in single.items()},
+        **{f'rescore {kept}': (lambda q=q: compressed.exact_scores(matrix, q[0], rescored))
+           for kept, q in single.items()},
+        'compressed call': lambda: compressed.search_compressed(tiny_copy, tiny, one_dim, CALIBRATION_K,
+                                                                use_numba=True),
     }
     for fn in fns.values():  # compile (or load) the kernels, touch the matrix
         fn()
@@ -153,16 +174,30 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     unit = min(times['gemv'])
     t = {name: min(values) / unit for name, values in times.items()}
     dense_fit = fit_non_negative(np.array([[1.0, 8.0], [1.0, 64.0]]), np.array([t['gemm 8'], t['gemm 64']]))
-    single_fit = fit_non_negative(np.array([[1.0, nonzero_fractions(q)[0]] for q in single.values()]),
-                                  np.array([t[name] for name in single]))
+    kept_fractions = np.array([nonzero_fractions(q)[0] for q in single.values()])
+    single_fit = fit_non_negative(np.stack([np.ones(3), kept_fractions], axis=1),
+                                  np.array([t[f'one {kept}'] for kept in single]))
     batch_fit = fit_non_negative(np.array([batch_features(q) for q in batch.values()]),
                                  np.array([t[name] for name in batch]))
+    rescored_values = len(rescored) * kept_fractions * CALIBRATION_DIMS
+    rescore_seconds = fit_non_negative(rescored_values[:, None],
+                                       np.array([t[f'rescore {kept}'] * unit for kept in single]))[0]
+    call_seconds = t['compressed call'] * unit
+    # the scan's part of the compressed path: its time less the call's own work and the re-scoring the model adds
+    scan = np.array([t[f'compressed {kept}'] for kept in single])
+    scan -= (call_seconds + rescore_seconds * rescored_values) / unit
+    scan_fit = fit_non_negative(np.stack([np.ones(3), kept_fractions], axis=1), np.maximum(scan, 1e-3))
     fitted = CostModel(dense_gemm_fixed=float(dense_fit[0]), dense_gemm_per_query=float(dense_fit[1]),
-                       pruned_fixed=float(single_fit[0]),
-                       pruned_slope=float(single_fit[1]), batch_per_query=float(batch_fit[0]),
-                       batch_union=float(batch_fit[1]), batch_per_kept=float(batch_fit[2]))
-    estimates = {**{name: fitted.pruned_one_by_one_cost(q) for name, q in single.items()},
-                 **{name: fitted.pruned_batch_cost(q) for name, q in batch.items()}}
+                       pruned_fixed=float(single_fit[0]), pruned_slope=float(single_fit[1]),
+                       batch_per_query=float(batch_fit[0]), batch_union=float(batch_fit[1]),
+                       batch_per_kept=float(batch_fit[2]), compressed_fixed=float(scan_fit[0]),
+                       compressed_slope=float(scan_fit[1]), compressed_call_seconds=call_seconds,
+                       rescore_seconds=float(rescore_seconds),
+                       gemv_seconds_per_byte=unit / matrix.nbytes)
+    estimates = {**{f'one {kept}': fitted.pruned_one_by_one_cost(q) for kept, q in single.items()},
+                 **{name: fitted.pruned_batch_cost(q) for name, q in batch.items()},
+                 **{f'compressed {kept}': fitted.compressed_cost(q, CALIBRATION_K, matrix.nbytes)
+                    for kept, q in single.items()}}
     errors = {name: abs(estimate / t[name] - 1) for name, estimate in estimates.items()}
     worst = max(errors, key=errors.get)
     if errors[worst] > FIT_TOLERANCE:

@@ -1,11 +1,11 @@
 """The cost model behind ``PrunedRetriever(strategy='auto')`` and the one decision of each call: :func:`plan` returns
 the :class:`.plan.Plan` the stage and the kernels carry out. The model estimates the time of each scoring path, in
 units of one dense ``gemv`` over the whole matrix (one query, every dimension, top-k included), from the fraction of
-dimensions each query keeps. Its seven constants are calibrated on the machine in use, not fitted once on another CPU
-(:mod:`.calibration`, the harness that times both paths, fits and caches the constants). Pure arithmetic: the model
+dimensions each query keeps. Its constants are calibrated on the machine in use, not fitted once on another CPU
+(:mod:`.calibration`, the harness that times every path, fits and caches the constants). Pure arithmetic: the model
 is handed in by the caller."""
 import dataclasses
-from typing import Callable
+from typing import Callable, Dict
 
 import numpy as np
 
@@ -15,6 +15,10 @@ from .plan import Plan, batch_features, nonzero_fractions
 #: Below this matrix size (bytes) the matrix sits in the CPU caches, scoring is not memory-bound, and BLAS (tuned
 #: for compute) is at least as fast as the compiled kernel: ``'auto'`` scores densely.
 MIN_PRUNED_BYTES = 16 * 2 ** 20
+#: Documents the compressed path re-scores exactly per result asked for, as the cost model expects them: the ``k`` best
+#: of the first pass and those its error bound cannot rule out (1.0-1.5 per result on sentence-embedding-like data
+#: with ``k = 100``; a little more is assumed, as the bound is wider against the gaps of other data).
+RESCORED_PER_RESULT = 1.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +31,13 @@ class CostModel:
       ``pruned_fixed + pruned_slope * kept fraction`` per query;
     - pruned, a batch in one pass: ``batch_per_query * queries + batch_union * union fraction + batch_per_kept * sum
       of kept fractions``: each query's scores are cleared and pushed through its top-k, the union of the kept rows
-      is read from memory once, every query's kept rows are re-read from the cache.
+      is read from memory once, every query's kept rows are re-read from the cache;
+    - compressed, query after query: ``compressed_fixed + compressed_slope * kept fraction`` per query for the scan of
+      the int8 copy (a quarter of the bytes of the float32 rows) and of its approximate scores, which grow with the
+      matrix, plus what does not grow with it: the call's own work (``compressed_call_seconds``: the bound, the
+      selections) and the exact re-scoring of ``RESCORED_PER_RESULT * k`` documents on their kept dimensions
+      (``rescore_seconds`` per value read), turned into units by the time of one ``gemv``, ``gemv_seconds_per_byte``
+      times the matrix's size.
     """
     dense_gemm_fixed: float
     dense_gemm_per_query: float
@@ -36,6 +46,11 @@ class CostModel:
     batch_per_query: float
     batch_union: float
     batch_per_kept: float
+    compressed_fixed: float
+    compressed_slope: float
+    compressed_call_seconds: float
+    rescore_seconds: float
+    gemv_seconds_per_byte: float
 
     def dense_cost(self, queries: int) -> float:
         """Estimated cost of scoring ``queries`` queries on the dense path."""
@@ -55,30 +70,48 @@ class CostModel:
         """Whether the pruned path should score these queries in one pass rather than one by one."""
         return len(query_vecs) > 1 and self.pruned_batch_cost(query_vecs) < self.pruned_one_by_one_cost(query_vecs)
 
+    def compressed_cost(self, query_vecs: np.ndarray, k: int, matrix_bytes: int) -> float:
+        """Estimated cost of the compressed path (query after query) for these queries, ``k`` results each, over a
+        matrix of ``matrix_bytes``."""
+        kept = nonzero_fractions(query_vecs)
+        seconds = self.compressed_call_seconds + self.rescore_seconds * RESCORED_PER_RESULT * k * kept * \
+            query_vecs.shape[1]
+        return float(np.sum(self.compressed_fixed + self.compressed_slope * kept
+                            + seconds / (self.gemv_seconds_per_byte * matrix_bytes)))
+
     def pruned_cost(self, query_vecs: np.ndarray) -> float:
         """Estimated cost of the pruned path (the cheaper of one by one and one pass)."""
         return min(self.pruned_one_by_one_cost(query_vecs), self.pruned_batch_cost(query_vecs))
 
-    def prefers_pruned(self, query_vecs: np.ndarray) -> bool:
-        """Whether the pruned path is estimated cheaper than the dense one for these queries (no margin: near the
-        break-even either path costs about the same, and a margin would lose its own size on every query there)."""
-        return self.pruned_cost(query_vecs) < self.dense_cost(len(query_vecs))
+    def path_costs(self, query_vecs: np.ndarray, *, k: int, matrix_bytes: int, one_pass: bool) -> Dict[str, float]:
+        """Estimated cost of each path for these queries, ``k`` results each, over a matrix of ``matrix_bytes``:
+        ``'dense'``, ``'pruned'`` (query after query), ``'one pass'`` (only with ``one_pass``: a batch the compiled
+        kernel can score in one pass) and ``'compressed'``, in that order."""
+        costs = {'dense': self.dense_cost(len(query_vecs)), 'pruned': self.pruned_one_by_one_cost(query_vecs)}
+        if one_pass:
+            costs['one pass'] = self.pruned_batch_cost(query_vecs)
+        costs['compressed'] = self.compressed_cost(query_vecs, k, matrix_bytes)
+        return costs
 
 
 def plan(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: bool,
-         model: Callable[[], CostModel]) -> Plan:
-    """The plan of one call for these pruned query vectors (n, dims) over a matrix of ``matrix_bytes``, decided once:
+         model: Callable[[], CostModel], k: int) -> Plan:
+    """The plan of one call for these pruned query vectors (n, dims), ``k`` results each, over a matrix of
+    ``matrix_bytes``, decided once:
 
     - ``'dense'`` and ``'compressed'`` are taken as they are (a batch on the compressed path is scored query after
       query);
     - ``'pruned'``: one query, or a batch without the compiled kernel (the numpy path scores query after query),
       ``Plan('pruned')``; a batch over a matrix under ``MIN_PRUNED_BYTES`` (read from the caches either way) in one
       pass; else one pass where ``model()`` finds it cheaper than query after query;
-    - ``'auto'``: dense without the compiled kernel (the numpy fallback is slower than BLAS beyond ~30 % kept), for a
-      matrix under ``MIN_PRUNED_BYTES`` and for no queries; else the cheaper of dense and pruned by ``model()``.
+    - ``'auto'``: dense without the compiled kernel (the numpy fallbacks are slower than BLAS beyond ~30 % kept), for
+      a matrix under ``MIN_PRUNED_BYTES`` and for no queries; else the path of least estimated cost by ``model()``
+      among dense, pruned query after query, one pass (a batch) and compressed (no margin: near a break-even either
+      path costs about the same, and a margin would lose its own size on every query there; an exact tie goes to the
+      path listed first).
 
     ``model`` (e.g. :func:`.calibration.model`, which calibrates on first use) is called only when the plan depends on
-    it. The compressed path is never chosen by ``'auto'``: see ``pt_docs/speed.rst``."""
+    it."""
     if strategy in ('dense', 'compressed'):
         return Plan(strategy)
     batch = compiled and len(query_vecs) > 1
@@ -91,7 +124,5 @@ def plan(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: 
         raise ValueError(f"unknown strategy {strategy!r}; expected 'auto', 'pruned', 'dense' or 'compressed'")
     if not compiled or matrix_bytes < MIN_PRUNED_BYTES or not len(query_vecs):
         return Plan('dense')
-    fitted = model()
-    if not fitted.prefers_pruned(query_vecs):
-        return Plan('dense')
-    return Plan('one pass' if batch and fitted.batch_in_one_pass(query_vecs) else 'pruned')
+    costs = model().path_costs(query_vecs, k=k, matrix_bytes=matrix_bytes, one_pass=batch)
+    return Plan(min(costs, key=costs.get))

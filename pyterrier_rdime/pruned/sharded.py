@@ -111,7 +111,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         num_results: documents returned per query.
         docnos: with array shards only, the docno of each row of all shards together (default: the global row
             number as a string).
-        strategy: ``'auto'``, ``'pruned'`` or ``'dense'``, on every shard (see ``PrunedRetriever``).
+        strategy: ``'auto'``, ``'pruned'``, ``'dense'`` or ``'compressed'``, on every shard (see ``PrunedRetriever``).
         batch_size: queries per matrix product on the dense path.
         drop_query_vec: drop ``query_vec`` from the output.
         ray_address: the Ray cluster to connect to when this process is not connected yet: ``None`` starts Ray on

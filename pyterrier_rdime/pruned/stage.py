@@ -42,7 +42,7 @@ class PrunedRetriever(ConfigTransformer):
     copy is built. The on-disk copy records the size, times, inode and full SHA-256 of the vectors and docnos it was
     built from, and is rebuilt (with a warning) when they change (see :mod:`pyterrier_rdime.pruned.layout`).
 
-    Three exact scoring paths; ``strategy`` picks one:
+    Three exact scoring paths, which ``strategy`` forces, and ``'auto'``, which picks one per call:
 
     - ``'pruned'``: a compiled kernel (numba) reads only the kept rows of the matrix, in one pass over blocks of the
       score vector that stay in the CPU cache, with the top-k selection fused, parallel over blocks of documents on
@@ -51,15 +51,16 @@ class PrunedRetriever(ConfigTransformer):
       ranking, more slowly.
     - ``'dense'``: every dimension of the zeroed query with BLAS: one ``gemv`` per query below 4 queries, else one
       matrix product per ``batch_size`` queries and block of documents.
-    - ``'auto'`` (default): per call, the path of lower estimated cost (:mod:`pyterrier_rdime.pruned.cost`,
-      calibrated on this machine on first use: a few seconds, cached per CPU model and thread counts), and ``'dense'``
-      without numba or for a matrix under 16 MiB (it sits in the CPU caches). The call's plan (dense, pruned query
-      by query, pruned in one pass, compressed) is decided once, by :func:`pyterrier_rdime.pruned.cost.plan`.
-    - ``'compressed'`` (opt-in; ``'auto'`` never takes it): the kept rows of an int8 copy of the matrix (a quarter of
-      its size; for a FlexIndex a second file beside the layout, ``rdime.dim_major.i8.npy``, built once on first use
-      under the same protocol) are scanned first, then every document whose exact error bound cannot rule it out of
-      the top ``num_results`` is re-scored exactly: the same ranking, reading a quarter of the bytes in the scan
+    - ``'compressed'``: the kept rows of an int8 copy of the matrix (a quarter of its size; for a FlexIndex a second
+      file beside the layout, ``rdime.dim_major.i8.npy``, built once on first use under the same protocol: ~9 s and
+      732 MiB for 1M x 768) are scanned first, then every document whose exact error bound cannot rule it out of the
+      top ``num_results`` is re-scored exactly: the same ranking, reading a quarter of the bytes in the scan
       (:mod:`pyterrier_rdime.pruned.compressed`). Query after query, also for a batch.
+    - ``'auto'`` (default): per call, the path of least estimated cost: dense, pruned (query after query or in
+      one pass) or compressed (:mod:`pyterrier_rdime.pruned.cost`, calibrated on this machine on first use: a few
+      seconds, cached per CPU model and thread counts), and ``'dense'`` without numba or for a matrix under 16 MiB
+      (it sits in the CPU caches). The call's plan is decided once, by :func:`pyterrier_rdime.pruned.cost.plan`. The
+      first time it chooses the compressed path, the int8 copy is built; ``strategy='pruned'`` never builds it.
 
     Every path returns the same documents up to floating-point ties: scores agree to float32 summation-order
     precision (~1e-6 relative; the compressed path's are float64 scores rounded to float32), so documents whose
@@ -153,8 +154,9 @@ class PrunedRetriever(ConfigTransformer):
 
     def plan(self, query_vecs: np.ndarray) -> Plan:
         """How this retriever scores these (already pruned) query vectors (n, dims): decided once per call."""
-        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=self.dim_major().nbytes,
-                         compiled=kept.NUMBA_AVAILABLE, model=calibration.model)
+        matrix = self.dim_major()
+        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=matrix.nbytes, compiled=kept.NUMBA_AVAILABLE,
+                         model=calibration.model, k=min(self.num_results, matrix.shape[1]))
 
     def choose_strategy(self, query_vecs: np.ndarray) -> str:
         """The path this retriever takes for these (already pruned) query vectors (n, dims): ``'pruned'``,
