@@ -17,9 +17,9 @@ One script per question, each printing ratios measured side by side in one run:
 - ``bounds``: how much of the kept rows an exact kernel that stops a block of documents early by a bound on the
   remaining dimensions could skip, at best (a count with an oracle threshold, not a timing).
 
-``all`` (the default, ``./run.sh benchmark``) runs them all with their defaults (~20 min on a shared 2-core machine
-once the caches exist; the first run also builds a 1M x 768 synthetic index and its layout, ~2 min, and encodes the
-DL19 pool, ~2.5 min).
+``all`` (the default, ``./run.sh benchmark``) runs them all with their defaults (~35 min on a shared 2-core machine
+once the caches exist, ~13 of them for ``bounds``; the first run also builds a 1M x 768 synthetic index and its
+layout, ~2 min, and encodes the DL19 pool, ~2.5 min).
 """
 import sys
 
