@@ -166,7 +166,8 @@ def synthetic_flex_index(cache: Path, docs: int, dims: int, seed: int = 42):
     """A FlexIndex of ``docs`` unit-norm float32 vectors shaped like sentence embeddings (a shared mean direction,
     per-dimension scales spread log-normally, documents clustered around topics of ~100), cached under ``cache``
     and written straight in the FlexIndex format, in chunks. Returns ``(index, generator state)``: the topic centres,
-    mean and scales, to draw queries from the same distribution."""
+    mean and scales, to draw queries from the same distribution, and each document's topic (``topic_of``), to group
+    documents as a clustered index would."""
     from pyterrier_dr import FlexIndex
     path = cache / f'synthetic-{docs}x{dims}-seed{seed}.flex'
     rng = np.random.default_rng(seed)
@@ -177,13 +178,13 @@ def synthetic_flex_index(cache: Path, docs: int, dims: int, seed: int = 42):
     topics = max(1, docs // 100)
     centres = rng.standard_normal((topics, dims), dtype=np.float32) * scale
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    state = {'centres': centres, 'mean': mean, 'scale': scale}
+    topic_of = rng.integers(0, topics, size=docs)  # drawn before the vectors: a cached index has the same topics
+    state = {'centres': centres, 'mean': mean, 'scale': scale, 'topic_of': topic_of}
     if (path / 'pt_meta.json').is_file():
         return FlexIndex(str(path), verbose=False), state
     import npids
     tmp = path.with_name(path.name + '.tmp')
     tmp.mkdir(parents=True, exist_ok=True)
-    topic_of = rng.integers(0, topics, size=docs)
     with open(tmp / 'vecs.f4', 'wb') as out:
         for start in range(0, docs, 65536):
             end = min(docs, start + 65536)

@@ -13,15 +13,18 @@ One script per question, each printing ratios measured side by side in one run:
   after a pause);
 - ``shards``: ShardedPrunedRetriever over 1, 2 and 4 shards on a local multi-node Ray cluster against one
   PrunedRetriever, its scatter/gather overhead, and the cost of 100M x 768 over N nodes on paper (the first run also
-  writes the 2- and 4-shard copies of the 1M index and their layouts, 11.4 GiB of disk, ~2 min).
+  writes the 2- and 4-shard copies of the 1M index and their layouts, 11.4 GiB of disk, ~2 min);
+- ``bounds``: how much of the kept rows an exact kernel that stops a block of documents early by a bound on the
+  remaining dimensions could skip, at best (a count with an oracle threshold, not a timing).
 
-``all`` (the default, ``./run.sh benchmark``) runs them all with their defaults (~20 min on a shared 2-core machine
-once the caches exist; the first run also builds a 1M x 768 synthetic index and its layout, ~2 min, and encodes the
-DL19 pool, ~2.5 min).
+``all`` (the default, ``./run.sh benchmark``) runs them all with their defaults (~35 min on a shared 2-core machine
+once the caches exist, ~13 of them for ``bounds``; the first run also builds a 1M x 768 synthetic index and its
+layout, ~2 min, and encodes the DL19 pool, ~2.5 min).
 """
 import sys
 
 import batches
+import bounds
 import estimators
 import layout
 import overhead
@@ -31,7 +34,8 @@ import shards
 import switch
 
 SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout,
-           'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards}
+           'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards,
+           'bounds': bounds}
 
 
 def main(argv=None) -> int:
