@@ -25,7 +25,12 @@ file it was built from and the file itself, a copy whose record is missing or do
 rebuilt layout, a damaged or interrupted file) rebuilt with a warning, concurrent builds serialised by a lock. An
 array index gets an in-memory copy.
 
-A little over ~250 lines: the bound, the scan and the copy it reads are one guarantee (exact top-k), kept together.
+A batch can instead be scored in one pass (``one_pass``): each query's weights ``q_j scale[j]`` rounded to integers
+times a step of the query (:func:`integer_weights`), the integer scores of every query and document from one int8
+matrix product per slab of documents (exact int32 sums; torch's product runs on the CPU's VNNI / AMX units), the
+same two steps with the bound of :func:`integer_bound` (the quantisation error plus the weights' rounding).
+
+Over ~250 lines: the bounds, the scans and the copy they read are one guarantee (exact top-k), kept together.
 """
 import dataclasses
 import importlib.util
