@@ -4,8 +4,10 @@
 A batch of RDIME-pruned queries over the synthetic index of ``search`` (default 1M x 768), top-100, against the
 dense path (one matrix product per batch with the top-k): the compiled kernel in one pass with the shipped tile and
 cache sizes, with other tile sizes (dimensions per tile) and cache budgets (floats of scores + tile per block), one
-query after the other, and queries grouped by kept-set overlap (each group scored in one pass). Measured in blocks;
-min over rounds and the median of the per-round ratios.
+query after the other, queries grouped by kept-set overlap (each group scored in one pass), and the compressed path
+(the int8 copy) query after query and in one pass (integer scores of the whole batch from one int8 matrix product
+per slab of documents, torch's where installed). Measured in blocks; min over rounds and the median of the
+per-round ratios.
 
 Usage (from the repository root)::
 
@@ -19,7 +21,7 @@ import numpy as np
 from common import fmt_ratio, log, ratio_stats, table
 
 from pyterrier_rdime import PrunedRetriever
-from pyterrier_rdime.pruned import _numba, dense
+from pyterrier_rdime.pruned import _numba, compressed, dense
 
 K = 100
 
@@ -79,6 +81,14 @@ def main(argv=None) -> int:
         variants['one query after the other'] = lambda m, q: _numba.fused_top_k(m, q, K, one_pass=False)
         for groups in (4, 8):
             variants[f'{groups} groups by kept-set overlap'] = grouped(groups)
+        copy = PrunedRetriever(index=index)._compressed.codes()
+        if compressed.INT8_PRODUCT == 'torch':  # torch's own threads: as many as BLAS's and numba's
+            import torch
+            torch.set_num_threads(args.threads)
+        variants['compressed, query after query'] = \
+            lambda m, q: compressed.search_compressed(copy, m, q, K, use_numba=True)
+        variants[f'compressed, one pass ({compressed.INT8_PRODUCT} int8 product)'] = \
+            lambda m, q: compressed.search_compressed(copy, m, q, K, use_numba=True, one_pass=True)
         ref_s, ref_i = dense.search_dense(matrix, queries, K)
         for name, fn in variants.items():  # the dense path's top-k up to float ties, and compiled before timing
             got_s, got_i = fn(matrix, queries)

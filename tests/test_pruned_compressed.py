@@ -15,9 +15,17 @@ from pruned_data import DIMS, K, flex_index, full_topk, make_corpus, query_frame
 from pyterrier_rdime import PrunedRetriever
 from pyterrier_rdime.pruned import compressed, kept, layout
 
-FIRST_PASS = [pytest.param(True, id='numba', marks=pytest.mark.skipif(
-    not kept.NUMBA_AVAILABLE, reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')),
-    pytest.param(False, id='numpy')]
+NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
+                                 reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
+NEEDS_TORCH = pytest.mark.skipif(compressed._torch() is None, reason="the int8 product needs torch's _int_mm")
+FIRST_PASS = [pytest.param(True, id='numba', marks=NEEDS_NUMBA), pytest.param(False, id='numpy')]
+#: How a batch is searched: query after query (numba or numpy), or in one pass with each int8 product and each
+#: selection of the integer scores (numba or numpy).
+MODES = [pytest.param(('query after query', True, None), id='numba', marks=NEEDS_NUMBA),
+         pytest.param(('query after query', False, None), id='numpy'),
+         pytest.param(('one pass', True, 'torch'), id='one-pass-torch-numba', marks=[NEEDS_NUMBA, NEEDS_TORCH]),
+         pytest.param(('one pass', False, 'float64'), id='one-pass-float64-numpy'),
+         pytest.param(('one pass', True, 'float64'), id='one-pass-float64-numba', marks=NEEDS_NUMBA)]
 
 
 @pytest.fixture(scope='module')
@@ -33,10 +41,23 @@ def small_blocks(monkeypatch):
         monkeypatch.setattr(_numba, 'BLOCK_DOCS', 64)
 
 
-def search(docs, query_vecs, k, use_numba):
+@pytest.fixture(params=MODES)
+def search(request, small_blocks, monkeypatch):
+    """``search(docs, query_vecs, k)`` in one of the :data:`MODES`; one pass in slabs of 1024 documents (not a
+    divisor of the corpus's) and groups of three queries."""
+    mode, use_numba, product = request.param
+    if mode == 'one pass':
+        monkeypatch.setattr(compressed, 'INT8_PRODUCT', product)
+        monkeypatch.setattr(compressed, 'SLAB_DOCS', 1024)
+        monkeypatch.setattr(compressed, 'SCORES_BYTES', 4 * 3 * 3000)
+
+    return lambda docs, query_vecs, k: search_with(docs, query_vecs, k, use_numba, one_pass=mode == 'one pass')
+
+
+def search_with(docs, query_vecs, k, use_numba, one_pass=False):
     dim_major = np.ascontiguousarray(docs.T)
     return compressed.search_compressed(compressed.quantise(dim_major), dim_major, query_vecs, k,
-                                        use_numba=use_numba)
+                                        use_numba=use_numba, one_pass=one_pass)
 
 
 def assert_reference(docs, query_vecs, result, k):
@@ -85,42 +106,95 @@ def test_the_bound_holds_for_every_document(corpus, small_blocks, use_numba):
     assert np.abs(copy.error - 0.01 * 0.499).max() < 2e-6  # halfway: every dimension's error is half a step
 
 
-@pytest.mark.parametrize('use_numba', FIRST_PASS)
-def test_same_topk_as_full_scoring_and_the_float32_path(corpus, small_blocks, use_numba):
+def test_integer_weights_by_hand():
+    scale = np.array([0.5, 0.25, 2.0], dtype=np.float32)
+    copy = compressed.Codes(np.zeros((3, 2), dtype=np.int8), scale, np.zeros(3))
+    queries = np.array([[1, 0, -1], [0, 0, 0], [0, 1e-3, 0]], dtype=np.float32)
+    steps, weights = compressed.integer_weights(copy, queries)
+    # the largest |value x scale| is the largest weight, 127 x 128 = 16256; the others to the nearest step
+    assert steps.tolist() == [2 / 16256, 1, np.float64(np.float32(1e-3)) * 0.25 / 16256]
+    assert weights.tolist() == [[4064, 0, -16256], [0, 0, 0], [0, 16256, 0]]
+    # so many dimensions that 16256 x 127 x dims would overflow an int32: smaller weights
+    wide = compressed.Codes(np.zeros((20000, 1), dtype=np.int8), np.ones(20000, dtype=np.float32), np.zeros(20000))
+    _, weights = compressed.integer_weights(wide, np.ones((1, 20000), dtype=np.float32))
+    assert weights.max() == (2 ** 31 - 1) // (127 * 20000) == 845
+
+
+@pytest.mark.parametrize('product', [pytest.param('torch', marks=NEEDS_TORCH), 'float64'])
+def test_integer_scores_are_exact(monkeypatch, product):
+    monkeypatch.setattr(compressed, 'INT8_PRODUCT', product)
+    monkeypatch.setattr(compressed, 'SLAB_DOCS', 1000)
+    rng = np.random.default_rng(9)
+    codes = rng.integers(-127, 128, size=(768, 2500)).astype(np.int8)
+    codes[:, 0] = 127  # the largest sum: every weight and code at its extreme
+    weights = rng.integers(-16256, 16257, size=(5, 768))
+    weights[0] = 16256
+    got = compressed.integer_scores(codes, weights)
+    assert got.dtype == np.int32 and got.tolist() == (weights @ codes.astype(np.int64)).tolist()
+    assert got[0, 0] == 16256 * 127 * 768
+
+
+def test_the_integer_bound_holds_for_every_document(corpus):
     docs, query_vecs = corpus
-    result = search(docs, query_vecs, K, use_numba)
+    rng = np.random.default_rng(3)
+    steps_ = rng.integers(-126, 126, size=docs.shape) + 0.5 + rng.choice([-1e-3, 1e-3], size=docs.shape)
+    halfway = (steps_ * 0.01).astype(np.float32)
+    halfway[0] = 1.27
+    for matrix in (docs, halfway):
+        copy = compressed.quantise(np.ascontiguousarray(matrix.T))
+        steps, weights = compressed.integer_weights(copy, query_vecs)
+        totals = weights @ copy.codes.astype(np.int64)
+        for query_vec, step, w, total in zip(query_vecs, steps, weights, totals):
+            bound = compressed.integer_bound(copy, query_vec, step, w)
+            exact = matrix.astype(np.float64) @ query_vec.astype(np.float64)
+            assert np.abs(exact - step * total).max() <= bound
+            # not vacuous: within 5 % of the quantisation error alone (the weights' rounding, half of 1/16256 of
+            # the largest weight x 127 per kept dimension, adds ~1-3 % here)
+            assert bound <= 1.05 * float(np.abs(query_vec.astype(np.float64)) @ copy.error)
+
+
+@pytest.mark.parametrize('batch', [1, 2, 7, 64])
+def test_batches_of_every_size_in_one_pass(corpus, search, batch):
+    docs, _ = corpus
+    rng = np.random.default_rng(batch)
+    query_vecs = rng.standard_normal((batch, DIMS)).astype(np.float32)
+    query_vecs[rng.random(query_vecs.shape) < rng.random((batch, 1))] = 0  # kept fractions from 0 to 1
+    query_vecs[batch // 2] = 0  # a query that keeps nothing
+    assert_reference(docs, query_vecs, search(docs, query_vecs, K), K)
+
+
+def test_same_topk_as_full_scoring_and_the_float32_path(corpus, search):
+    docs, query_vecs = corpus
+    result = search(docs, query_vecs, K)
     assert_reference(docs, query_vecs, result, K)
-    pruned = kept.search_pruned(np.ascontiguousarray(docs.T), query_vecs, K, use_numba=use_numba)
+    pruned = kept.search_pruned(np.ascontiguousarray(docs.T), query_vecs, K, use_numba=False)
     for ours, theirs in zip(result[1], pruned[1]):
         assert ours.tolist() == theirs.tolist()
 
 
-@pytest.mark.parametrize('use_numba', FIRST_PASS)
-def test_every_count_of_kept_dimensions(corpus, small_blocks, use_numba):
+def test_every_count_of_kept_dimensions(corpus, search):
     docs, _ = corpus
     rng = np.random.default_rng(5)
     query_vecs = np.zeros((21, DIMS), dtype=np.float32)
     for count in range(1, 21):  # from one kept dimension up, every remainder of the eight-row passes
         query_vecs[count - 1, rng.choice(DIMS, count, replace=False)] = rng.standard_normal(count)
     query_vecs[20, 7] = -1e-30  # one tiny negative weight
-    assert_reference(docs, query_vecs, search(docs, query_vecs, K, use_numba), K)
+    assert_reference(docs, query_vecs, search(docs, query_vecs, K), K)
 
 
-@pytest.mark.parametrize('use_numba', FIRST_PASS)
-def test_exact_ties_go_to_the_lower_docid(small_blocks, use_numba):
+def test_exact_ties_go_to_the_lower_docid(search):
     # as test_pruned_search: 500 documents of four distinct vectors, every score tied 125 times
     base = np.array([[1, 0, 0], [2, 0, 1], [2, 0, -1], [0, 1, 0]], dtype=np.float32)
     docs = np.tile(base, (125, 1))
     queries = np.array([[1, 0, 0], [1, 0, 1], [0, 0, 0], [0, 0.5, 0]], dtype=np.float32)
-    scores, docids = search(docs, queries, 130, use_numba)
+    scores, docids = search(docs, queries, 130)
     assert docids[0].tolist() == [i for i in range(500) if i % 4 in (1, 2)][:130] and scores[0].tolist() == [2] * 130
     assert docids[1].tolist() == list(range(1, 500, 4)) + [0, 2, 4, 6, 8]
     assert docids[2].tolist() == list(range(130)) and scores[2].tolist() == [0] * 130  # nothing kept
     assert docids[3].tolist() == list(range(3, 500, 4)) + [0, 1, 2, 4, 5]  # one kept dimension of codes 0 and 127
 
 
-@pytest.mark.parametrize('use_numba', FIRST_PASS)
-def test_documents_the_first_pass_cannot_tell_apart(small_blocks, use_numba):
+def test_documents_the_first_pass_cannot_tell_apart(search):
     # column 0 rises by 1e-5 from document to document, less than a step (1/127): the first pass sees the same
     # code for runs of ~800 documents and its k best are the lowest docids of the highest run, not the best ones;
     # with column 1 constant (every code 127) and column 2 maximal errors, a near-tie at the bound in every query
@@ -131,25 +205,27 @@ def test_documents_the_first_pass_cannot_tell_apart(small_blocks, use_numba):
     docs[:, 1] = 0.25
     docs[:, 2] = (rng.integers(-126, 126, size=n) + 0.5 + rng.choice([-1e-4, 1e-4], size=n)) / 127
     queries = np.array([[1, 0, 0], [1, 1, 0], [0.3, 0, 1], [0, 1, 0], [0, 2, 1e-3]], dtype=np.float32)
-    result = search(docs, queries, 20, use_numba)
+    result = search(docs, queries, 20)
     assert_reference(docs, queries, result, 20)
     assert result[1][0].tolist() == list(range(n - 1, n - 21, -1))
     assert result[1][3].tolist() == list(range(20))  # constant column: every score tied
 
 
 def _search_in_child(args):
-    docs, queries = args
-    return [d.tolist() for d in search(docs, queries, 5, True)[1]]
+    docs, queries, one_pass = args
+    return [d.tolist() for d in search_with(docs, queries, 5, True, one_pass)[1]]
 
 
-@pytest.mark.skipif(not kept.NUMBA_AVAILABLE, reason='the compiled kernel needs numba')
-def test_first_pass_runs_in_a_child_forked_after_it_ran(corpus):
-    # as the float32 kernel: a child forked after the parallel first pass ran scores on one thread
+@NEEDS_NUMBA
+@pytest.mark.parametrize('one_pass', [False, pytest.param(True, marks=NEEDS_TORCH)])
+def test_first_pass_runs_in_a_child_forked_after_it_ran(corpus, one_pass):
+    # as the float32 kernel: a child forked after the parallel first pass (or torch's product) ran scores on one
+    # thread
     import multiprocessing
     docs, query_vecs = corpus
-    expected = [d.tolist() for d in search(docs, query_vecs, 5, True)[1]]
+    expected = [d.tolist() for d in search_with(docs, query_vecs, 5, True, one_pass)[1]]
     with multiprocessing.get_context('fork').Pool(1) as pool:
-        assert pool.map_async(_search_in_child, [(docs, query_vecs)]).get(timeout=900) == [expected]
+        assert pool.map_async(_search_in_child, [(docs, query_vecs, one_pass)]).get(timeout=900) == [expected]
 
 
 def test_the_stage_on_an_array_index(corpus):

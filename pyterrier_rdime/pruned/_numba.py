@@ -91,6 +91,30 @@ def approximate_top_k(codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, 
     return approx, merge_heaps(heap_s, heap_i, k)[1][0]
 
 
+def integer_top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """The docids ``(queries, k)`` (in no order) of the ``k`` highest of each row of an int32 ``(queries, docs)``
+    score matrix, ties to the lower docid: the first step of the compressed one pass
+    (:func:`.compressed.search_compressed`), one row per task of a parallel loop."""
+    kernel = _serial(_integer_top_k_kernel) if _PARALLEL['forked'] else _integer_top_k_kernel
+    with _KERNEL_LOCK:
+        return kernel(scores, min(k, scores.shape[1]))
+
+
+def rows_at_least(scores: np.ndarray, thresholds: np.ndarray):
+    """The docids ``d`` with ``scores[q, d] >= thresholds[q]`` of each row ``q`` of an int32 ``(queries, docs)``
+    matrix, ascending, concatenated: ``(docids, starts)`` with row ``q``'s at ``starts[q]:starts[q + 1]`` (counted,
+    then written, one row per task of a parallel loop)."""
+    count, fill = _count_at_least, _fill_at_least
+    if _PARALLEL['forked']:
+        count, fill = _serial(count), _serial(fill)
+    with _KERNEL_LOCK:
+        starts = np.zeros(len(scores) + 1, dtype=np.int64)
+        np.cumsum(count(scores, thresholds), out=starts[1:])
+        docids = np.empty(starts[-1], dtype=np.int64)
+        fill(scores, thresholds, starts, docids)
+    return docids, starts
+
+
 _jit = numba.njit(cache=True, nogil=True, fastmath={'contract'})
 _parallel_jit = numba.njit(parallel=True, cache=True, nogil=True, fastmath={'contract'})
 _prange = numba.prange
@@ -219,6 +243,37 @@ def _approx_kernel(codes, dims, weights, k, block, chunks, approx):
             approx[b0:b0 + n] = acc[:n]
             _push_block(heap_s[c, 0], heap_i[c, 0], acc, n, b0)
     return heap_s, heap_i
+
+
+@_parallel_jit
+def _integer_top_k_kernel(scores, k):
+    n_queries, n_docs = scores.shape
+    heap_s = np.full((n_queries, k), np.iinfo(np.int32).min, dtype=np.int32)
+    heap_i = np.full((n_queries, k), -1, dtype=np.int64)
+    for q in _prange(n_queries):  # no score reaches the int32 minimum (|score| < 2 ** 31): every slot fills
+        _push_block(heap_s[q], heap_i[q], scores[q], n_docs, 0)
+    return heap_i
+
+
+@_parallel_jit
+def _count_at_least(scores, thresholds):
+    counts = np.zeros(scores.shape[0], dtype=np.int64)
+    for q in _prange(scores.shape[0]):
+        row, bar, count = scores[q], thresholds[q], 0
+        for d in range(row.shape[0]):
+            count += row[d] >= bar
+        counts[q] = count
+    return counts
+
+
+@_parallel_jit
+def _fill_at_least(scores, thresholds, starts, docids):
+    for q in _prange(scores.shape[0]):
+        row, bar, at = scores[q], thresholds[q], starts[q]
+        for d in range(row.shape[0]):
+            if row[d] >= bar:
+                docids[at] = d
+                at += 1
 
 
 _SERIAL = {}

@@ -25,9 +25,15 @@ file it was built from and the file itself, a copy whose record is missing or do
 rebuilt layout, a damaged or interrupted file) rebuilt with a warning, concurrent builds serialised by a lock. An
 array index gets an in-memory copy.
 
-A little over ~250 lines: the bound, the scan and the copy it reads are one guarantee (exact top-k), kept together.
+A batch can instead be scored in one pass (``one_pass``): each query's weights ``q_j scale[j]`` rounded to integers
+times a step of the query (:func:`integer_weights`), the integer scores of every query and document from one int8
+matrix product per slab of documents (exact int32 sums; torch's product runs on the CPU's VNNI / AMX units), the
+same two steps with the bound of :func:`integer_bound` (the quantisation error plus the weights' rounding).
+
+Over ~250 lines: the bounds, the scans and the copy they read are one guarantee (exact top-k), kept together.
 """
 import dataclasses
+import importlib.util
 import json
 import os
 import threading
@@ -50,6 +56,16 @@ UNIT_ROUNDOFF = 2.0 ** -24
 #: Dimensions quantised per step of a build: ``ROWS_PER_STEP x docs x 8`` bytes of temporary memory (64 MiB per
 #: million documents).
 ROWS_PER_STEP = 8
+#: The one pass of a batch scores with integers: each query's weights become integers ``w`` (times a step of the
+#: query) written as two int8 parts, ``w = WEIGHT_BASE * high + low`` with ``low`` in ``[-64, 63]``, so that one int8
+#: matrix product (int32 sums, exact) of both parts of every query with the codes gives ``sum_j w_j code_j``.
+WEIGHT_BASE = 128
+#: Documents per int8 matrix product of the one pass: the slab of codes (12 MiB at 768 dimensions) is copied into
+#: one contiguous buffer and read from the cache by every query of the batch.
+SLAB_DOCS = 16384
+#: The one pass holds the integer score of every (query, document) until the queries' thresholds are known: larger
+#: batches are split into groups whose scores take at most this many bytes (256 MiB: 64 queries of 1M documents).
+SCORES_BYTES = 2 ** 28
 
 _REGISTRY_LOCK = threading.Lock()
 _BUILD_LOCKS: Dict[Path, threading.Lock] = {}
@@ -142,30 +158,175 @@ def float32_below(value: float) -> np.float32:
 
 
 def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
-                      use_numba: bool) -> Result:
+                      use_numba: bool, one_pass: bool = False) -> Result:
     """Top-``k`` ``(scores, docids)`` of each query, exact: the first pass over ``copy``, then the documents whose
     bound reaches the k-th best exact score re-scored from ``dim_major`` (see the module's description). Scores are
-    the float64 exact scores rounded to float32."""
+    the float64 exact scores rounded to float32. A batch is scored query after query over each one's kept rows, or
+    with ``one_pass`` in integers over the whole copy (:func:`integer_scores`), worth it where an int8 matrix
+    product runs fast (:data:`INT8_PRODUCT`)."""
+    if one_pass:
+        return _search_one_pass(copy, dim_major, query_vecs, k, use_numba=use_numba)
     scores, docids = [], []
     for query_vec in query_vecs:
-        if not query_vec.any():  # every score is 0: the lowest docids, as on the other paths
-            n = min(k, dim_major.shape[1])
-            scores.append(np.zeros(n, dtype=np.float32))
-            docids.append(np.arange(n))
+        if not query_vec.any():
+            s, d = _rescored(dim_major, query_vec, *(np.empty(0, dtype=np.int64),) * 3, k)
+            scores.append(s)
+            docids.append(d)
             continue
         approx, best, bound = first_pass(copy, query_vec, k, use_numba=use_numba)
         best = np.sort(best)
         best_scores = exact_scores(dim_major, query_vec, best)
         # every document of the exact top-k scores at least the k-th best of any k exact scores, so its first-pass
         # score is at least that minus the bound
-        others = np.flatnonzero(approx >= float32_below(best_scores.min() - bound))
-        others = others[~np.isin(others, best, assume_unique=True)]
-        ids = np.concatenate([best, others])
-        s = np.concatenate([best_scores, exact_scores(dim_major, query_vec, others)])
-        order = best_k(s, ids, min(k, len(approx)))
-        scores.append(s[order].astype(np.float32))
-        docids.append(ids[order])
+        s, d = _rescored(dim_major, query_vec, best, best_scores,
+                         np.flatnonzero(approx >= float32_below(best_scores.min() - bound)), k)
+        scores.append(s)
+        docids.append(d)
     return scores, docids
+
+
+def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
+                     use_numba: bool) -> Result:
+    """:func:`search_compressed` of a batch in one pass: the integer scores of every query and document
+    (:func:`integer_scores`), the ``k`` best of each query re-scored exactly, then every document whose integer score
+    the bound of :func:`integer_bound` cannot rule out; groups of queries whose integer scores fit in
+    ``SCORES_BYTES``."""
+    scores, docids = [], []
+    group = max(1, SCORES_BYTES // (4 * dim_major.shape[1]))
+    for g0 in range(0, len(query_vecs), group):
+        group_vecs = query_vecs[g0:g0 + group]
+        steps, weights = integer_weights(copy, group_vecs)
+        totals = integer_scores(copy.codes, weights)
+        best = np.sort(_integer_top_k(totals, k, use_numba=use_numba), axis=1)
+        best_scores = [exact_scores(dim_major, query_vec, b) for query_vec, b in zip(group_vecs, best)]
+        thresholds = np.full(len(group_vecs), 2 ** 31 - 1, dtype=np.int64)  # a query that keeps nothing: none
+        for q, query_vec in enumerate(group_vecs):
+            if query_vec.any():
+                # every document of the exact top-k scores at least the lowest of any k exact scores, so its
+                # integer score times the step is at least that minus the bound (one less: the float64 rounding)
+                bound = integer_bound(copy, query_vec, steps[q], weights[q])
+                thresholds[q] = max(-2 ** 31, np.floor((best_scores[q].min() - bound) / steps[q]) - 1)
+        others, starts = _rows_at_least(totals, thresholds, use_numba=use_numba)
+        for q, query_vec in enumerate(group_vecs):
+            s, d = _rescored(dim_major, query_vec, best[q], best_scores[q], others[starts[q]:starts[q + 1]], k)
+            scores.append(s)
+            docids.append(d)
+    return scores, docids
+
+
+def _rescored(dim_major: np.ndarray, query_vec: np.ndarray, best: np.ndarray, best_scores: np.ndarray,
+              candidates: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The exact top-``k`` of one query from its ``best`` documents (ascending, exact scores known) and the other
+    ``candidates`` (ascending) its bound could not rule out; a query that keeps nothing scores 0 everywhere, its
+    top-k the lowest docids, as on the other paths."""
+    k = min(k, dim_major.shape[1])
+    if not query_vec.any():
+        return np.zeros(k, dtype=np.float32), np.arange(k)
+    others = candidates[~np.isin(candidates, best, assume_unique=True)]
+    ids = np.concatenate([best, others])
+    s = np.concatenate([best_scores, exact_scores(dim_major, query_vec, others)])
+    order = best_k(s, ids, k)
+    return s[order].astype(np.float32), ids[order]
+
+
+def integer_weights(copy: Codes, query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``(steps, weights)`` of the one pass: per query a step (float64) and integer weights (int64, ``(queries,
+    dims)``, zero where the query is) with ``steps[q] * weights[q, j]`` within half a step of ``values_j scale_j``
+    (exact in float64). The largest weight is ``CODE_MAX * WEIGHT_BASE``, less where the matrix has so many
+    dimensions that ``sum_j |w_j| CODE_MAX`` would not fit in an int32."""
+    weight_max = min(CODE_MAX * WEIGHT_BASE, (2 ** 31 - 1) // (CODE_MAX * copy.codes.shape[0]))
+    exact = np.asarray(query_vecs, dtype=np.float32).astype(np.float64) * copy.scale.astype(np.float64)
+    steps = np.abs(exact).max(axis=1, initial=0) / weight_max
+    steps[steps == 0] = 1
+    return steps, np.rint(exact / steps[:, None]).astype(np.int64)
+
+
+def integer_bound(copy: Codes, query_vec: np.ndarray, step: float, weights: np.ndarray) -> float:
+    """The largest difference between any document's exact score ``sum_j values_j x_j`` (real arithmetic) and
+    ``step * sum_j weights_j code_j`` (an exact integer sum) for one query of :func:`integer_weights`: the
+    quantisation error ``sum_j |values_j| error_j`` plus the rounding of the weights
+    ``sum_j |values_j scale_j - step weights_j| CODE_MAX``. Computed in float64 and widened by ``1e-9`` relative, far
+    beyond the float64 rounding of these few sums."""
+    dims = np.flatnonzero(query_vec)
+    values = query_vec[dims].astype(np.float64)
+    quantisation = float(np.abs(values) @ copy.error[dims])
+    rounding = float(np.abs(values * copy.scale[dims].astype(np.float64) - step * weights[dims]).sum()) * CODE_MAX
+    return (quantisation + rounding) * (1 + 1e-9)
+
+
+# torch's OpenMP threads cannot serve a process forked after they ran (the child would wait for them forever): a
+# child forked after the int8 product ran (multiprocessing's default on Linux) multiplies in float64 instead.
+_TORCH_STATE = {'ran': False, 'forked': False}
+
+
+def _after_fork_in_child() -> None:
+    if _TORCH_STATE['ran']:
+        _TORCH_STATE['forked'] = True
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if hasattr(torch, '_int_mm') else None
+
+
+#: How :func:`integer_scores` multiplies int8 matrices: ``'torch'`` (its int8 product, on the VNNI / AMX units where
+#: the CPU has them) when torch is installed, else ``'float64'`` (BLAS in float64, exact for these integer sums but
+#: slower than the float32 paths: the one pass is then not worth taking).
+INT8_PRODUCT = 'torch' if importlib.util.find_spec('torch') is not None else 'float64'
+
+
+def integer_scores(codes: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``sum_j weights[q, j] codes[j, d]`` of every query and document, exact, int32 ``(queries, docs)``: one int8
+    matrix product per slab of ``SLAB_DOCS`` documents, of both int8 parts of the weights (see
+    :data:`WEIGHT_BASE`), combined in int32 (:func:`integer_weights` keeps the sums below ``2 ** 31``)."""
+    n_queries, (n_dims, n_docs) = len(weights), codes.shape
+    totals = np.empty((n_queries, n_docs), dtype=np.int32)
+    torch = _torch() if INT8_PRODUCT == 'torch' and not _TORCH_STATE['forked'] else None
+    if torch is None:
+        for d0 in range(0, n_docs, SLAB_DOCS):
+            totals[:, d0:d0 + SLAB_DOCS] = weights.astype(np.float64) @ codes[:, d0:d0 + SLAB_DOCS].astype(np.float64)
+        return totals
+    _TORCH_STATE['ran'] = True
+    low = (weights + WEIGHT_BASE // 2) % WEIGHT_BASE - WEIGHT_BASE // 2
+    parts = torch.from_numpy(np.concatenate([(weights - low) // WEIGHT_BASE, low]).astype(np.int8))
+    out = torch.from_numpy(totals)
+    slab = np.empty((n_dims, min(SLAB_DOCS, n_docs)), dtype=np.int8)
+    for d0 in range(0, n_docs, SLAB_DOCS):
+        width = min(SLAB_DOCS, n_docs - d0)
+        if width < slab.shape[1]:
+            slab = np.empty((n_dims, width), dtype=np.int8)
+        np.copyto(slab, codes[:, d0:d0 + width])
+        both = torch._int_mm(parts, torch.from_numpy(slab))
+        torch.add(both[n_queries:], both[:n_queries], alpha=WEIGHT_BASE, out=out[:, d0:d0 + width])
+    return totals
+
+
+def _integer_top_k(totals: np.ndarray, k: int, *, use_numba: bool) -> np.ndarray:
+    """The docids of the ``k`` highest integer scores of each query (``(queries, k)``, in no order)."""
+    if use_numba:
+        from . import _numba
+        return _numba.integer_top_k(totals, k)
+    k = min(k, totals.shape[1])
+    return np.stack([top_k(row, k)[1] for row in totals]) if len(totals) else np.empty((0, k), dtype=np.int64)
+
+
+def _rows_at_least(totals: np.ndarray, thresholds: np.ndarray, *, use_numba: bool):
+    """``(docids, starts)``: the documents of each query whose integer score reaches its threshold, ascending, query
+    ``q``'s at ``starts[q]:starts[q + 1]``."""
+    if use_numba:
+        from . import _numba
+        return _numba.rows_at_least(totals, thresholds.astype(np.int32))
+    rows = [np.flatnonzero(row >= bar) for row, bar in zip(totals, thresholds)]
+    starts = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rows], out=starts[1:])
+    return (np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)), starts
 
 
 class CompressedCopy:
