@@ -44,12 +44,15 @@ def small_blocks(monkeypatch):
 @pytest.fixture(params=MODES)
 def search(request, small_blocks, monkeypatch):
     """``search(docs, query_vecs, k)`` in one of the :data:`MODES`; one pass in slabs of 1024 documents (not a
-    divisor of the corpus's) and groups of three queries."""
+    divisor of the corpus's) with candidate buffers of 64 documents (compacted often)."""
     mode, use_numba, product = request.param
     if mode == 'one pass':
         monkeypatch.setattr(compressed, 'INT8_PRODUCT', product)
         monkeypatch.setattr(compressed, 'SLAB_DOCS', 1024)
-        monkeypatch.setattr(compressed, 'SCORES_BYTES', 4 * 3 * 3000)
+        if use_numba:
+            from pyterrier_rdime.pruned import _numba
+            monkeypatch.setattr(_numba, 'MIN_CANDIDATES', 64)
+            monkeypatch.setattr(_numba, 'CANDIDATES_PER_RESULT', 1)
 
     return lambda docs, query_vecs, k: search_with(docs, query_vecs, k, use_numba, one_pass=mode == 'one pass')
 
@@ -121,7 +124,7 @@ def test_integer_weights_by_hand():
 
 
 @pytest.mark.parametrize('product', [pytest.param('torch', marks=NEEDS_TORCH), 'float64'])
-def test_integer_scores_are_exact(monkeypatch, product):
+def test_integer_slabs_are_exact(monkeypatch, product):
     monkeypatch.setattr(compressed, 'INT8_PRODUCT', product)
     monkeypatch.setattr(compressed, 'SLAB_DOCS', 1000)
     rng = np.random.default_rng(9)
@@ -129,9 +132,63 @@ def test_integer_scores_are_exact(monkeypatch, product):
     codes[:, 0] = 127  # the largest sum: every weight and code at its extreme
     weights = rng.integers(-16256, 16257, size=(5, 768))
     weights[0] = 16256
-    got = compressed.integer_scores(codes, weights)
-    assert got.dtype == np.int32 and got.tolist() == (weights @ codes.astype(np.int64)).tolist()
+    slabs = list(compressed.integer_slabs(codes, weights))
+    assert [d0 for d0, _ in slabs] == [0, 1000, 2000] and all(parts.dtype == np.int32 for _, parts in slabs)
+    got = np.concatenate([compressed.WEIGHT_BASE * parts[:5].astype(np.int64) + parts[5:] for _, parts in slabs],
+                         axis=1)
+    assert got.tolist() == (weights @ codes.astype(np.int64)).tolist()
     assert got[0, 0] == 16256 * 127 * 768
+
+
+@pytest.mark.parametrize('use_numba', FIRST_PASS)
+def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch, use_numba):
+    # against brute force: the k best integer scores (ties to the lower docid) and every document within slack of
+    # the k-th best, from slabs of 700 documents and, compiled, buffers of 64 compacted as the k-th best rises; a
+    # query scoring 0 everywhere overflows the compiled buffer (every document stays within its slack)
+    from pyterrier_rdime.pruned import _numba
+    monkeypatch.setattr(compressed, 'INT8_PRODUCT', 'float64')
+    monkeypatch.setattr(compressed, 'SLAB_DOCS', 700)
+    monkeypatch.setattr(_numba, 'MIN_CANDIDATES', 64)
+    monkeypatch.setattr(_numba, 'CANDIDATES_PER_RESULT', 1)
+    rng = np.random.default_rng(21)
+    codes = rng.integers(-127, 128, size=(50, 5000)).astype(np.int8)
+    codes[:, 4000:4100] = codes[:, 100:200]  # duplicates: tied scores across slabs
+    weights = rng.integers(-16256, 16257, size=(6, 50))
+    weights[2] = 0
+    slack = np.array([0, 3000, 10, 20000, 1, 500])
+    k = 20
+    best, candidates, overflow = compressed.integer_candidates(codes, weights, slack, k, use_numba=use_numba)
+    totals = weights @ codes.astype(np.int64)
+    for q in range(len(weights)):
+        order = np.lexsort((np.arange(5000), -totals[q]))
+        assert sorted(best[q].tolist()) == sorted(order[:k].tolist())
+        expected = np.flatnonzero(totals[q] >= totals[q, order[k - 1]] - slack[q])
+        if overflow[q]:
+            continue
+        ids, scores = candidates[q]
+        assert ids.tolist() == expected.tolist() and scores.tolist() == totals[q, expected].tolist()
+    assert overflow.tolist() == [False, False, use_numba, False, False, False]
+
+
+def test_a_query_whose_candidates_overflow_is_scored_on_its_own(monkeypatch):
+    if not kept.NUMBA_AVAILABLE:
+        pytest.skip('only the compiled first pass has a bounded buffer')
+    from pyterrier_rdime.pruned import _numba
+    monkeypatch.setattr(_numba, 'MIN_CANDIDATES', 8)
+    monkeypatch.setattr(_numba, 'CANDIDATES_PER_RESULT', 1)
+    docs = np.tile(np.array([[1, 0.5], [1, -0.5]], dtype=np.float32), (500, 1))  # 500 copies of each
+    queries = np.array([[1, 0], [0, 1], [1, 1]], dtype=np.float32)
+    calls = []
+    original = compressed.search_compressed
+
+    def spy(copy, dim_major, query_vecs, k, **kwargs):
+        calls.append((len(query_vecs), kwargs.get('one_pass', False)))
+        return original(copy, dim_major, query_vecs, k, **kwargs)
+    monkeypatch.setattr(compressed, 'search_compressed', spy)
+    result = search_with(docs, queries, 10, True, one_pass=True)
+    assert_reference(docs, queries, result, 10)
+    assert result[1][0].tolist() == list(range(10))  # every score tied: the lowest docids
+    assert calls[0] == (3, True) and calls.count((1, False)) == 3  # each query overflowed (ties) and ran on its own
 
 
 def test_the_integer_bound_holds_for_every_document(corpus):

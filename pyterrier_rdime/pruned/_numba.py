@@ -91,28 +91,47 @@ def approximate_top_k(codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, 
     return approx, merge_heaps(heap_s, heap_i, k)[1][0]
 
 
-def integer_top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """The docids ``(queries, k)`` (in no order) of the ``k`` highest of each row of an int32 ``(queries, docs)``
-    score matrix, ties to the lower docid: the first step of the compressed one pass
-    (:func:`.compressed.search_compressed`), one row per task of a parallel loop."""
-    kernel = _serial(_integer_top_k_kernel) if _PARALLEL['forked'] else _integer_top_k_kernel
-    with _KERNEL_LOCK:
-        return kernel(scores, min(k, scores.shape[1]))
+#: The candidates buffer of :class:`IntegerCandidates` holds this many documents per result (and at least
+#: ``MIN_CANDIDATES``): a query keeps ~1.1 per result in the benchmarks' data, plus those seen while its running k-th
+#: best was still low, which compaction drops.
+CANDIDATES_PER_RESULT = 4
+MIN_CANDIDATES = 4096
+#: Below every integer score (``|score| < 2 ** 31``) with room for the slack below it: the heaps start full of it.
+EMPTY_SCORE = -2 ** 62
 
 
-def rows_at_least(scores: np.ndarray, thresholds: np.ndarray):
-    """The docids ``d`` with ``scores[q, d] >= thresholds[q]`` of each row ``q`` of an int32 ``(queries, docs)``
-    matrix, ascending, concatenated: ``(docids, starts)`` with row ``q``'s at ``starts[q]:starts[q + 1]`` (counted,
-    then written, one row per task of a parallel loop)."""
-    count, fill = _count_at_least, _fill_at_least
-    if _PARALLEL['forked']:
-        count, fill = _serial(count), _serial(fill)
-    with _KERNEL_LOCK:
-        starts = np.zeros(len(scores) + 1, dtype=np.int64)
-        np.cumsum(count(scores, thresholds), out=starts[1:])
-        docids = np.empty(starts[-1], dtype=np.int64)
-        fill(scores, thresholds, starts, docids)
-    return docids, starts
+class IntegerCandidates:
+    """The compiled first pass of the compressed one pass (:func:`.compressed.integer_candidates`): per query a heap of
+    its ``k`` best integer scores and a buffer of its candidates, every document whose integer score reaches the
+    running k-th best less ``slack[q]`` (compacted to the current k-th best less ``slack`` when full); one query per
+    task of a parallel loop, slab after slab. A query whose buffer is still full after compaction overflows: its
+    candidates are then incomplete, and the caller scores it another way."""
+
+    def __init__(self, n_queries: int, k: int, slack: np.ndarray):
+        capacity = max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES)
+        self.heap_s = np.full((n_queries, k), EMPTY_SCORE, dtype=np.int64)
+        self.heap_i = np.full((n_queries, k), -1, dtype=np.int64)
+        self.slack = np.asarray(slack, dtype=np.int64)
+        self.buf_s = np.empty((n_queries, capacity), dtype=np.int64)
+        self.buf_i = np.empty((n_queries, capacity), dtype=np.int64)
+        self.counts = np.zeros(n_queries, dtype=np.int64)
+        self.overflow = np.zeros(n_queries, dtype=np.bool_)
+        self.kernel = _serial(_push_integer_slab) if _PARALLEL['forked'] else _push_integer_slab
+
+    def push(self, parts: np.ndarray, base: int, d0: int) -> None:
+        """Push a slab's products ``(2 x queries, width)`` (``base * high + low``) of the documents from ``d0``."""
+        with _KERNEL_LOCK:
+            self.kernel(parts, base, d0, self.heap_s, self.heap_i, self.slack, self.buf_s, self.buf_i, self.counts,
+                        self.overflow)
+
+    def result(self):
+        """``(best, candidates, overflow)`` as :func:`.compressed.integer_candidates` returns them."""
+        floors = self.heap_s[:, 0] - self.slack
+        candidates = []
+        for q in range(len(self.counts)):
+            ids, scores = self.buf_i[q, :self.counts[q]], self.buf_s[q, :self.counts[q]]
+            candidates.append((ids[scores >= floors[q]], scores[scores >= floors[q]]))
+        return list(self.heap_i), candidates, self.overflow
 
 
 _jit = numba.njit(cache=True, nogil=True, fastmath={'contract'})
@@ -246,34 +265,37 @@ def _approx_kernel(codes, dims, weights, k, block, chunks, approx):
 
 
 @_parallel_jit
-def _integer_top_k_kernel(scores, k):
-    n_queries, n_docs = scores.shape
-    heap_s = np.full((n_queries, k), np.iinfo(np.int32).min, dtype=np.int32)
-    heap_i = np.full((n_queries, k), -1, dtype=np.int64)
-    for q in _prange(n_queries):  # no score reaches the int32 minimum (|score| < 2 ** 31): every slot fills
-        _push_block(heap_s[q], heap_i[q], scores[q], n_docs, 0)
-    return heap_i
-
-
-@_parallel_jit
-def _count_at_least(scores, thresholds):
-    counts = np.zeros(scores.shape[0], dtype=np.int64)
-    for q in _prange(scores.shape[0]):
-        row, bar, count = scores[q], thresholds[q], 0
-        for d in range(row.shape[0]):
-            count += row[d] >= bar
-        counts[q] = count
-    return counts
-
-
-@_parallel_jit
-def _fill_at_least(scores, thresholds, starts, docids):
-    for q in _prange(scores.shape[0]):
-        row, bar, at = scores[q], thresholds[q], starts[q]
-        for d in range(row.shape[0]):
-            if row[d] >= bar:
-                docids[at] = d
-                at += 1
+def _push_integer_slab(parts, base, d0, heap_s, heap_i, slack, buf_s, buf_i, counts, overflow):
+    n_queries, width = heap_s.shape[0], parts.shape[1]
+    capacity = buf_s.shape[1]
+    for q in _prange(n_queries):
+        high, low = parts[q], parts[n_queries + q]
+        bar, c = heap_s[q, 0], counts[q]
+        floor = bar - slack[q]
+        for t in range(width):
+            s = base * np.int64(high[t]) + low[t]
+            if s < floor:
+                continue
+            if not overflow[q]:
+                if c == capacity:  # drop what the k-th best has left behind, in order
+                    kept = 0
+                    for j in range(c):
+                        if buf_s[q, j] >= floor:
+                            buf_s[q, kept] = buf_s[q, j]
+                            buf_i[q, kept] = buf_i[q, j]
+                            kept += 1
+                    c = kept
+                if c == capacity:
+                    overflow[q] = True
+                else:
+                    buf_s[q, c] = s
+                    buf_i[q, c] = d0 + t
+                    c += 1
+            if s > bar:  # docids grow: a document tying with the root loses (ties go to the lower docid)
+                _replace_root(heap_s[q], heap_i[q], s, d0 + t)
+                bar = heap_s[q, 0]
+                floor = bar - slack[q]
+        counts[q] = c
 
 
 _SERIAL = {}

@@ -39,7 +39,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import pyterrier as pt
@@ -60,12 +60,9 @@ ROWS_PER_STEP = 8
 #: query) written as two int8 parts, ``w = WEIGHT_BASE * high + low`` with ``low`` in ``[-64, 63]``, so that one int8
 #: matrix product (int32 sums, exact) of both parts of every query with the codes gives ``sum_j w_j code_j``.
 WEIGHT_BASE = 128
-#: Documents per int8 matrix product of the one pass: the slab of codes (12 MiB at 768 dimensions) is copied into
-#: one contiguous buffer and read from the cache by every query of the batch.
+#: Documents per int8 matrix product of the one pass: the products of a slab (``2 x queries x SLAB_DOCS`` int32, 8 MiB
+#: for 64 queries) are pushed into the queries' best and candidates while they are still in the cache.
 SLAB_DOCS = 16384
-#: The one pass holds the integer score of every (query, document) until the queries' thresholds are known: larger
-#: batches are split into groups whose scores take at most this many bytes (256 MiB: 64 queries of 1M documents).
-SCORES_BYTES = 2 ** 28
 
 _REGISTRY_LOCK = threading.Lock()
 _BUILD_LOCKS: Dict[Path, threading.Lock] = {}
@@ -187,30 +184,37 @@ def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray
 
 def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
                      use_numba: bool) -> Result:
-    """:func:`search_compressed` of a batch in one pass: the integer scores of every query and document
-    (:func:`integer_scores`), the ``k`` best of each query re-scored exactly, then every document whose integer score
-    the bound of :func:`integer_bound` cannot rule out; groups of queries whose integer scores fit in
-    ``SCORES_BYTES``."""
+    """:func:`search_compressed` of a batch in one pass: the integer scores of every query and document, slab by slab
+    (:func:`integer_slabs`), each slab pushed at once into each query's ``k`` best and its candidates (every document
+    within ``slack`` of the running k-th best integer score, :func:`integer_candidates`); the ``k`` best re-scored
+    exactly, then the candidates the bound of :func:`integer_bound` cannot rule out. A query whose candidates overflow
+    (many documents within its bound of one another: duplicates) is scored on its own, as query after query."""
+    k = min(k, dim_major.shape[1])
+    steps, weights = integer_weights(copy, query_vecs)
+    bounds = np.array([integer_bound(copy, q, step, w) if q.any() else 0.0
+                       for q, step, w in zip(query_vecs, steps, weights)])
+    # every document of the exact top-k has an integer score of at least the k-th best one less twice the bound
+    # (in steps) less 2 (the floor below and the float64 rounding): the candidates need no more slack
+    slack = np.ceil(2 * bounds / steps).astype(np.int64) + 2
+    best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, use_numba=use_numba)
     scores, docids = [], []
-    group = max(1, SCORES_BYTES // (4 * dim_major.shape[1]))
-    for g0 in range(0, len(query_vecs), group):
-        group_vecs = query_vecs[g0:g0 + group]
-        steps, weights = integer_weights(copy, group_vecs)
-        totals = integer_scores(copy.codes, weights)
-        best = np.sort(_integer_top_k(totals, k, use_numba=use_numba), axis=1)
-        best_scores = [exact_scores(dim_major, query_vec, b) for query_vec, b in zip(group_vecs, best)]
-        thresholds = np.full(len(group_vecs), 2 ** 31 - 1, dtype=np.int64)  # a query that keeps nothing: none
-        for q, query_vec in enumerate(group_vecs):
-            if query_vec.any():
-                # every document of the exact top-k scores at least the lowest of any k exact scores, so its
-                # integer score times the step is at least that minus the bound (one less: the float64 rounding)
-                bound = integer_bound(copy, query_vec, steps[q], weights[q])
-                thresholds[q] = max(-2 ** 31, np.floor((best_scores[q].min() - bound) / steps[q]) - 1)
-        others, starts = _rows_at_least(totals, thresholds, use_numba=use_numba)
-        for q, query_vec in enumerate(group_vecs):
-            s, d = _rescored(dim_major, query_vec, best[q], best_scores[q], others[starts[q]:starts[q + 1]], k)
-            scores.append(s)
-            docids.append(d)
+    for q, query_vec in enumerate(query_vecs):
+        if overflow[q] and query_vec.any():
+            s, d = search_compressed(copy, dim_major, query_vec[None], k, use_numba=use_numba)
+            scores.append(s[0])
+            docids.append(d[0])
+            continue
+        ids = np.sort(best[q])
+        ids_scores = exact_scores(dim_major, query_vec, ids)
+        cand_ids, cand_scores = candidates[q]
+        if query_vec.any():
+            # every document of the exact top-k scores at least the lowest of any k exact scores, so its integer
+            # score times the step is at least that minus the bound (one less: the float64 rounding)
+            threshold = np.floor((ids_scores.min() - bounds[q]) / steps[q]) - 1
+            cand_ids = cand_ids[cand_scores >= threshold]
+        s, d = _rescored(dim_major, query_vec, ids, ids_scores, cand_ids, k)
+        scores.append(s)
+        docids.append(d)
     return scores, docids
 
 
@@ -282,51 +286,57 @@ def _torch():
 INT8_PRODUCT = 'torch' if importlib.util.find_spec('torch') is not None else 'float64'
 
 
-def integer_scores(codes: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """``sum_j weights[q, j] codes[j, d]`` of every query and document, exact, int32 ``(queries, docs)``: one int8
-    matrix product per slab of ``SLAB_DOCS`` documents, of both int8 parts of the weights (see
-    :data:`WEIGHT_BASE`), combined in int32 (:func:`integer_weights` keeps the sums below ``2 ** 31``)."""
-    n_queries, (n_dims, n_docs) = len(weights), codes.shape
-    totals = np.empty((n_queries, n_docs), dtype=np.int32)
+def integer_slabs(codes: np.ndarray, weights: np.ndarray) -> Iterator[Tuple[int, np.ndarray]]:
+    """``(d0, parts)`` of each slab of ``SLAB_DOCS`` documents from ``d0``: the exact int32 products ``(2 x queries,
+    width)`` of both int8 parts of the weights (``high`` rows first, then ``low``, see :data:`WEIGHT_BASE`) with the
+    slab's codes, so that ``WEIGHT_BASE * high + low`` is ``sum_j weights[q, j] codes[j, d]``
+    (:func:`integer_weights` keeps it below ``2 ** 31``): one int8 matrix product per slab with torch, else two float64
+    products (exact for these integer sums)."""
+    n_docs = codes.shape[1]
+    low = (weights + WEIGHT_BASE // 2) % WEIGHT_BASE - WEIGHT_BASE // 2
+    parts = np.concatenate([(weights - low) // WEIGHT_BASE, low]).astype(np.int8)
     torch = _torch() if INT8_PRODUCT == 'torch' and not _TORCH_STATE['forked'] else None
     if torch is None:
         for d0 in range(0, n_docs, SLAB_DOCS):
-            totals[:, d0:d0 + SLAB_DOCS] = weights.astype(np.float64) @ codes[:, d0:d0 + SLAB_DOCS].astype(np.float64)
-        return totals
+            yield d0, (parts.astype(np.float64) @ codes[:, d0:d0 + SLAB_DOCS].astype(np.float64)).astype(np.int32)
+        return
     _TORCH_STATE['ran'] = True
-    low = (weights + WEIGHT_BASE // 2) % WEIGHT_BASE - WEIGHT_BASE // 2
-    parts = torch.from_numpy(np.concatenate([(weights - low) // WEIGHT_BASE, low]).astype(np.int8))
-    out = torch.from_numpy(totals)
-    slab = np.empty((n_dims, min(SLAB_DOCS, n_docs)), dtype=np.int8)
-    for d0 in range(0, n_docs, SLAB_DOCS):
-        width = min(SLAB_DOCS, n_docs - d0)
-        if width < slab.shape[1]:
-            slab = np.empty((n_dims, width), dtype=np.int8)
-        np.copyto(slab, codes[:, d0:d0 + width])
-        both = torch._int_mm(parts, torch.from_numpy(slab))
-        torch.add(both[n_queries:], both[:n_queries], alpha=WEIGHT_BASE, out=out[:, d0:d0 + width])
-    return totals
+    parts = torch.from_numpy(parts)
+    with warnings.catch_warnings():  # a read-only memory map: torch warns that it could write it; it does not
+        warnings.simplefilter('ignore', UserWarning)
+        for d0 in range(0, n_docs, SLAB_DOCS):
+            yield d0, torch._int_mm(parts, torch.from_numpy(codes[:, d0:d0 + SLAB_DOCS])).numpy()
 
 
-def _integer_top_k(totals: np.ndarray, k: int, *, use_numba: bool) -> np.ndarray:
-    """The docids of the ``k`` highest integer scores of each query (``(queries, k)``, in no order)."""
+def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, *, use_numba: bool):
+    """The first pass of the one pass, slab by slab: ``(best, candidates, overflow)``, per query the docids of its
+    ``k`` highest integer scores (ties to the lower docid), its candidates ``(docids, integer scores)``, ascending:
+    every document whose integer score reaches the k-th best one less ``slack[q]`` (the documents kept while they
+    were within ``slack`` of the running k-th best, a superset), and whether they overflowed the compiled kernel's
+    buffer (then incomplete)."""
+    n_queries = len(weights)
     if use_numba:
         from . import _numba
-        return _numba.integer_top_k(totals, k)
-    k = min(k, totals.shape[1])
-    return np.stack([top_k(row, k)[1] for row in totals]) if len(totals) else np.empty((0, k), dtype=np.int64)
-
-
-def _rows_at_least(totals: np.ndarray, thresholds: np.ndarray, *, use_numba: bool):
-    """``(docids, starts)``: the documents of each query whose integer score reaches its threshold, ascending, query
-    ``q``'s at ``starts[q]:starts[q + 1]``."""
-    if use_numba:
-        from . import _numba
-        return _numba.rows_at_least(totals, thresholds.astype(np.int32))
-    rows = [np.flatnonzero(row >= bar) for row, bar in zip(totals, thresholds)]
-    starts = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum([len(r) for r in rows], out=starts[1:])
-    return (np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)), starts
+        state = _numba.IntegerCandidates(n_queries, k, slack)
+        for d0, parts in integer_slabs(codes, weights):
+            state.push(parts, WEIGHT_BASE, d0)
+        return state.result()
+    best_s = [np.empty(0, dtype=np.int64)] * n_queries
+    best_i = [np.empty(0, dtype=np.int64)] * n_queries
+    near: list = [[] for _ in range(n_queries)]  # per query, (docids, scores) kept from each slab
+    for d0, parts in integer_slabs(codes, weights):
+        totals = WEIGHT_BASE * parts[:n_queries].astype(np.int64) + parts[n_queries:]
+        for q in range(n_queries):
+            s = np.concatenate([best_s[q], totals[q]])
+            i = np.concatenate([best_i[q], d0 + np.arange(totals.shape[1])])
+            keep = best_k(s, i, k)
+            best_s[q], best_i[q] = s[keep], i[keep]
+            floor = best_s[q].min() - slack[q] if len(keep) == k else np.iinfo(np.int64).min
+            near[q] = [(ids[scores >= floor], scores[scores >= floor]) for ids, scores in near[q]]
+            near[q].append((d0 + np.flatnonzero(totals[q] >= floor), totals[q][totals[q] >= floor]))
+    candidates = [(np.concatenate([ids for ids, _ in kept]), np.concatenate([scores for _, scores in kept]))
+                  for kept in near]
+    return best_i, candidates, np.zeros(n_queries, dtype=bool)
 
 
 class CompressedCopy:
