@@ -91,8 +91,9 @@ def carry_out(matrix: np.ndarray, queries: np.ndarray, plan: Plan, copy: compres
     """What ``PrunedRetriever.search`` does with this plan."""
     if plan.path == 'dense':
         return dense.search_dense(matrix, queries, K)
-    if plan.path == 'compressed':
-        return compressed.search_compressed(copy, matrix, queries, K, use_numba=kept.NUMBA_AVAILABLE)
+    if plan.strategy == 'compressed':
+        return compressed.search_compressed(copy, matrix, queries, K, use_numba=kept.NUMBA_AVAILABLE,
+                                            one_pass=plan.path == 'compressed one pass')
     return kept.search_pruned(matrix, queries, K, one_pass=plan.path == 'one pass')
 
 

@@ -15,10 +15,11 @@ COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
 # the compressed path: 0.05 + 0.25 x kept per query for the scan, 2 ms per call, and 1.5 k x kept dims values
 # re-scored at 1 ms each, the last two in units of a gemv over a matrix of b bytes taking b microseconds (10 ms over
-# 10 kB)
+# 10 kB); in one pass, 1 + 0.05 per query for the first pass, 1 ms per query and the same re-scoring
 ROUND = cost.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fixed=0.1, pruned_slope=1.0,
                        batch_per_query=0.05, batch_union=2.0, batch_per_kept=0.2, compressed_fixed=0.05,
-                       compressed_slope=0.25, compressed_call_seconds=2e-3, rescore_seconds=1e-3,
+                       compressed_slope=0.25, compressed_call_seconds=2e-3, compressed_pass_fixed=1.0,
+                       compressed_pass_per_query=0.05, compressed_pass_call_seconds=1e-3, rescore_seconds=1e-3,
                        gemv_seconds_per_byte=1e-6)
 
 
@@ -55,13 +56,14 @@ def test_costs_by_hand():
     assert costs(np.ones((1, 8)))['pruned'] == pytest.approx(1.1)
     ten = np.repeat(half, 10, axis=0)  # same kept set: one by one 6.0, one pass 0.5 + 2 x 0.5 + 0.2 x 5 = 2.5
     assert plan.batch_features(ten).tolist() == [10, 0.5, 5.0]
-    assert ROUND.batch_in_one_pass(ten) and costs(ten)['one pass'] == pytest.approx(2.5)
+    assert costs(ten)['one pass'] == pytest.approx(2.5)
     assert costs(ten)['compressed'] == pytest.approx(10 * costs(half)['compressed'])  # query after query
+    # one pass: 1 + 0.05 x 10, and per query 1 ms + 6 ms of re-scoring over a 10 kB matrix (a 10 ms gemv)
+    assert costs(ten, matrix_bytes=10_000)['compressed one pass'] == pytest.approx(1.5 + 10 * 0.7)
     assert costs(ten)['dense'] == pytest.approx(3.0) and list(costs(ten)) == ['dense', 'pruned', 'one pass',
-                                                                             'compressed']
-    assert 'one pass' not in costs(ten, one_pass=False)
+                                                                             'compressed', 'compressed one pass']
+    assert list(costs(ten, one_pass=False)) == ['dense', 'pruned', 'compressed']
     assert costs(np.ones((10, 8), dtype=np.float32))['one pass'] == pytest.approx(4.5)  # 0.5 + 2 + 2
-    assert not ROUND.batch_in_one_pass(half)
     assert plan.nonzero_fractions(np.array([[0, 1, 2, 0], [0, 0, 0, 0]])).tolist() == [0.5, 0.0]
     assert plan.batch_features(half[:0]).tolist() == [0, 0, 0]
 
@@ -88,8 +90,9 @@ def test_plan_of_each_strategy():
     assert decide(half, 'auto', 2 ** 10) == 'dense'  # a matrix in the caches
     assert decide(half, 'auto', compiled=False) == 'dense'  # no compiled kernel
     assert decide(half[:0], 'auto') == 'dense'
-    # a large matrix: the compressed scan (0.175) beats pruned (0.6) and dense (1)
-    assert decide(half, 'auto') == 'compressed' and decide(ten, 'auto') == 'compressed'  # 1.75 < 2.5 < 3
+    # a large matrix: the compressed scan (0.175) beats pruned (0.6) and dense (1); ten in one pass 1.5 < 1.75
+    # query after query < 2.5 (float32 one pass) < 3 (dense)
+    assert decide(half, 'auto') == 'compressed' and decide(ten, 'auto') == 'compressed one pass'
     # 32 MiB: a gemv takes 33.6 s; 10,000 results re-score 60,000 values of a half-kept query (60 s, 1.8 gemv): the
     # compressed path costs 1.97, pruned 0.6, dense 1
     assert decide(half, 'auto', 2 ** 25, k=10_000) == 'pruned' and decide(ten, 'auto', 2 ** 25, k=10_000) == 'one pass'
@@ -100,8 +103,12 @@ def test_plan_of_each_strategy():
     assert decide(spread, 'pruned', 2 ** 10) == 'one pass'  # in the caches: one pass reads them once
     assert decide(ten, 'pruned', compiled=False) == 'pruned'  # the numpy path goes query by query
     assert decide(np.ones((10, 8)), 'pruned') == 'one pass' and decide(half, 'dense') == 'dense'
-    assert decide(ten, 'compressed') == 'compressed'
+    assert decide(ten, 'compressed') == 'compressed one pass' and decide(half, 'compressed') == 'compressed'
+    assert decide(spread, 'compressed') == 'compressed'  # 2 x (0.05 + 0.25 / 8) = 0.16 < 1.1 in one pass
+    assert decide(spread, 'compressed', 2 ** 10) == 'compressed one pass'  # in the caches
+    assert decide(ten, 'compressed', compiled=False) == 'compressed'  # the numpy path goes query by query
     assert plan.Plan('one pass').strategy == 'pruned' and plan.Plan('compressed').strategy == 'compressed'
+    assert plan.Plan('compressed one pass').strategy == 'compressed'
     with pytest.raises(ValueError, match='unknown path'):
         plan.Plan('fast')
     with pytest.raises(ValueError, match='unknown strategy'):
@@ -138,7 +145,7 @@ def test_calibration_is_cached_per_machine_and_thread_count(cache, monkeypatch):
     assert all(np.isfinite(v) for v in record['model'].values()) and record['timings_in_gemv']['gemv'] == 1.0
     assert min(dataclasses.asdict(fitted).values()) >= 0
     assert set(record['fit_relative_errors']) == {name for name in record['timings_in_gemv'] if
-                                                  name.startswith(('one', 'pass', 'compressed 0.'))}
+                                                  name.startswith(('one', 'pass', 'compressed 0.', 'compressed pass'))}
     monkeypatch.setattr(calibration, '_MODELS', {})  # a new process: read from the file, not calibrated again
     monkeypatch.setattr(calibration, 'calibrate', lambda **kwargs: pytest.fail('calibrated again'))
     assert calibration.model() == fitted
@@ -185,7 +192,8 @@ class _Machine:
     calibration to recover."""
     TRUE = cost.CostModel(dense_gemm_fixed=1.5, dense_gemm_per_query=0.2, pruned_fixed=0.05, pruned_slope=0.9,
                           batch_per_query=0.03, batch_union=1.0, batch_per_kept=0.25, compressed_fixed=0.02,
-                          compressed_slope=0.3, compressed_call_seconds=1e-4, rescore_seconds=2e-9,
+                          compressed_slope=0.3, compressed_call_seconds=1e-4, compressed_pass_fixed=0.4,
+                          compressed_pass_per_query=0.06, compressed_pass_call_seconds=5e-4, rescore_seconds=2e-9,
                           gemv_seconds_per_byte=1e-3 / (768 * 4096 * 4))
 
     def __init__(self, disturbed=()):
@@ -203,9 +211,14 @@ class _Machine:
         estimate = self.TRUE.pruned_one_by_one_cost(query_vecs) if one else self.TRUE.pruned_batch_cost(query_vecs)
         self.now += slow * estimate / 1000
 
-    def compressed(self, copy, matrix, query_vecs, k, use_numba):
+    def compressed(self, copy, matrix, query_vecs, k, use_numba, one_pass=False):
         gemv = self.TRUE.gemv_seconds_per_byte * matrix.nbytes
-        self.now += self.TRUE.compressed_cost(query_vecs, k, matrix.nbytes) * gemv
+        path_cost = self.TRUE.compressed_one_pass_cost if one_pass else self.TRUE.compressed_cost
+        self.now += path_cost(query_vecs, k, matrix.nbytes) * gemv
+
+    def first_pass(self, codes, weights, slack, k, use_numba):
+        gemv = self.TRUE.gemv_seconds_per_byte * codes.nbytes * 4  # the float32 matrix's
+        self.now += (self.TRUE.compressed_pass_fixed + self.TRUE.compressed_pass_per_query * len(weights)) * gemv
 
     def exact_scores(self, matrix, query_vec, docids):
         self.now += self.TRUE.rescore_seconds * len(docids) * np.count_nonzero(query_vec)
@@ -226,6 +239,7 @@ def fake_machine(monkeypatch):
         monkeypatch.setattr(_numba, 'fused_top_k', machine.pruned)
         monkeypatch.setattr(compressed, 'search_compressed', machine.compressed)
         monkeypatch.setattr(compressed, 'exact_scores', machine.exact_scores)
+        monkeypatch.setattr(compressed, 'integer_candidates', machine.first_pass)
         return machine
     return install
 

@@ -48,7 +48,7 @@ def corpus():
     return make_corpus()
 
 
-@pytest.mark.parametrize('path', ['dense', 'pruned', 'one pass', 'compressed'])
+@pytest.mark.parametrize('path', ['dense', 'pruned', 'one pass', 'compressed', 'compressed one pass'])
 def test_a_call_decides_once_and_the_path_carries_the_plan_out(corpus, monkeypatch, path):
     docs, query_vecs = corpus
     plans, calls = [], []
@@ -66,10 +66,10 @@ def test_a_call_decides_once_and_the_path_carries_the_plan_out(corpus, monkeypat
     assert plans == [len(query_vecs)] and len(calls) == 1 and len(out) == K * len(query_vecs)
     name, kwargs = calls[0]
     expected = {'dense': 'search_dense', 'pruned': 'search_pruned', 'one pass': 'search_pruned',
-                'compressed': 'search_compressed'}[path]
+                'compressed': 'search_compressed', 'compressed one pass': 'search_compressed'}[path]
     assert name == expected
-    if name == 'search_pruned':
-        assert kwargs['one_pass'] == (path == 'one pass')
+    if name != 'search_dense':
+        assert kwargs['one_pass'] == (path in ('one pass', 'compressed one pass'))
 
 
 def test_search_takes_a_given_plan(corpus, monkeypatch):
@@ -77,7 +77,7 @@ def test_search_takes_a_given_plan(corpus, monkeypatch):
     retriever = PrunedRetriever(index=docs, num_results=K)
     monkeypatch.setattr(cost, 'plan', lambda *a, **kw: pytest.fail('decided again'))
     by_plan = {path: retriever.search(query_vecs, Plan(path)) for path in ('dense', 'pruned', 'one pass',
-                                                                          'compressed')}
+                                                                          'compressed', 'compressed one pass')}
     for path, (scores, docids) in by_plan.items():
         assert [d.tolist() for d in docids] == [d.tolist() for d in by_plan['dense'][1]], path
         np.testing.assert_allclose(np.concatenate(scores), np.concatenate(by_plan['dense'][0]), rtol=1e-5,

@@ -56,6 +56,8 @@ def fit_non_negative(features: np.ndarray, costs: np.ndarray) -> np.ndarray:
 
 
 _MODELS: Dict[str, CostModel] = {}
+#: A model of zeros, for the parts of a fit that need only some constants.
+_ZERO = CostModel(**{field.name: 0.0 for field in dataclasses.fields(CostModel)})
 
 
 @functools.lru_cache(maxsize=1)
@@ -123,7 +125,9 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     compressed path from single queries at 0.2, 0.5 and 0.8 kept, its exact re-scoring timed apart (as many random
     documents as the model expects it to re-score), its own work per call timed on a matrix of ``CALLS_DOCS``
     documents with one kept dimension (nothing to scan or re-score), and the rest, the scan, fitted in units of the
-    ``gemv``. With
+    ``gemv``; the compressed one pass from batches of 8 and 64 at 35 % kept (independent kept sets): its first pass
+    (the int8 products and the candidates) fitted in units, the rest, less the re-scoring the model adds, as each
+    query's own work in seconds. With
     ``save``, cached for :func:`model` (and replaces its entry); a fit that misses one of its timings by more than
     ``FIT_TOLERANCE`` is logged as a warning."""
     from . import _numba  # numba loads only when the kernel first runs, or now
@@ -144,6 +148,8 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     batch = {f'pass {n} {kept} {"shared" if shared else "independent"}': queries(n, kept, shared)
              for n in (8, 64) for kept in (0.25, 0.5, 0.75) for shared in (False, True)}
     full = queries(64, 1.0)
+    compressed_batch = {n: queries(n, 0.35) for n in (8, 64)}
+    pass_weights = {n: compressed.one_pass_weights(copy, q) for n, q in compressed_batch.items()}
     fns: Dict[str, Callable] = {
         'gemv': lambda: dense.search_dense(matrix, full[:1], CALIBRATION_K),
         'gemm 8': lambda: dense.search_dense(matrix, full[:8], CALIBRATION_K),
@@ -159,6 +165,12 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
            for kept, q in single.items()},
         'compressed call': lambda: compressed.search_compressed(tiny_copy, tiny, one_dim, CALIBRATION_K,
                                                                 use_numba=True),
+        **{f'compressed pass {n}': (lambda q=q: compressed.search_compressed(copy, matrix, q, CALIBRATION_K,
+                                                                             use_numba=True, one_pass=True))
+           for n, q in compressed_batch.items()},
+        **{f'compressed first pass {n}': (lambda w=w: compressed.integer_candidates(copy.codes, w[1], w[3],
+                                                                                   CALIBRATION_K, use_numba=True))
+           for n, w in pass_weights.items()},
     }
     for fn in fns.values():  # compile (or load) the kernels, touch the matrix
         fn()
@@ -187,17 +199,28 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     scan = np.array([t[f'compressed {kept}'] for kept in single])
     scan -= (call_seconds + rescore_seconds * rescored_values) / unit
     scan_fit = fit_non_negative(np.stack([np.ones(3), kept_fractions], axis=1), np.maximum(scan, 1e-3))
+    sizes = np.array(list(compressed_batch), dtype=float)
+    pass_fit = fit_non_negative(np.stack([np.ones(len(sizes)), sizes], axis=1),
+                                np.array([t[f'compressed first pass {n}'] for n in compressed_batch]))
+    rescore_only = dataclasses.replace(_ZERO, rescore_seconds=rescore_seconds)
+    pass_rest = [(t[f'compressed pass {n}'] - t[f'compressed first pass {n}']) * unit
+                 - rescore_only._compressed_seconds(q, CALIBRATION_K, 0.0) for n, q in compressed_batch.items()]
+    pass_call_seconds = max(0.0, float(np.sum(pass_rest) / np.sum(sizes)))
     fitted = CostModel(dense_gemm_fixed=float(dense_fit[0]), dense_gemm_per_query=float(dense_fit[1]),
                        pruned_fixed=float(single_fit[0]), pruned_slope=float(single_fit[1]),
                        batch_per_query=float(batch_fit[0]), batch_union=float(batch_fit[1]),
                        batch_per_kept=float(batch_fit[2]), compressed_fixed=float(scan_fit[0]),
                        compressed_slope=float(scan_fit[1]), compressed_call_seconds=call_seconds,
+                       compressed_pass_fixed=float(pass_fit[0]), compressed_pass_per_query=float(pass_fit[1]),
+                       compressed_pass_call_seconds=pass_call_seconds,
                        rescore_seconds=float(rescore_seconds),
                        gemv_seconds_per_byte=unit / matrix.nbytes)
     estimates = {**{f'one {kept}': fitted.pruned_one_by_one_cost(q) for kept, q in single.items()},
                  **{name: fitted.pruned_batch_cost(q) for name, q in batch.items()},
                  **{f'compressed {kept}': fitted.compressed_cost(q, CALIBRATION_K, matrix.nbytes)
-                    for kept, q in single.items()}}
+                    for kept, q in single.items()},
+                 **{f'compressed pass {n}': fitted.compressed_one_pass_cost(q, CALIBRATION_K, matrix.nbytes)
+                    for n, q in compressed_batch.items()}}
     errors = {name: abs(estimate / t[name] - 1) for name, estimate in estimates.items()}
     worst = max(errors, key=errors.get)
     if errors[worst] > FIT_TOLERANCE:

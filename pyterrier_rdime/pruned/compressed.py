@@ -190,12 +190,7 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
     exactly, then the candidates the bound of :func:`integer_bound` cannot rule out. A query whose candidates overflow
     (many documents within its bound of one another: duplicates) is scored on its own, as query after query."""
     k = min(k, dim_major.shape[1])
-    steps, weights = integer_weights(copy, query_vecs)
-    bounds = np.array([integer_bound(copy, q, step, w) if q.any() else 0.0
-                       for q, step, w in zip(query_vecs, steps, weights)])
-    # every document of the exact top-k has an integer score of at least the k-th best one less twice the bound
-    # (in steps) less 2 (the floor below and the float64 rounding): the candidates need no more slack
-    slack = np.ceil(2 * bounds / steps).astype(np.int64) + 2
+    steps, weights, bounds, slack = one_pass_weights(copy, query_vecs)
     best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, use_numba=use_numba)
     scores, docids = [], []
     for q, query_vec in enumerate(query_vecs):
@@ -216,6 +211,17 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
         scores.append(s)
         docids.append(d)
     return scores, docids
+
+
+def one_pass_weights(copy: Codes, query_vecs: np.ndarray):
+    """``(steps, weights, bounds, slack)`` of a batch in one pass: :func:`integer_weights`, each query's
+    :func:`integer_bound` (0 for a query that keeps nothing) and the slack of its candidates in integer units."""
+    steps, weights = integer_weights(copy, query_vecs)
+    bounds = np.array([integer_bound(copy, q, step, w) if q.any() else 0.0
+                       for q, step, w in zip(query_vecs, steps, weights)])
+    # every document of the exact top-k has an integer score of at least the k-th best one less twice the bound
+    # (in steps) less 2 (the floor of the threshold and the float64 rounding): the candidates need no more slack
+    return steps, weights, bounds, np.ceil(2 * bounds / steps).astype(np.int64) + 2
 
 
 def _rescored(dim_major: np.ndarray, query_vec: np.ndarray, best: np.ndarray, best_scores: np.ndarray,

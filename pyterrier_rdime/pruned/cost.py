@@ -38,7 +38,11 @@ class CostModel:
       matrix, plus what does not grow with it: the call's own work (``compressed_call_seconds``: the bound, the
       selections) and the exact re-scoring of ``RESCORED_PER_RESULT * k`` documents on their kept dimensions
       (``rescore_seconds`` per value read), turned into units by the time of one ``gemv``, ``gemv_seconds_per_byte``
-      times the matrix's size.
+      times the matrix's size;
+    - compressed, a batch in one pass: ``compressed_pass_fixed + compressed_pass_per_query * queries`` for the int8
+      matrix products over the whole copy and each query's share of pushing their integer scores into its best and
+      candidates (both grow with the matrix), plus each query's re-scoring as above and its own work on the way
+      (``compressed_pass_call_seconds``).
     """
     dense_gemm_fixed: float
     dense_gemm_per_query: float
@@ -50,6 +54,9 @@ class CostModel:
     compressed_fixed: float
     compressed_slope: float
     compressed_call_seconds: float
+    compressed_pass_fixed: float
+    compressed_pass_per_query: float
+    compressed_pass_call_seconds: float
     rescore_seconds: float
     gemv_seconds_per_byte: float
 
@@ -67,31 +74,36 @@ class CostModel:
         """Estimated cost of the pruned path for the whole batch in one pass."""
         return float(np.dot((self.batch_per_query, self.batch_union, self.batch_per_kept), batch_features(query_vecs)))
 
-    def batch_in_one_pass(self, query_vecs: np.ndarray) -> bool:
-        """Whether the pruned path should score these queries in one pass rather than one by one."""
-        return len(query_vecs) > 1 and self.pruned_batch_cost(query_vecs) < self.pruned_one_by_one_cost(query_vecs)
-
     def compressed_cost(self, query_vecs: np.ndarray, k: int, matrix_bytes: int) -> float:
-        """Estimated cost of the compressed path (query after query) for these queries, ``k`` results each, over a
+        """Estimated cost of the compressed path query after query for these queries, ``k`` results each, over a
         matrix of ``matrix_bytes``."""
-        kept = nonzero_fractions(query_vecs)
-        seconds = self.compressed_call_seconds + self.rescore_seconds * RESCORED_PER_RESULT * k * kept * \
-            query_vecs.shape[1]
-        return float(np.sum(self.compressed_fixed + self.compressed_slope * kept
-                            + seconds / (self.gemv_seconds_per_byte * matrix_bytes)))
+        scan = self.compressed_fixed + self.compressed_slope * nonzero_fractions(query_vecs)
+        seconds = self._compressed_seconds(query_vecs, k, self.compressed_call_seconds)
+        return float(np.sum(scan)) + seconds / (self.gemv_seconds_per_byte * matrix_bytes)
 
-    def pruned_cost(self, query_vecs: np.ndarray) -> float:
-        """Estimated cost of the pruned path (the cheaper of one by one and one pass)."""
-        return min(self.pruned_one_by_one_cost(query_vecs), self.pruned_batch_cost(query_vecs))
+    def compressed_one_pass_cost(self, query_vecs: np.ndarray, k: int, matrix_bytes: int) -> float:
+        """Estimated cost of the compressed path for the whole batch in one pass."""
+        scan = self.compressed_pass_fixed + self.compressed_pass_per_query * len(query_vecs)
+        seconds = self._compressed_seconds(query_vecs, k, self.compressed_pass_call_seconds)
+        return scan + seconds / (self.gemv_seconds_per_byte * matrix_bytes)
+
+    def _compressed_seconds(self, query_vecs: np.ndarray, k: int, call_seconds: float) -> float:
+        """The seconds of a compressed path that do not grow with the matrix: each query's own work (``call_seconds``)
+        and exact re-scoring of ``RESCORED_PER_RESULT * k`` documents on its kept dimensions."""
+        values = RESCORED_PER_RESULT * k * nonzero_fractions(query_vecs) * query_vecs.shape[1]
+        return float(np.sum(call_seconds + self.rescore_seconds * values))
 
     def path_costs(self, query_vecs: np.ndarray, *, k: int, matrix_bytes: int, one_pass: bool) -> Dict[str, float]:
         """Estimated cost of each path for these queries, ``k`` results each, over a matrix of ``matrix_bytes``:
         ``'dense'``, ``'pruned'`` (query after query), ``'one pass'`` (only with ``one_pass``: a batch the compiled
-        kernel can score in one pass) and ``'compressed'``, in that order."""
+        kernels can score in one pass), ``'compressed'`` (query after query) and ``'compressed one pass'`` (only with
+        ``one_pass``), in that order."""
         costs = {'dense': self.dense_cost(len(query_vecs)), 'pruned': self.pruned_one_by_one_cost(query_vecs)}
         if one_pass:
             costs['one pass'] = self.pruned_batch_cost(query_vecs)
         costs['compressed'] = self.compressed_cost(query_vecs, k, matrix_bytes)
+        if one_pass:
+            costs['compressed one pass'] = self.compressed_one_pass_cost(query_vecs, k, matrix_bytes)
         return costs
 
 
@@ -100,27 +112,30 @@ def plan(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: 
     """The plan of one call for these pruned query vectors (n, dims), ``k`` results each, over a matrix of
     ``matrix_bytes``, decided once:
 
-    - ``'dense'`` and ``'compressed'`` are taken as they are (a batch on the compressed path is scored query after
-      query);
-    - ``'pruned'``: one query, or a batch without the compiled kernel (the numpy path scores query after query),
-      ``Plan('pruned')``; a batch over a matrix under ``MIN_PRUNED_BYTES`` (read from the caches either way) in one
-      pass; else one pass where ``model()`` finds it cheaper than query after query;
-    - ``'auto'``: dense without the compiled kernel (the numpy fallbacks are slower than BLAS beyond ~30 % kept), for
+    - ``'dense'`` is taken as it is;
+    - ``'pruned'`` (``'compressed'``): one query, or a batch without the compiled kernels (the numpy paths score query
+      after query), ``Plan('pruned')`` (``Plan('compressed')``); a batch over a matrix under ``MIN_PRUNED_BYTES`` (read
+      from the caches either way) in one pass; else in one pass where ``model()`` finds it cheaper than query after
+      query;
+    - ``'auto'``: dense without the compiled kernels (the numpy fallbacks are slower than BLAS beyond ~30 % kept), for
       a matrix under ``MIN_PRUNED_BYTES`` and for no queries; else the path of least estimated cost by ``model()``
-      among dense, pruned query after query, one pass (a batch) and compressed (no margin: near a break-even either
-      path costs about the same, and a margin would lose its own size on every query there; an exact tie goes to the
-      path listed first).
+      among dense, pruned query after query or in one pass (a batch), and compressed query after query or in one pass
+      (no margin: near a break-even either path costs about the same, and a margin would lose its own size on every
+      query there; an exact tie goes to the path listed first).
 
     ``model`` (e.g. :func:`.calibration.model`, which calibrates on first use) is called only when the plan depends on
     it."""
-    if strategy in ('dense', 'compressed'):
-        return Plan(strategy)
+    if strategy == 'dense':
+        return Plan('dense')
     batch = compiled and len(query_vecs) > 1
-    if strategy == 'pruned':
+    if strategy in ('pruned', 'compressed'):
+        one_pass = 'one pass' if strategy == 'pruned' else 'compressed one pass'
         if not batch:
-            return Plan('pruned')
-        return Plan('one pass' if matrix_bytes < MIN_PRUNED_BYTES or model().batch_in_one_pass(query_vecs)
-                    else 'pruned')
+            return Plan(strategy)
+        if matrix_bytes < MIN_PRUNED_BYTES:
+            return Plan(one_pass)
+        costs = model().path_costs(query_vecs, k=k, matrix_bytes=matrix_bytes, one_pass=True)
+        return Plan(one_pass if costs[one_pass] < costs[strategy] else strategy)
     if strategy != 'auto':
         raise ValueError(f"unknown strategy {strategy!r}; expected 'auto', 'pruned', 'dense' or 'compressed'")
     if not compiled or matrix_bytes < MIN_PRUNED_BYTES or not len(query_vecs):

@@ -9,8 +9,9 @@ import numpy as np
 
 #: The ways of scoring a call: every dimension with BLAS; the kept dimensions in float32, query after query; the
 #: kept dimensions of a whole batch in one pass over the union of their rows; the kept dimensions of the int8 copy,
-#: then the documents its error bound cannot rule out re-scored exactly (query after query).
-PATHS = ('dense', 'pruned', 'one pass', 'compressed')
+#: then the documents its error bound cannot rule out re-scored exactly (query after query); the int8 copy for a whole
+#: batch in one pass (integer scores from one int8 matrix product per slab of documents), then the same re-scoring.
+PATHS = ('dense', 'pruned', 'one pass', 'compressed', 'compressed one pass')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,8 +25,9 @@ class Plan:
 
     @property
     def strategy(self) -> str:
-        """The ``strategy`` value that forces this path's family: ``'pruned'`` for one query at a time or one pass."""
-        return 'pruned' if self.path == 'one pass' else self.path
+        """The ``strategy`` value that forces this path's family: ``'pruned'`` for one query at a time or one pass,
+        ``'compressed'`` for either compressed path."""
+        return {'one pass': 'pruned', 'compressed one pass': 'compressed'}.get(self.path, self.path)
 
 
 def kept_dims(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -55,7 +55,9 @@ class PrunedRetriever(ConfigTransformer):
       file beside the layout, ``rdime.dim_major.i8.npy``, built once on first use under the same protocol: ~9 s and
       732 MiB for 1M x 768) are scanned first, then every document whose exact error bound cannot rule it out of the
       top ``num_results`` is re-scored exactly: the same ranking, reading a quarter of the bytes in the scan
-      (:mod:`pyterrier_rdime.pruned.compressed`). Query after query, also for a batch.
+      (:mod:`pyterrier_rdime.pruned.compressed`). A batch is scored query after query, or in one pass: one exact
+      int8 matrix product per slab of documents for every query (torch's, on the CPU's VNNI / AMX units), whichever
+      the cost model finds cheaper.
     - ``'auto'`` (default): per call, the path of least estimated cost: dense, pruned (query after query or in
       one pass) or compressed (:mod:`pyterrier_rdime.pruned.cost`, calibrated on this machine on first use: a few
       seconds, cached per CPU model and thread counts), and ``'dense'`` without numba or for a matrix under 16 MiB
@@ -171,9 +173,9 @@ class PrunedRetriever(ConfigTransformer):
         matrix = self.dim_major()
         if plan.path == 'dense':
             return dense.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
-        if plan.path == 'compressed':
+        if plan.strategy == 'compressed':
             return search_compressed(self._compressed.codes(), matrix, query_vecs, self.num_results,
-                                     use_numba=kept.NUMBA_AVAILABLE)
+                                     use_numba=kept.NUMBA_AVAILABLE, one_pass=plan.path == 'compressed one pass')
         return kept.search_pruned(matrix, query_vecs, self.num_results, one_pass=plan.path == 'one pass')
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
