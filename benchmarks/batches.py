@@ -82,9 +82,6 @@ def main(argv=None) -> int:
         for groups in (4, 8):
             variants[f'{groups} groups by kept-set overlap'] = grouped(groups)
         copy = PrunedRetriever(index=index)._compressed.codes()
-        if compressed.INT8_PRODUCT == 'torch':  # torch's own threads: as many as BLAS's and numba's
-            import torch
-            torch.set_num_threads(args.threads)
         variants['compressed, query after query'] = \
             lambda m, q: compressed.search_compressed(copy, m, q, K, use_numba=True)
         variants[f'compressed, one pass ({compressed.INT8_PRODUCT} int8 product)'] = \

@@ -123,12 +123,17 @@ def synthetic_index_options(parser) -> None:
 
 
 def set_threads(threads: int):
-    """The same number of threads for BLAS (the dense path) and numba (the pruned path); returns the BLAS limiter
-    (keep it alive; ``.unregister()`` to undo)."""
+    """The same number of threads for BLAS (the dense path), numba (the pruned paths) and torch (the compressed one
+    pass's int8 product); returns the BLAS limiter (keep it alive; ``.unregister()`` to undo)."""
     from threadpoolctl import threadpool_limits
     try:
         import numba
         numba.set_num_threads(threads)
+    except ImportError:
+        pass
+    try:
+        import torch
+        torch.set_num_threads(threads)
     except ImportError:
         pass
     return threadpool_limits(threads, user_api='blas')

@@ -125,22 +125,27 @@ def timing(args):
     return interleaved
 
 
-#: The paths ``strategy='auto'`` chooses among, as the strategies that force them.
-PATHS = ('dense', 'pruned', 'compressed')
+#: The paths ``strategy='auto'`` chooses among, as timed: one query (the strategies that force them), a batch (the
+#: float32 pruned path as ``strategy='pruned'`` plans it, the compressed path query after query and in one pass).
+SINGLE_PATHS = ('dense', 'pruned', 'compressed')
+BATCH_PATHS = ('dense', 'pruned', 'compressed', 'compressed one pass')
+#: The timed path of each plan.
+TIMED_AS = {'dense': 'dense', 'pruned': 'pruned', 'one pass': 'pruned', 'compressed': 'compressed',
+            'compressed one pass': 'compressed one pass'}
 
 
-def auto_vs_fastest(times: dict) -> dict:
-    """``strategy='auto'`` against the fastest of the three paths, round by round (1.00 = auto took the fastest path
-    and paid nothing for choosing)."""
-    fastest = np.min([times[path] for path in PATHS], axis=0)
+def auto_vs_fastest(times: dict, paths) -> dict:
+    """``strategy='auto'`` against the fastest of ``paths``, round by round (1.00 = auto took the fastest path and
+    paid nothing for choosing)."""
+    fastest = np.min([times[path] for path in paths], axis=0)
     return ratio_stats(list(fastest), times['auto'])
 
 
-def auto_verdict(matrix: np.ndarray, queries: np.ndarray, times: dict) -> str:
-    """Whether auto's choice is the path with the fastest best round, and what choosing costs (timed alone: the
-    difference of two timings of the same path is noise at this scale): ``'✔ dense +0.01 % → 1.000×'``."""
-    choice = plan_of(matrix, queries).strategy
-    fastest = min(PATHS, key=lambda path: np.min(times[path]))
+def auto_verdict(matrix: np.ndarray, queries: np.ndarray, times: dict, paths) -> str:
+    """Whether auto's choice is the path with the fastest best round of ``paths``, and what choosing costs (timed
+    alone: the difference of two timings of the same path is noise at this scale): ``'✔ dense +0.01 % → 1.000×'``."""
+    choice = TIMED_AS[plan_of(matrix, queries).path]
+    fastest = min(paths, key=lambda path: np.min(times[path]))
     decide = min(timed(lambda: plan_of(matrix, queries))[0] for _ in range(20))
     share = decide / np.min(times[fastest]) * 100
     loss = np.min(times[fastest]) / np.min(times[choice])
@@ -187,10 +192,11 @@ def single_queries(matrix: np.ndarray, copy: compressed.Codes, sets: dict, raw: 
                                 f'**{fmt_ratio(vs_pruned)}**', fmt_ratio(vs_dense),
                                 f'{np.mean(counts):.0f} (max {max(counts)})',
                                 '/'.join(str(compressed_check[s]) for s in ('identical', 'ties', 'MISMATCH'))])
-        pruned, auto = ratio_stats(totals['dense'], totals['pruned']), auto_vs_fastest(totals)
+        pruned, auto = ratio_stats(totals['dense'], totals['pruned']), auto_vs_fastest(totals, SINGLE_PATHS)
         own = ratio_stats(totals['kernel, all dims'], totals['pruned'])
         checks[name] = {s: status.count(s) for s in ('identical', 'ties', 'MISMATCH')}
-        verdict = auto_verdict(matrix, queries[:1], {side: t / len(queries) for side, t in totals.items()})
+        verdict = auto_verdict(matrix, queries[:1], {side: t / len(queries) for side, t in totals.items()},
+                               SINGLE_PATHS)
         rows.append([name, f'{frac:.2f}', f'{np.min(totals["dense"]) / len(queries) * 1000:.0f} ms',
                      f'{np.min(totals["pruned"]) / len(queries) * 1000:.0f} ms', f'**{fmt_ratio(pruned)}**',
                      verdict, fmt_ratio(auto), fmt_ratio(own),
@@ -231,16 +237,21 @@ def batches(matrix: np.ndarray, copy: compressed.Codes, sets: dict, args) -> dic
                 continue
             times = measure({'dense': lambda: dense.search_dense(matrix, queries, K, batch_size=size),
                              'pruned': lambda: search_as(matrix, queries, 'pruned', copy),
-                             'compressed': lambda: search_as(matrix, queries, 'compressed', copy),
+                             'compressed': lambda: carry_out(matrix, queries, Plan('compressed'), copy),
+                             'compressed one pass': lambda: carry_out(matrix, queries, Plan('compressed one pass'),
+                                                                      copy),
                              'auto': lambda: search_as(matrix, queries, 'auto', copy),
                              'bare GEMM': lambda: queries @ matrix}, args.rounds)
             one_pass = plan_of(matrix, queries, 'pruned').path == 'one pass'
-            ref, new = dense.search_dense(matrix, queries, K), search_as(matrix, queries, 'compressed', copy)
+            ref = dense.search_dense(matrix, queries, K)
             atol = [1e-5 * float(np.abs(q).sum()) for q in queries]
-            status = [check_topk(matrix, q, (ref[0][i], ref[1][i]), (new[0][i], new[1][i]), atol[i])
-                      for i, q in enumerate(queries)]
-            verdict = auto_verdict(matrix, queries, times)
-            pruned, auto = ratio_stats(times['dense'], times['pruned']), auto_vs_fastest(times)
+            status = []
+            for path in ('compressed', 'compressed one pass'):
+                new = carry_out(matrix, queries, Plan(path), copy)
+                status += [check_topk(matrix, q, (ref[0][i], ref[1][i]), (new[0][i], new[1][i]), atol[i])
+                           for i, q in enumerate(queries)]
+            verdict = auto_verdict(matrix, queries, times, BATCH_PATHS)
+            pruned, auto = ratio_stats(times['dense'], times['pruned']), auto_vs_fastest(times, BATCH_PATHS)
             bare = ratio_stats(times['bare GEMM'], times['pruned'])
             rows.append([size, name, f'{np.mean(queries != 0):.2f}', f'{np.mean((queries != 0).any(axis=0)):.2f}',
                          f'{np.min(times["dense"]) * 1000:.0f} ms', f'{np.min(times["pruned"]) * 1000:.0f} ms',
@@ -248,20 +259,26 @@ def batches(matrix: np.ndarray, copy: compressed.Codes, sets: dict, args) -> dic
                          estimates(matrix, queries), verdict,
                          fmt_ratio(auto), load(), f'{np.min(times["compressed"]) * 1000:.0f} ms',
                          fmt_ratio(ratio_stats(times['dense'], times['compressed'])),
+                         f'{np.min(times["compressed one pass"]) * 1000:.0f} ms',
+                         f"**{fmt_ratio(ratio_stats(times['dense'], times['compressed one pass']))}**",
                          '/'.join(str(status.count(s)) for s in ('identical', 'ties', 'MISMATCH'))])
             result[f'{size}/{name}'] = {'pruned_vs_dense': pruned, 'pruned_vs_bare_gemm': bare, 'auto': verdict,
                                         'auto_vs_fastest': auto, 'one_pass': one_pass, 'load_average': load(),
                                         'compressed_vs_dense': ratio_stats(times['dense'], times['compressed']),
+                                        'compressed_one_pass_vs_dense': ratio_stats(times['dense'],
+                                                                                    times['compressed one pass']),
                                         'compressed_check': {s: status.count(s) for s in ('identical', 'ties',
                                                                                           'MISMATCH')}}
     log('dense = one matrix product per batch and block of documents with the top-k merged block by block (the dense '
         'path); bare GEMM = one matrix product over the whole matrix, no top-k (a lower bound for dense); estimate = '
-        'the cost model\'s cost of each path in gemv units; compressed = strategy="compressed", query '
-        'after query, with its top-100 against the dense path.\n')
+        'the cost model\'s cost of each path in gemv units; compressed = the int8 copy query after query, and in one '
+        'pass (one exact int8 matrix product per slab of documents for the whole batch), with the top-100 of both '
+        'against the dense path; auto is compared with the fastest of dense, pruned, compressed and compressed one '
+        'pass.\n')
     log(table(rows, ['batch', 'queries', 'kept', 'union kept', 'dense', 'pruned', 'pruned mode', 'pruned speed-up',
                      'vs bare GEMM', 'estimate', "auto: fastest path? choice, cost of choosing → auto / fastest",
-                     'auto vs fastest, measured', 'load', 'compressed', 'compressed vs dense',
-                     'compressed top-100 id./ties/mism.']))
+                     'auto vs fastest, measured', 'load', 'compressed, query by query', 'vs dense',
+                     'compressed, one pass', 'vs dense', 'compressed top-100 id./ties/mism. (both)']))
     return result
 
 
