@@ -81,11 +81,12 @@ def main(argv=None) -> int:
         variants['one query after the other'] = lambda m, q: _numba.fused_top_k(m, q, K, one_pass=False)
         for groups in (4, 8):
             variants[f'{groups} groups by kept-set overlap'] = grouped(groups)
-        copy = PrunedRetriever(index=index)._compressed.codes()
+        retriever = PrunedRetriever(index=index)
+        copy, rows = retriever._compressed.codes(), retriever._layout.doc_rows()
         variants['compressed, query after query'] = \
-            lambda m, q: compressed.search_compressed(copy, m, q, K, use_numba=True)
+            lambda m, q: compressed.search_compressed(copy, m, q, K, use_numba=True, doc_rows=rows)
         variants[f'compressed, one pass ({compressed.INT8_PRODUCT} int8 product)'] = \
-            lambda m, q: compressed.search_compressed(copy, m, q, K, use_numba=True, one_pass=True)
+            lambda m, q: compressed.search_compressed(copy, m, q, K, use_numba=True, one_pass=True, doc_rows=rows)
         ref_s, ref_i = dense.search_dense(matrix, queries, K)
         for name, fn in variants.items():  # the dense path's top-k up to float ties, and compiled before timing
             got_s, got_i = fn(matrix, queries)

@@ -87,26 +87,33 @@ def plan_of(matrix: np.ndarray, queries: np.ndarray, strategy: str = 'auto') -> 
                      model=calibration.model, k=K)
 
 
-def carry_out(matrix: np.ndarray, queries: np.ndarray, plan: Plan, copy: compressed.Codes):
+@dataclasses.dataclass(frozen=True)
+class Compressed:
+    """What the compressed path reads: the int8 copy, and the document rows it re-scores from (the index's)."""
+    codes: compressed.Codes
+    doc_rows: np.ndarray
+
+
+def carry_out(matrix: np.ndarray, queries: np.ndarray, plan: Plan, copy: Compressed):
     """What ``PrunedRetriever.search`` does with this plan."""
     if plan.path == 'dense':
         return dense.search_dense(matrix, queries, K)
     if plan.strategy == 'compressed':
-        return compressed.search_compressed(copy, matrix, queries, K, use_numba=kept.NUMBA_AVAILABLE,
-                                            one_pass=plan.path == 'compressed one pass')
+        return compressed.search_compressed(copy.codes, matrix, queries, K, use_numba=kept.NUMBA_AVAILABLE,
+                                            one_pass=plan.path == 'compressed one pass', doc_rows=copy.doc_rows)
     return kept.search_pruned(matrix, queries, K, one_pass=plan.path == 'one pass')
 
 
-def search_as(matrix: np.ndarray, queries: np.ndarray, strategy: str, copy: compressed.Codes):
+def search_as(matrix: np.ndarray, queries: np.ndarray, strategy: str, copy: Compressed):
     """What ``PrunedRetriever(strategy=strategy)`` does for these queries: decide the plan, carry it out."""
     return carry_out(matrix, queries, plan_of(matrix, queries, strategy), copy)
 
 
-def rescored(matrix: np.ndarray, copy: compressed.Codes, query_vec: np.ndarray) -> int:
+def rescored(matrix: np.ndarray, copy: Compressed, query_vec: np.ndarray) -> int:
     """How many documents the compressed path re-scores exactly for this query (its k best first-pass documents and
     every other one its bound cannot rule out)."""
-    approx, best, bound = compressed.first_pass(copy, query_vec, K, use_numba=kept.NUMBA_AVAILABLE)
-    threshold = compressed.exact_scores(matrix, query_vec, np.sort(best)).min() - bound
+    approx, best, bound = compressed.first_pass(copy.codes, query_vec, K, use_numba=kept.NUMBA_AVAILABLE)
+    threshold = compressed.exact_scores(matrix, query_vec, np.sort(best), copy.doc_rows).min() - bound
     return int(np.sum(approx >= compressed.float32_below(threshold)))
 
 
@@ -158,7 +165,7 @@ def estimates(matrix: np.ndarray, queries: np.ndarray) -> str:
     return ' · '.join(f'{path} {value:.2g}' for path, value in costs.items())
 
 
-def single_queries(matrix: np.ndarray, copy: compressed.Codes, sets: dict, raw: np.ndarray, args) -> dict:
+def single_queries(matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.ndarray, args) -> dict:
     log(f'\n### 1. One query at a time ({args.single} queries per row, {args.rounds} rounds, timing: {args.timing})\n')
     measure = timing(args)
     rows, compressed_rows, result, checks = [], [], {}, {}
@@ -226,7 +233,7 @@ def single_queries(matrix: np.ndarray, copy: compressed.Codes, sets: dict, raw: 
     return result
 
 
-def batches(matrix: np.ndarray, copy: compressed.Codes, sets: dict, args) -> dict:
+def batches(matrix: np.ndarray, copy: Compressed, sets: dict, args) -> dict:
     log(f'\n### 2. Batches ({args.rounds} rounds, timing: {args.timing})\n')
     measure = timing(args)
     rows, result = [], {}
@@ -307,7 +314,7 @@ def compressed_copy(matrix: np.ndarray, copy: compressed.Codes, open_s: float) -
     return {'bytes': copy.codes.nbytes, 'build_s': build_s, 'open_s': open_s}
 
 
-def faiss_rows(index, matrix: np.ndarray, copy: compressed.Codes, sets: dict, raw: np.ndarray, args) -> dict:
+def faiss_rows(index, matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.ndarray, args) -> dict:
     """What a user would pick instead (``--faiss``, needs faiss-cpu and a second, in-memory copy of the vectors):
     FAISS's exact ``IndexFlatIP`` and an ``IVF{nlist},Flat`` index (trained on 64k sampled documents, nprobe 16 and
     64) with the full and with the RDIME-pruned query, one query at a time, against this package's paths; recall@100
@@ -449,8 +456,9 @@ def main(argv=None) -> int:
     layout_s, matrix = timed(retriever.dim_major)
     log(f'synthetic index {index.index_path} ready in {gen_s:.0f} s; layout {matrix.filename} ready in {layout_s:.0f} '
         f's ({matrix.nbytes / 2 ** 30:.2f} GiB, memory-mapped; building it once is measured by `run.py layout`)')
-    copy_s, copy = timed(retriever._compressed.codes)
-    results = {'compressed_copy': compressed_copy(matrix, copy, copy_s)}
+    copy_s, codes = timed(retriever._compressed.codes)
+    copy = Compressed(codes, retriever._layout.doc_rows())
+    results = {'compressed_copy': compressed_copy(matrix, codes, copy_s)}
     raw = make_queries(state, max(args.batches + [args.single, 6]))
     prep_s, sets = timed(lambda: pruned_query_sets(index, matrix, raw, (0.25, 0.35, 0.5, 0.75)))
     kept.search_pruned(matrix, sets['RDIME'][:2], K)  # compile (or load) the kernel, warm the page cache

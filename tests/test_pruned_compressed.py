@@ -57,10 +57,12 @@ def search(request, small_blocks, monkeypatch):
     return lambda docs, query_vecs, k: search_with(docs, query_vecs, k, use_numba, one_pass=mode == 'one pass')
 
 
-def search_with(docs, query_vecs, k, use_numba, one_pass=False):
+def search_with(docs, query_vecs, k, use_numba, one_pass=False, rows=True):
+    """The compressed path over ``docs``, re-scoring from their rows (``rows``) or from the dimension-major matrix."""
     dim_major = np.ascontiguousarray(docs.T)
     return compressed.search_compressed(compressed.quantise(dim_major), dim_major, query_vecs, k,
-                                        use_numba=use_numba, one_pass=one_pass)
+                                        use_numba=use_numba, one_pass=one_pass,
+                                        doc_rows=np.ascontiguousarray(docs) if rows else None)
 
 
 def assert_reference(docs, query_vecs, result, k):
@@ -227,6 +229,17 @@ def test_same_topk_as_full_scoring_and_the_float32_path(corpus, search):
     pruned = kept.search_pruned(np.ascontiguousarray(docs.T), query_vecs, K, use_numba=False)
     for ours, theirs in zip(result[1], pruned[1]):
         assert ours.tolist() == theirs.tolist()
+
+
+@pytest.mark.parametrize('use_numba', FIRST_PASS)
+def test_re_scored_from_the_matrix_without_document_rows(corpus, use_numba):
+    docs, query_vecs = corpus
+    for one_pass in (False, True):
+        result = search_with(docs, query_vecs, K, use_numba, one_pass=one_pass, rows=False)
+        assert_reference(docs, query_vecs, result, K)
+        with_rows = search_with(docs, query_vecs, K, use_numba, one_pass=one_pass)
+        assert [d.tolist() for d in result[1]] == [d.tolist() for d in with_rows[1]]
+        np.testing.assert_allclose(np.concatenate(result[0]), np.concatenate(with_rows[0]), rtol=1e-6)
 
 
 def test_every_count_of_kept_dimensions(corpus, search):

@@ -211,7 +211,7 @@ class _Machine:
         estimate = self.TRUE.pruned_one_by_one_cost(query_vecs) if one else self.TRUE.pruned_batch_cost(query_vecs)
         self.now += slow * estimate / 1000
 
-    def compressed(self, copy, matrix, query_vecs, k, use_numba, one_pass=False):
+    def compressed(self, copy, matrix, query_vecs, k, use_numba, one_pass=False, doc_rows=None):
         gemv = self.TRUE.gemv_seconds_per_byte * matrix.nbytes
         path_cost = self.TRUE.compressed_one_pass_cost if one_pass else self.TRUE.compressed_cost
         self.now += path_cost(query_vecs, k, matrix.nbytes) * gemv
@@ -220,7 +220,7 @@ class _Machine:
         gemv = self.TRUE.gemv_seconds_per_byte * codes.nbytes * 4  # the float32 matrix's
         self.now += (self.TRUE.compressed_pass_fixed + self.TRUE.compressed_pass_per_query * len(weights)) * gemv
 
-    def exact_scores(self, matrix, query_vec, docids):
+    def exact_scores(self, matrix, query_vec, docids, doc_rows=None):
         self.now += self.TRUE.rescore_seconds * len(docids) * np.count_nonzero(query_vec)
 
 

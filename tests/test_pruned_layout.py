@@ -298,3 +298,13 @@ def test_lazy_initialisation_is_thread_safe(corpus, tmp_path, count_builds):
             t.join()
         assert len(got) == 4 and all(m is got[0] for m in got)
     assert len(count_builds) == 1  # the FlexIndex's file; the array's copy is built in memory
+
+
+def test_the_document_rows_the_layout_was_made_from(tmp_path):
+    rng = np.random.default_rng(4)
+    docs = rng.standard_normal((50, 6)).astype(np.float32)
+    assert layout.Layout(docs).doc_rows() is docs  # C-contiguous float32: the rows themselves
+    assert layout.Layout(docs.astype(np.float64)).doc_rows() is None  # not the float32 values the matrix holds
+    assert layout.Layout(np.asfortranarray(docs)).doc_rows() is None  # rows not contiguous
+    rows = layout.Layout(flex_index(tmp_path / 'docs.flex', docs)).doc_rows()
+    assert rows.dtype == np.float32 and rows.flags.c_contiguous and rows.tolist() == docs.tolist()

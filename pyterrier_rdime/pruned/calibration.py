@@ -135,6 +135,7 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     matrix = rng.random((CALIBRATION_DIMS, docs), dtype=np.float32)
     matrix -= 0.5
     copy = compressed.quantise(matrix)
+    rows = np.ascontiguousarray(matrix.T)  # the document rows the compressed path re-scores from, as a FlexIndex's
     tiny = np.ascontiguousarray(matrix[:, :CALLS_DOCS])
     tiny_copy, one_dim = compressed.quantise(tiny), np.eye(1, CALIBRATION_DIMS, dtype=np.float32)
     rescored = np.sort(rng.choice(docs, min(docs, round(RESCORED_PER_RESULT * CALIBRATION_K)), replace=False))
@@ -159,14 +160,15 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
         **{name: (lambda q=q: _numba.fused_top_k(matrix, q, CALIBRATION_K, one_pass=True))
            for name, q in batch.items()},
         **{f'compressed {kept}': (lambda q=q: compressed.search_compressed(copy, matrix, q, CALIBRATION_K,
-                                                                          use_numba=True))
+                                                                          use_numba=True, doc_rows=rows))
            for kept, q in single.items()},
-        **{f'rescore {kept}': (lambda q=q: compressed.exact_scores(matrix, q[0], rescored))
+        **{f'rescore {kept}': (lambda q=q: compressed.exact_scores(matrix, q[0], rescored, rows))
            for kept, q in single.items()},
         'compressed call': lambda: compressed.search_compressed(tiny_copy, tiny, one_dim, CALIBRATION_K,
-                                                                use_numba=True),
+                                                                use_numba=True, doc_rows=rows[:CALLS_DOCS]),
         **{f'compressed pass {n}': (lambda q=q: compressed.search_compressed(copy, matrix, q, CALIBRATION_K,
-                                                                             use_numba=True, one_pass=True))
+                                                                             use_numba=True, one_pass=True,
+                                                                             doc_rows=rows))
            for n, q in compressed_batch.items()},
         **{f'compressed first pass {n}': (lambda w=w: compressed.integer_candidates(copy.codes, w[1], w[3],
                                                                                    CALIBRATION_K, use_numba=True))

@@ -139,11 +139,16 @@ def first_pass(copy: Codes, query_vec: np.ndarray, k: int, *,
     return approx, docids, error_bound(copy, dims, values, weights)
 
 
-def exact_scores(dim_major: np.ndarray, query_vec: np.ndarray, docids: np.ndarray) -> np.ndarray:
-    """The float64 scores of these documents, read from the float32 matrix (only their kept values: one gather)."""
+def exact_scores(dim_major: np.ndarray, query_vec: np.ndarray, docids: np.ndarray,
+                 doc_rows: Optional[np.ndarray] = None) -> np.ndarray:
+    """The float64 scores of these documents on the query's kept dimensions: from their rows in ``doc_rows``, the
+    ``(docs, dims)`` float32 vectors the matrix was made from, where given (one contiguous read per document), else
+    from the float32 matrix (one read per document and kept dimension)."""
     dims = np.flatnonzero(query_vec)
     if not len(dims) or not len(docids):
         return np.zeros(len(docids))
+    if doc_rows is not None:
+        return np.asarray(doc_rows[docids], dtype=np.float64)[:, dims] @ query_vec[dims].astype(np.float64)
     return query_vec[dims].astype(np.float64) @ np.asarray(dim_major[np.ix_(dims, docids)], dtype=np.float64)
 
 
@@ -155,35 +160,36 @@ def float32_below(value: float) -> np.float32:
 
 
 def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
-                      use_numba: bool, one_pass: bool = False) -> Result:
+                      use_numba: bool, one_pass: bool = False, doc_rows: Optional[np.ndarray] = None) -> Result:
     """Top-``k`` ``(scores, docids)`` of each query, exact: the first pass over ``copy``, then the documents whose
     bound reaches the k-th best exact score re-scored from ``dim_major`` (see the module's description). Scores are
     the float64 exact scores rounded to float32. A batch is scored query after query over each one's kept rows, or
     with ``one_pass`` in integers over the whole copy (:func:`integer_scores`), worth it where an int8 matrix
-    product runs fast (:data:`INT8_PRODUCT`)."""
+    product runs fast (:data:`INT8_PRODUCT`). The documents are re-scored from ``doc_rows`` where given (see
+    :func:`exact_scores`)."""
     if one_pass:
-        return _search_one_pass(copy, dim_major, query_vecs, k, use_numba=use_numba)
+        return _search_one_pass(copy, dim_major, query_vecs, k, use_numba=use_numba, doc_rows=doc_rows)
     scores, docids = [], []
     for query_vec in query_vecs:
         if not query_vec.any():
-            s, d = _rescored(dim_major, query_vec, *(np.empty(0, dtype=np.int64),) * 3, k)
+            s, d = _rescored(dim_major, query_vec, *(np.empty(0, dtype=np.int64),) * 3, k, doc_rows)
             scores.append(s)
             docids.append(d)
             continue
         approx, best, bound = first_pass(copy, query_vec, k, use_numba=use_numba)
         best = np.sort(best)
-        best_scores = exact_scores(dim_major, query_vec, best)
+        best_scores = exact_scores(dim_major, query_vec, best, doc_rows)
         # every document of the exact top-k scores at least the k-th best of any k exact scores, so its first-pass
         # score is at least that minus the bound
         s, d = _rescored(dim_major, query_vec, best, best_scores,
-                         np.flatnonzero(approx >= float32_below(best_scores.min() - bound)), k)
+                         np.flatnonzero(approx >= float32_below(best_scores.min() - bound)), k, doc_rows)
         scores.append(s)
         docids.append(d)
     return scores, docids
 
 
 def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
-                     use_numba: bool) -> Result:
+                     use_numba: bool, doc_rows: Optional[np.ndarray]) -> Result:
     """:func:`search_compressed` of a batch in one pass: the integer scores of every query and document, slab by slab
     (:func:`integer_slabs`), each slab pushed at once into each query's ``k`` best and its candidates (every document
     within ``slack`` of the running k-th best integer score, :func:`integer_candidates`); the ``k`` best re-scored
@@ -195,19 +201,19 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
     scores, docids = [], []
     for q, query_vec in enumerate(query_vecs):
         if overflow[q] and query_vec.any():
-            s, d = search_compressed(copy, dim_major, query_vec[None], k, use_numba=use_numba)
+            s, d = search_compressed(copy, dim_major, query_vec[None], k, use_numba=use_numba, doc_rows=doc_rows)
             scores.append(s[0])
             docids.append(d[0])
             continue
         ids = np.sort(best[q])
-        ids_scores = exact_scores(dim_major, query_vec, ids)
+        ids_scores = exact_scores(dim_major, query_vec, ids, doc_rows)
         cand_ids, cand_scores = candidates[q]
         if query_vec.any():
             # every document of the exact top-k scores at least the lowest of any k exact scores, so its integer
             # score times the step is at least that minus the bound (one less: the float64 rounding)
             threshold = np.floor((ids_scores.min() - bounds[q]) / steps[q]) - 1
             cand_ids = cand_ids[cand_scores >= threshold]
-        s, d = _rescored(dim_major, query_vec, ids, ids_scores, cand_ids, k)
+        s, d = _rescored(dim_major, query_vec, ids, ids_scores, cand_ids, k, doc_rows)
         scores.append(s)
         docids.append(d)
     return scores, docids
@@ -225,7 +231,7 @@ def one_pass_weights(copy: Codes, query_vecs: np.ndarray):
 
 
 def _rescored(dim_major: np.ndarray, query_vec: np.ndarray, best: np.ndarray, best_scores: np.ndarray,
-              candidates: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+              candidates: np.ndarray, k: int, doc_rows: Optional[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
     """The exact top-``k`` of one query from its ``best`` documents (ascending, exact scores known) and the other
     ``candidates`` (ascending) its bound could not rule out; a query that keeps nothing scores 0 everywhere, its
     top-k the lowest docids, as on the other paths."""
@@ -234,7 +240,7 @@ def _rescored(dim_major: np.ndarray, query_vec: np.ndarray, best: np.ndarray, be
         return np.zeros(k, dtype=np.float32), np.arange(k)
     others = candidates[~np.isin(candidates, best, assume_unique=True)]
     ids = np.concatenate([best, others])
-    s = np.concatenate([best_scores, exact_scores(dim_major, query_vec, others)])
+    s = np.concatenate([best_scores, exact_scores(dim_major, query_vec, others, doc_rows)])
     order = best_k(s, ids, k)
     return s[order].astype(np.float32), ids[order]
 

@@ -127,6 +127,16 @@ class Layout:
                         matrix, self._abs_max = open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)
                     self._matrix = matrix
 
+    def doc_rows(self) -> Optional[np.ndarray]:
+        """The ``(docs, dims)`` float32 C-contiguous vectors the matrix was made from, where there are such (a
+        FlexIndex's ``vecs.f4``, checked against the layout when it was opened; an array index given in that form),
+        else None: the compressed path re-scores its few documents from their rows."""
+        self._open()
+        if self.is_array:
+            index = self.index
+            return index if index.dtype == np.float32 and index.flags.c_contiguous else None
+        return self.index.payload(return_docnos=False)[0]
+
     def lookup_docnos(self, docids: np.ndarray) -> np.ndarray:
         """The docnos of these docids, as an object array."""
         if not self.is_array:

@@ -175,7 +175,8 @@ class PrunedRetriever(ConfigTransformer):
             return dense.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
         if plan.strategy == 'compressed':
             return search_compressed(self._compressed.codes(), matrix, query_vecs, self.num_results,
-                                     use_numba=kept.NUMBA_AVAILABLE, one_pass=plan.path == 'compressed one pass')
+                                     use_numba=kept.NUMBA_AVAILABLE, one_pass=plan.path == 'compressed one pass',
+                                     doc_rows=self._layout.doc_rows())
         return kept.search_pruned(matrix, query_vecs, self.num_results, one_pass=plan.path == 'one pass')
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
