@@ -296,7 +296,7 @@ def cost_model(args) -> dict:
     seconds = time.perf_counter() - start
     log(f'cost model ({f"calibrated now in {seconds:.1f} s" if args.calibrate else "of this machine"}, '
         f'{calibration.cache_path()}): '
-        + ', '.join(f'{k} {v:.2f}' for k, v in dataclasses.asdict(model).items()))
+        + ', '.join(f'{k} {v:.3g}' for k, v in dataclasses.asdict(model).items()))
     return {'seconds': seconds, **dataclasses.asdict(model)}
 
 
