@@ -27,7 +27,8 @@ array index gets an in-memory copy.
 
 A batch can instead be scored in one pass (``one_pass``): each query's weights ``q_j scale[j]`` rounded to integers
 times a step of the query (:func:`integer_weights`), the integer scores of every query and document from one int8
-matrix product per slab of documents (exact int32 sums; torch's product runs on the CPU's VNNI / AMX units), the
+matrix product per slab of documents (exact int32 sums; torch's product runs on the CPU's VNNI / AMX units), each
+slab pushed at once into each query's ``k`` best and the documents near them (:func:`integer_candidates`), then the
 same two steps with the bound of :func:`integer_bound` (the quantisation error plus the weights' rounding).
 
 Over ~250 lines: the bounds, the scans and the copy they read are one guarantee (exact top-k), kept together.
@@ -164,7 +165,7 @@ def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray
     """Top-``k`` ``(scores, docids)`` of each query, exact: the first pass over ``copy``, then the documents whose
     bound reaches the k-th best exact score re-scored from ``dim_major`` (see the module's description). Scores are
     the float64 exact scores rounded to float32. A batch is scored query after query over each one's kept rows, or
-    with ``one_pass`` in integers over the whole copy (:func:`integer_scores`), worth it where an int8 matrix
+    with ``one_pass`` in integers over the whole copy (:func:`integer_slabs`), worth it where an int8 matrix
     product runs fast (:data:`INT8_PRODUCT`). The documents are re-scored from ``doc_rows`` where given (see
     :func:`exact_scores`)."""
     if one_pass:
@@ -292,7 +293,7 @@ def _torch():
     return torch if hasattr(torch, '_int_mm') else None
 
 
-#: How :func:`integer_scores` multiplies int8 matrices: ``'torch'`` (its int8 product, on the VNNI / AMX units where
+#: How :func:`integer_slabs` multiplies int8 matrices: ``'torch'`` (its int8 product, on the VNNI / AMX units where
 #: the CPU has them) when torch is installed, else ``'float64'`` (BLAS in float64, exact for these integer sums but
 #: slower than the float32 paths: the one pass is then not worth taking).
 INT8_PRODUCT = 'torch' if importlib.util.find_spec('torch') is not None else 'float64'
