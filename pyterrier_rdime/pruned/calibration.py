@@ -127,9 +127,8 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     documents with one kept dimension (nothing to scan or re-score), and the rest, the scan, fitted in units of the
     ``gemv``; the compressed one pass from batches of 8 and 64 at 35 % kept (independent kept sets): its first pass
     (the int8 products and the candidates) fitted in units, the rest, less the re-scoring the model adds, as each
-    query's own work in seconds. With
-    ``save``, cached for :func:`model` (and replaces its entry); a fit that misses one of its timings by more than
-    ``FIT_TOLERANCE`` is logged as a warning."""
+    query's own work in seconds. With ``save``, cached for :func:`model` (and replaces its entry); a fit that misses
+    one of its timings by more than ``FIT_TOLERANCE`` is logged as a warning."""
     from . import _numba  # numba loads only when the kernel first runs, or now
     rng = np.random.default_rng(0)
     matrix = rng.random((CALIBRATION_DIMS, docs), dtype=np.float32)
@@ -206,7 +205,7 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
                                 np.array([t[f'compressed first pass {n}'] for n in compressed_batch]))
     rescore_only = dataclasses.replace(_ZERO, rescore_seconds=rescore_seconds)
     pass_rest = [(t[f'compressed pass {n}'] - t[f'compressed first pass {n}']) * unit
-                 - rescore_only._compressed_seconds(q, CALIBRATION_K, 0.0) for n, q in compressed_batch.items()]
+                 - rescore_only.compressed_seconds(q, CALIBRATION_K, 0.0) for n, q in compressed_batch.items()]
     pass_call_seconds = max(0.0, float(np.sum(pass_rest) / np.sum(sizes)))
     fitted = CostModel(dense_gemm_fixed=float(dense_fit[0]), dense_gemm_per_query=float(dense_fit[1]),
                        pruned_fixed=float(single_fit[0]), pruned_slope=float(single_fit[1]),

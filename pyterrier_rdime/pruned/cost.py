@@ -78,16 +78,16 @@ class CostModel:
         """Estimated cost of the compressed path query after query for these queries, ``k`` results each, over a
         matrix of ``matrix_bytes``."""
         scan = self.compressed_fixed + self.compressed_slope * nonzero_fractions(query_vecs)
-        seconds = self._compressed_seconds(query_vecs, k, self.compressed_call_seconds)
+        seconds = self.compressed_seconds(query_vecs, k, self.compressed_call_seconds)
         return float(np.sum(scan)) + seconds / (self.gemv_seconds_per_byte * matrix_bytes)
 
     def compressed_one_pass_cost(self, query_vecs: np.ndarray, k: int, matrix_bytes: int) -> float:
         """Estimated cost of the compressed path for the whole batch in one pass."""
         scan = self.compressed_pass_fixed + self.compressed_pass_per_query * len(query_vecs)
-        seconds = self._compressed_seconds(query_vecs, k, self.compressed_pass_call_seconds)
+        seconds = self.compressed_seconds(query_vecs, k, self.compressed_pass_call_seconds)
         return scan + seconds / (self.gemv_seconds_per_byte * matrix_bytes)
 
-    def _compressed_seconds(self, query_vecs: np.ndarray, k: int, call_seconds: float) -> float:
+    def compressed_seconds(self, query_vecs: np.ndarray, k: int, call_seconds: float) -> float:
         """The seconds of a compressed path that do not grow with the matrix: each query's own work (``call_seconds``)
         and exact re-scoring of ``RESCORED_PER_RESULT * k`` documents on its kept dimensions."""
         values = RESCORED_PER_RESULT * k * nonzero_fractions(query_vecs) * query_vecs.shape[1]
