@@ -21,7 +21,7 @@ ROUND = cost.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fi
                        batch_per_query=0.05, batch_union=2.0, batch_per_kept=0.2, compressed_fixed=0.05,
                        compressed_slope=0.25, compressed_call_seconds=2e-3, compressed_pass_doc_seconds=3.2e-5,
                        compressed_pass_query_doc_seconds=1.6e-6, compressed_pass_call_seconds=1e-3,
-                       compressed_pass_fixed_seconds=0.0, rescore_seconds=1e-3, gemv_seconds_per_byte=1e-6)
+                       rescore_seconds=1e-3, gemv_seconds_per_byte=1e-6)
 
 
 @pytest.fixture
@@ -64,8 +64,6 @@ def test_costs_by_hand():
     assert costs(ten)['dense'] == pytest.approx(3.0) and list(costs(ten)) == ['dense', 'pruned', 'one pass',
                                                                              'compressed', 'compressed one pass']
     assert list(costs(ten, one_pass=False)) == ['dense', 'pruned', 'compressed']
-    once = dataclasses.replace(ROUND, compressed_pass_fixed_seconds=5e-3)  # per call: 0.5 of the 10 ms gemv
-    assert once.path_costs(ten, k=1, matrix_bytes=10_000, one_pass=True)['compressed one pass'] == pytest.approx(9.0)
     assert costs(np.ones((10, 8), dtype=np.float32))['one pass'] == pytest.approx(4.5)  # 0.5 + 2 + 2
     assert plan.nonzero_fractions(np.array([[0, 1, 2, 0], [0, 0, 0, 0]])).tolist() == [0.5, 0.0]
     assert plan.batch_features(half[:0]).tolist() == [0, 0, 0]
@@ -197,7 +195,7 @@ class _Machine:
                           batch_per_query=0.03, batch_union=1.0, batch_per_kept=0.25, compressed_fixed=0.02,
                           compressed_slope=0.3, compressed_call_seconds=1e-4, compressed_pass_doc_seconds=0.4e-3 / 4096,
                           compressed_pass_query_doc_seconds=0.06e-3 / 4096, compressed_pass_call_seconds=5e-4,
-                          compressed_pass_fixed_seconds=2e-3, rescore_seconds=2e-9,
+                          rescore_seconds=2e-9,
                           gemv_seconds_per_byte=1e-3 / (768 * 4096 * 4))
 
     def __init__(self, disturbed=()):
@@ -222,7 +220,7 @@ class _Machine:
 
     def first_pass(self, codes, weights, slack, k, use_numba):
         per_doc = self.TRUE.compressed_pass_doc_seconds + self.TRUE.compressed_pass_query_doc_seconds * len(weights)
-        self.now += per_doc * codes.shape[1] + self.TRUE.compressed_pass_fixed_seconds
+        self.now += per_doc * codes.shape[1]
 
     def exact_scores(self, matrix, query_vec, docids, doc_rows=None):
         self.now += self.TRUE.rescore_seconds * len(docids) * np.count_nonzero(query_vec)

@@ -126,10 +126,9 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     documents as the model expects it to re-score), its own work per call timed on a matrix of ``CALLS_DOCS``
     documents with one kept dimension (nothing to scan or re-score), and the rest, the scan, fitted in units of the
     ``gemv``; the compressed one pass from batches of 8 and 64 at 35 % kept (independent kept sets): its first pass
-    (the int8 products and the candidates), over the matrix and over a quarter of it, fitted in seconds per document
-    and per call, the rest, less the re-scoring the model adds, as each query's own work in seconds. With ``save``,
-    cached for :func:`model` (and replaces its entry); a fit that misses one of its timings by more than
-    ``FIT_TOLERANCE`` is logged as a warning."""
+    (the int8 products and the candidates) fitted in seconds per document, the rest, less the re-scoring the model
+    adds, as each query's own work in seconds. With ``save``, cached for :func:`model` (and replaces its entry); a
+    fit that misses one of its timings by more than ``FIT_TOLERANCE`` is logged as a warning."""
     from . import _numba  # numba loads only when the kernel first runs, or now
     rng = np.random.default_rng(0)
     matrix = rng.random((CALIBRATION_DIMS, docs), dtype=np.float32)
@@ -173,8 +172,6 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
         **{f'compressed first pass {n}': (lambda w=w: compressed.integer_candidates(copy.codes, w[1], w[3],
                                                                                    CALIBRATION_K, use_numba=True))
            for n, w in pass_weights.items()},
-        **{f'compressed first pass {n} quarter': (lambda w=w: compressed.integer_candidates(
-            copy.codes[:, :docs // 4], w[1], w[3], CALIBRATION_K, use_numba=True)) for n, w in pass_weights.items()},
     }
     for fn in fns.values():  # compile (or load) the kernels, touch the matrix
         fn()
@@ -204,19 +201,12 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     scan -= (call_seconds + rescore_seconds * rescored_values) / unit
     scan_fit = fit_non_negative(np.stack([np.ones(3), kept_fractions], axis=1), np.maximum(scan, 1e-3))
     sizes = np.array(list(compressed_batch), dtype=float)
-    # the first pass over the whole matrix and over a quarter of it: what it costs per document (the slope) and per
-    # call (what is left), each fixed + per query
-    first = np.array([t[f'compressed first pass {n}'] * unit for n in compressed_batch])
-    quarter = np.array([t[f'compressed first pass {n} quarter'] * unit for n in compressed_batch])
-    per_doc = np.maximum(first - quarter, 0.0) / (docs - docs // 4)
-    per_call = np.maximum(first - per_doc * docs, 0.0)
-    by_size = np.stack([np.ones(len(sizes)), sizes], axis=1)
-    pass_fit = fit_non_negative(by_size, np.maximum(per_doc, 1e-15))
-    call_fit = fit_non_negative(by_size, np.maximum(per_call, 1e-9))
+    pass_fit = fit_non_negative(np.stack([np.ones(len(sizes)), sizes], axis=1),
+                                np.array([t[f'compressed first pass {n}'] * unit / docs for n in compressed_batch]))
     rescore_only = dataclasses.replace(_ZERO, rescore_seconds=rescore_seconds)
     pass_rest = [(t[f'compressed pass {n}'] - t[f'compressed first pass {n}']) * unit
                  - rescore_only.compressed_seconds(q, CALIBRATION_K, 0.0) for n, q in compressed_batch.items()]
-    pass_call_seconds = max(0.0, float(np.sum(pass_rest) / np.sum(sizes))) + float(call_fit[1])
+    pass_call_seconds = max(0.0, float(np.sum(pass_rest) / np.sum(sizes)))
     fitted = CostModel(dense_gemm_fixed=float(dense_fit[0]), dense_gemm_per_query=float(dense_fit[1]),
                        pruned_fixed=float(single_fit[0]), pruned_slope=float(single_fit[1]),
                        batch_per_query=float(batch_fit[0]), batch_union=float(batch_fit[1]),
@@ -225,7 +215,6 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
                        compressed_pass_doc_seconds=float(pass_fit[0]),
                        compressed_pass_query_doc_seconds=float(pass_fit[1]),
                        compressed_pass_call_seconds=pass_call_seconds,
-                       compressed_pass_fixed_seconds=float(call_fit[0]),
                        rescore_seconds=float(rescore_seconds),
                        gemv_seconds_per_byte=unit / matrix.nbytes)
     estimates = {**{f'one {kept}': fitted.pruned_one_by_one_cost(q) for kept, q in single.items()},

@@ -43,9 +43,8 @@ class CostModel:
       seconds per document for the int8 matrix products over the whole copy and the push of their integer scores into
       each query's best and candidates: bound by compute, not by memory, so counted per document in seconds (in
       units of a ``gemv``, whose time per byte falls where a smaller matrix sits partly in the caches, their share
-      would drift with the matrix's size), plus what does not grow with it: the call's own work
-      (``compressed_pass_fixed_seconds``), each query's own work (``compressed_pass_call_seconds``) and its
-      re-scoring as above.
+      would drift with the matrix's size), plus each query's re-scoring as above and its own work on the way
+      (``compressed_pass_call_seconds``).
     """
     dense_gemm_fixed: float
     dense_gemm_per_query: float
@@ -60,7 +59,6 @@ class CostModel:
     compressed_pass_doc_seconds: float
     compressed_pass_query_doc_seconds: float
     compressed_pass_call_seconds: float
-    compressed_pass_fixed_seconds: float
     rescore_seconds: float
     gemv_seconds_per_byte: float
 
@@ -89,8 +87,7 @@ class CostModel:
         """Estimated cost of the compressed path for the whole batch in one pass."""
         docs = matrix_bytes / (4 * query_vecs.shape[1])  # of the float32 matrix
         seconds = (self.compressed_pass_doc_seconds + self.compressed_pass_query_doc_seconds * len(query_vecs)) * docs
-        seconds += self.compressed_pass_fixed_seconds + self.compressed_seconds(query_vecs, k,
-                                                                                 self.compressed_pass_call_seconds)
+        seconds += self.compressed_seconds(query_vecs, k, self.compressed_pass_call_seconds)
         return seconds / (self.gemv_seconds_per_byte * matrix_bytes)
 
     def compressed_seconds(self, query_vecs: np.ndarray, k: int, call_seconds: float) -> float:
