@@ -15,13 +15,12 @@ COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
 # the compressed path: 0.05 + 0.25 x kept per query for the scan, 2 ms per call, and 1.5 k x kept dims values
 # re-scored at 1 ms each, the last two in units of a gemv over a matrix of b bytes taking b microseconds (10 ms over
-# 10 kB); in one pass, 32 + 1.6 per query microseconds per document for the first pass (over 8-dimensional float32
-# documents, 1 + 0.05 per query gemv), 1 ms per query and the same re-scoring
+# 10 kB); in one pass, 1 + 0.05 per query for the first pass, 1 ms per query and the same re-scoring
 ROUND = cost.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fixed=0.1, pruned_slope=1.0,
                        batch_per_query=0.05, batch_union=2.0, batch_per_kept=0.2, compressed_fixed=0.05,
-                       compressed_slope=0.25, compressed_call_seconds=2e-3, compressed_pass_doc_seconds=3.2e-5,
-                       compressed_pass_query_doc_seconds=1.6e-6, compressed_pass_call_seconds=1e-3,
-                       rescore_seconds=1e-3, gemv_seconds_per_byte=1e-6)
+                       compressed_slope=0.25, compressed_call_seconds=2e-3, compressed_pass_fixed=1.0,
+                       compressed_pass_per_query=0.05, compressed_pass_call_seconds=1e-3, rescore_seconds=1e-3,
+                       gemv_seconds_per_byte=1e-6)
 
 
 @pytest.fixture
@@ -193,9 +192,8 @@ class _Machine:
     calibration to recover."""
     TRUE = cost.CostModel(dense_gemm_fixed=1.5, dense_gemm_per_query=0.2, pruned_fixed=0.05, pruned_slope=0.9,
                           batch_per_query=0.03, batch_union=1.0, batch_per_kept=0.25, compressed_fixed=0.02,
-                          compressed_slope=0.3, compressed_call_seconds=1e-4, compressed_pass_doc_seconds=0.4e-3 / 4096,
-                          compressed_pass_query_doc_seconds=0.06e-3 / 4096, compressed_pass_call_seconds=5e-4,
-                          rescore_seconds=2e-9,
+                          compressed_slope=0.3, compressed_call_seconds=1e-4, compressed_pass_fixed=0.4,
+                          compressed_pass_per_query=0.06, compressed_pass_call_seconds=5e-4, rescore_seconds=2e-9,
                           gemv_seconds_per_byte=1e-3 / (768 * 4096 * 4))
 
     def __init__(self, disturbed=()):
@@ -219,8 +217,8 @@ class _Machine:
         self.now += path_cost(query_vecs, k, matrix.nbytes) * gemv
 
     def first_pass(self, codes, weights, slack, k, use_numba):
-        per_doc = self.TRUE.compressed_pass_doc_seconds + self.TRUE.compressed_pass_query_doc_seconds * len(weights)
-        self.now += per_doc * codes.shape[1]
+        gemv = self.TRUE.gemv_seconds_per_byte * codes.nbytes * 4  # the float32 matrix's
+        self.now += (self.TRUE.compressed_pass_fixed + self.TRUE.compressed_pass_per_query * len(weights)) * gemv
 
     def exact_scores(self, matrix, query_vec, docids, doc_rows=None):
         self.now += self.TRUE.rescore_seconds * len(docids) * np.count_nonzero(query_vec)

@@ -86,9 +86,9 @@ def test_auto_strategy_of_the_stage(corpus, monkeypatch):
     # pruned, 2 for the compressed scan
     model = cost.CostModel(dense_gemm_fixed=3.0, dense_gemm_per_query=0.3, pruned_fixed=0.4, pruned_slope=0.7,
                            batch_per_query=0.05, batch_union=1.0, batch_per_kept=0.4, compressed_fixed=2.0,
-                           compressed_slope=0.0, compressed_call_seconds=0.0, compressed_pass_doc_seconds=3.84e-7,
-                           compressed_pass_query_doc_seconds=0.0, compressed_pass_call_seconds=0.0,
-                           rescore_seconds=1e-8, gemv_seconds_per_byte=1e-9)
+                           compressed_slope=0.0, compressed_call_seconds=0.0, compressed_pass_fixed=2.0,
+                           compressed_pass_per_query=0.0, compressed_pass_call_seconds=0.0, rescore_seconds=1e-8,
+                           gemv_seconds_per_byte=1e-9)
     monkeypatch.setattr(calibration, '_MODELS', {calibration.machine_key(): model})
     assert retriever.choose_strategy(query_vecs[2:3]) == 'pruned'  # about half kept: 0.75 < 1
     assert retriever.choose_strategy(query_vecs[:1]) == 'dense'  # every dimension kept: 1.1 > 1

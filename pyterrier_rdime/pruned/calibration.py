@@ -126,9 +126,9 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     documents as the model expects it to re-score), its own work per call timed on a matrix of ``CALLS_DOCS``
     documents with one kept dimension (nothing to scan or re-score), and the rest, the scan, fitted in units of the
     ``gemv``; the compressed one pass from batches of 8 and 64 at 35 % kept (independent kept sets): its first pass
-    (the int8 products and the candidates) fitted in seconds per document, the rest, less the re-scoring the model
-    adds, as each query's own work in seconds. With ``save``, cached for :func:`model` (and replaces its entry); a
-    fit that misses one of its timings by more than ``FIT_TOLERANCE`` is logged as a warning."""
+    (the int8 products and the candidates) fitted in units, the rest, less the re-scoring the model adds, as each
+    query's own work in seconds. With ``save``, cached for :func:`model` (and replaces its entry); a fit that misses
+    one of its timings by more than ``FIT_TOLERANCE`` is logged as a warning."""
     from . import _numba  # numba loads only when the kernel first runs, or now
     rng = np.random.default_rng(0)
     matrix = rng.random((CALIBRATION_DIMS, docs), dtype=np.float32)
@@ -202,7 +202,7 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     scan_fit = fit_non_negative(np.stack([np.ones(3), kept_fractions], axis=1), np.maximum(scan, 1e-3))
     sizes = np.array(list(compressed_batch), dtype=float)
     pass_fit = fit_non_negative(np.stack([np.ones(len(sizes)), sizes], axis=1),
-                                np.array([t[f'compressed first pass {n}'] * unit / docs for n in compressed_batch]))
+                                np.array([t[f'compressed first pass {n}'] for n in compressed_batch]))
     rescore_only = dataclasses.replace(_ZERO, rescore_seconds=rescore_seconds)
     pass_rest = [(t[f'compressed pass {n}'] - t[f'compressed first pass {n}']) * unit
                  - rescore_only.compressed_seconds(q, CALIBRATION_K, 0.0) for n, q in compressed_batch.items()]
@@ -212,8 +212,7 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
                        batch_per_query=float(batch_fit[0]), batch_union=float(batch_fit[1]),
                        batch_per_kept=float(batch_fit[2]), compressed_fixed=float(scan_fit[0]),
                        compressed_slope=float(scan_fit[1]), compressed_call_seconds=call_seconds,
-                       compressed_pass_doc_seconds=float(pass_fit[0]),
-                       compressed_pass_query_doc_seconds=float(pass_fit[1]),
+                       compressed_pass_fixed=float(pass_fit[0]), compressed_pass_per_query=float(pass_fit[1]),
                        compressed_pass_call_seconds=pass_call_seconds,
                        rescore_seconds=float(rescore_seconds),
                        gemv_seconds_per_byte=unit / matrix.nbytes)

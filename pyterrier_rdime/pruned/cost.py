@@ -39,11 +39,9 @@ class CostModel:
       selections) and the exact re-scoring of ``RESCORED_PER_RESULT * k`` documents on their kept dimensions
       (``rescore_seconds`` per value read), turned into units by the time of one ``gemv``, ``gemv_seconds_per_byte``
       times the matrix's size;
-    - compressed, a batch in one pass: ``compressed_pass_doc_seconds + compressed_pass_query_doc_seconds * queries``
-      seconds per document for the int8 matrix products over the whole copy and the push of their integer scores into
-      each query's best and candidates: bound by compute, not by memory, so counted per document in seconds (in
-      units of a ``gemv``, whose time per byte falls where a smaller matrix sits partly in the caches, their share
-      would drift with the matrix's size), plus each query's re-scoring as above and its own work on the way
+    - compressed, a batch in one pass: ``compressed_pass_fixed + compressed_pass_per_query * queries`` for the int8
+      matrix products over the whole copy and each query's share of pushing their integer scores into its best and
+      candidates (both grow with the matrix), plus each query's re-scoring as above and its own work on the way
       (``compressed_pass_call_seconds``).
     """
     dense_gemm_fixed: float
@@ -56,8 +54,8 @@ class CostModel:
     compressed_fixed: float
     compressed_slope: float
     compressed_call_seconds: float
-    compressed_pass_doc_seconds: float
-    compressed_pass_query_doc_seconds: float
+    compressed_pass_fixed: float
+    compressed_pass_per_query: float
     compressed_pass_call_seconds: float
     rescore_seconds: float
     gemv_seconds_per_byte: float
@@ -85,10 +83,9 @@ class CostModel:
 
     def compressed_one_pass_cost(self, query_vecs: np.ndarray, k: int, matrix_bytes: int) -> float:
         """Estimated cost of the compressed path for the whole batch in one pass."""
-        docs = matrix_bytes / (4 * query_vecs.shape[1])  # of the float32 matrix
-        seconds = (self.compressed_pass_doc_seconds + self.compressed_pass_query_doc_seconds * len(query_vecs)) * docs
-        seconds += self.compressed_seconds(query_vecs, k, self.compressed_pass_call_seconds)
-        return seconds / (self.gemv_seconds_per_byte * matrix_bytes)
+        scan = self.compressed_pass_fixed + self.compressed_pass_per_query * len(query_vecs)
+        seconds = self.compressed_seconds(query_vecs, k, self.compressed_pass_call_seconds)
+        return scan + seconds / (self.gemv_seconds_per_byte * matrix_bytes)
 
     def compressed_seconds(self, query_vecs: np.ndarray, k: int, call_seconds: float) -> float:
         """The seconds of a compressed path that do not grow with the matrix: each query's own work (``call_seconds``)
