@@ -1,7 +1,9 @@
-"""The compressed path of PrunedRetriever (strategy='compressed'): quantisation by hand; the error bound against
-float64 scores for every document; the exact top-k against a float64 reference and the float32 pruned path on random
-and adversarial data (exact ties, documents the first pass cannot tell apart, maximal quantisation errors, constant
-columns, every count of kept dimensions from one); the int8 copy of a FlexIndex built once beside the layout, and
+"""The compressed path of PrunedRetriever (strategy='compressed'): quantisation by hand; both error bounds (the scan's
+and the one pass's integer one) against float64 scores for every document; the exact top-k against a float64
+reference and the float32 pruned path on random and adversarial data (exact ties, documents the first pass cannot
+tell apart, maximal quantisation errors, constant columns, every count of kept dimensions from one), query after query
+and in one pass (integer weights by hand, exact int32 slabs, candidates against brute force, overflowing candidates),
+re-scored from document rows or from the matrix; the int8 copy of a FlexIndex built once beside the layout, and
 rebuilt with a warning when stale or damaged."""
 import os
 import pickle
