@@ -7,7 +7,11 @@ re-scored from document rows or from the matrix; the int8 copy of a FlexIndex bu
 rebuilt with a warning when stale or damaged."""
 import os
 import pickle
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -298,6 +302,36 @@ def test_first_pass_runs_in_a_child_forked_after_it_ran(corpus, one_pass):
     expected = [d.tolist() for d in search_with(docs, query_vecs, 5, True, one_pass)[1]]
     with multiprocessing.get_context('fork').Pool(1) as pool:
         assert pool.map_async(_search_in_child, [(docs, query_vecs, one_pass)]).get(timeout=900) == [expected]
+
+
+@NEEDS_NUMBA
+def test_a_child_forked_after_the_one_pass_alone_ran(tmp_path):
+    # in a fresh process whose first parallel kernel is the one pass's (the float64 product: numba alone), a forked
+    # child must know the parallel kernels ran, or it waits forever on GNU OpenMP
+    script = tmp_path / 'fork.py'
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing, sys
+        import numpy as np
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from pruned_data import make_corpus
+        from pyterrier_rdime.pruned import compressed
+        docs, queries = make_corpus()
+        matrix = np.ascontiguousarray(docs.T)
+        copy = compressed.quantise(matrix)
+        compressed.INT8_PRODUCT = 'float64'
+
+        def run(_):
+            result = compressed.search_compressed(copy, matrix, queries, 5, use_numba=True, one_pass=True)
+            return [d.tolist() for d in result[1]]
+
+        if __name__ == '__main__':
+            first = run(0)
+            with multiprocessing.get_context('fork').Pool(1) as pool:
+                print(pool.map_async(run, [0]).get(timeout=300) == [first])
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == 'True'
 
 
 def test_the_stage_on_an_array_index(corpus):

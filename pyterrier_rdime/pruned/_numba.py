@@ -1,5 +1,6 @@
 """The compiled pruned path (numba), imported only when it first runs: a fused parallel kernel that reads only the
 kept rows of a dimension-major ``(dims, docs)`` float32 matrix and keeps a running top-k per chunk of documents."""
+import contextlib
 import math
 import os
 import threading
@@ -59,15 +60,10 @@ def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pa
     while n_queries > 1 and block > 1024 and block * (TILE_DIMS + n_queries) > BATCH_CACHE_FLOATS:
         block //= 2
     tile = n_dims if n_queries == 1 else TILE_DIMS
-    if _PARALLEL['forked']:
-        kernel, threads = _serial_kernel(), 1
-    else:
-        kernel, threads = _fused_kernel, numba.get_num_threads()
+    kernel, threads = _runnable(_fused_kernel)
     chunks = max(1, min(math.ceil(n_docs / block), CHUNKS_PER_THREAD * threads))
-    with _KERNEL_LOCK:
+    with _running():
         heap_s, heap_i = kernel(dim_major, dims, weights, starts, k, block, tile, chunks)
-        if _PARALLEL['layer'] is None and not _PARALLEL['forked']:
-            _PARALLEL['layer'] = numba.threading_layer()
     return merge_heaps(heap_s, heap_i, k)
 
 
@@ -79,15 +75,10 @@ def approximate_top_k(codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, 
     n_docs = codes.shape[1]
     k = min(k, n_docs)
     approx = np.empty(n_docs, dtype=np.float32)
-    if _PARALLEL['forked']:
-        kernel, threads = _serial_approx_kernel(), 1
-    else:
-        kernel, threads = _approx_kernel, numba.get_num_threads()
+    kernel, threads = _runnable(_approx_kernel)
     chunks = max(1, min(math.ceil(n_docs / BLOCK_DOCS), CHUNKS_PER_THREAD * threads))
-    with _KERNEL_LOCK:
+    with _running():
         heap_s, heap_i = kernel(codes, dims, weights, k, BLOCK_DOCS, chunks, approx)
-        if _PARALLEL['layer'] is None and not _PARALLEL['forked']:
-            _PARALLEL['layer'] = numba.threading_layer()
     return approx, merge_heaps(heap_s, heap_i, k)[1][0]
 
 
@@ -116,11 +107,11 @@ class IntegerCandidates:
         self.buf_i = np.empty((n_queries, capacity), dtype=np.int64)
         self.counts = np.zeros(n_queries, dtype=np.int64)
         self.overflow = np.zeros(n_queries, dtype=np.bool_)
-        self.kernel = _serial(_push_integer_slab) if _PARALLEL['forked'] else _push_integer_slab
+        self.kernel = _runnable(_push_integer_slab)[0]
 
     def push(self, parts: np.ndarray, base: int, d0: int) -> None:
         """Push a slab's products ``(2 x queries, width)`` (``base * high + low``) of the documents from ``d0``."""
-        with _KERNEL_LOCK:
+        with _running():
             self.kernel(parts, base, d0, self.heap_s, self.heap_i, self.slack, self.buf_s, self.buf_i, self.counts,
                         self.overflow)
 
@@ -301,18 +292,27 @@ def _push_integer_slab(parts, base, d0, heap_s, heap_i, slack, buf_s, buf_i, cou
 _SERIAL = {}
 
 
-def _serial_kernel():
-    """The kernel compiled without the parallel loop (for a forked child; not cached on disk, where it would share
-    the parallel kernel's entry)."""
-    return _serial(_fused_kernel)
+def _runnable(kernel):
+    """``(kernel, threads)``: the parallel kernel on numba's threads, or, in a child forked after the parallel kernels
+    ran on GNU OpenMP, the same kernel compiled without its parallel loop, on one thread."""
+    if _PARALLEL['forked']:
+        return _serial(kernel), 1
+    return kernel, numba.get_num_threads()
 
 
-def _serial_approx_kernel():
-    """The compressed path's first pass compiled without the parallel loop (for a forked child)."""
-    return _serial(_approx_kernel)
+@contextlib.contextmanager
+def _running():
+    """Around every call of a parallel kernel: one call at a time, and the threading layer noted after the first (a
+    child forked after it ran on GNU OpenMP must not run the parallel kernels)."""
+    with _KERNEL_LOCK:
+        yield
+        if _PARALLEL['layer'] is None and not _PARALLEL['forked']:
+            _PARALLEL['layer'] = numba.threading_layer()
 
 
 def _serial(kernel):
+    """The kernel compiled without the parallel loop (not cached on disk, where it would share the parallel kernel's
+    entry)."""
     if kernel not in _SERIAL:
         _SERIAL[kernel] = numba.njit(nogil=True, fastmath={'contract'})(kernel.py_func)
     return _SERIAL[kernel]

@@ -171,9 +171,10 @@ def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray
     if one_pass:
         return _search_one_pass(copy, dim_major, query_vecs, k, use_numba=use_numba, doc_rows=doc_rows)
     scores, docids = [], []
+    none = np.empty(0, dtype=np.int64)
     for query_vec in query_vecs:
         if not query_vec.any():
-            s, d = _rescored(dim_major, query_vec, *(np.empty(0, dtype=np.int64),) * 3, k, doc_rows)
+            s, d = _rescored(dim_major, query_vec, none, none, none, k, doc_rows)
             scores.append(s)
             docids.append(d)
             continue
