@@ -1,5 +1,7 @@
 """The PrunedRetriever transformer: exact dense retrieval that scores only the dimensions a pruned query keeps."""
+import logging
 import numbers
+import time
 from typing import Optional, Sequence
 
 import numpy as np
@@ -8,11 +10,14 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
+from .._index_files import portable_index
 from . import calibration, cost, dense, kept
 from .compressed import CompressedCopy, search_compressed
-from .layout import Layout, portable_index
-from .plan import Plan
+from .layout import Layout
+from .plan import Plan, nonzero_fractions
 from .topk import Result
+
+logger = logging.getLogger(__name__)
 
 STRATEGIES = ('auto', 'pruned', 'dense', 'compressed')
 #: A query whose scores could reach this (half the float32 range) is refused: see ``PrunedRetriever.stack_queries``.
@@ -154,11 +159,18 @@ class PrunedRetriever(ConfigTransformer):
         """The ``(dims, docs)`` float32 C-contiguous document matrix (opened or built on first use)."""
         return self._layout.matrix()
 
+    @property
+    def shape(self) -> tuple:
+        """``(dims, docs)`` of the index, without opening or building any copy."""
+        return self._layout.shape
+
     def plan(self, query_vecs: np.ndarray) -> Plan:
-        """How this retriever scores these (already pruned) query vectors (n, dims): decided once per call."""
-        matrix = self.dim_major()
-        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=matrix.nbytes, compiled=kept.NUMBA_AVAILABLE,
-                         model=calibration.model, k=min(self.num_results, matrix.shape[1]))
+        """How this retriever scores these (already pruned) query vectors (n, dims): decided once per call. For a
+        FlexIndex, ``'auto'`` considers the float32 pruned paths only once their layout is on disk."""
+        dims, docs = self.shape
+        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
+                         compiled=kept.NUMBA_AVAILABLE, model=calibration.model, k=min(self.num_results, docs),
+                         float32_ready=self.strategy != 'auto' or self._layout.has_matrix())
 
     def choose_strategy(self, query_vecs: np.ndarray) -> str:
         """The path this retriever takes for these (already pruned) query vectors (n, dims): ``'pruned'``,
@@ -170,14 +182,24 @@ class PrunedRetriever(ConfigTransformer):
         :meth:`stack_queries`, scored as ``plan`` says (default: :meth:`plan`): the search of one index, which
         :class:`~pyterrier_rdime.pruned.sharded.ShardedPrunedRetriever` runs on every shard."""
         plan = plan or self.plan(query_vecs)
-        matrix = self.dim_major()
+        start = time.perf_counter()
+        rows = None if self._layout.is_array else self._layout.doc_rows()
         if plan.path == 'dense':
-            return dense.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
-        if plan.strategy == 'compressed':
-            return search_compressed(self._compressed.codes(), matrix, query_vecs, self.num_results,
-                                     use_numba=kept.NUMBA_AVAILABLE, one_pass=plan.path == 'compressed one pass',
-                                     doc_rows=self._layout.doc_rows())
-        return kept.search_pruned(matrix, query_vecs, self.num_results, one_pass=plan.path == 'one pass')
+            result = dense.search_dense(self.dim_major() if rows is None else rows, query_vecs, self.num_results,
+                                        batch_size=self.batch_size, rows=rows is not None)
+        elif plan.strategy == 'compressed':
+            rows = self._layout.doc_rows()
+            result = search_compressed(self._compressed.codes(), self.dim_major() if rows is None else None,
+                                       query_vecs, self.num_results, use_numba=kept.NUMBA_AVAILABLE,
+                                       one_pass=plan.path == 'compressed one pass', doc_rows=rows)
+        else:
+            result = kept.search_pruned(self.dim_major(), query_vecs, self.num_results,
+                                        one_pass=plan.path == 'one pass')
+        # the path of each call, for a reader of the log (the scale benchmark reports it)
+        logger.info('%s: %d queries, %.1f %% of the dimensions kept on average, path %r, %.3f s',
+                    type(self).__name__, len(query_vecs), 100 * float(np.mean(nonzero_fractions(query_vecs)))
+                    if len(query_vecs) else 0.0, plan.path, time.perf_counter() - start)
+        return result
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)
@@ -186,7 +208,7 @@ class PrunedRetriever(ConfigTransformer):
         if not len(inp):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
-        query_vecs = self.stack_queries(inp, self.dim_major().shape[0], self._layout.abs_max(), type(self).__name__)
+        query_vecs = self.stack_queries(inp, self.shape[0], self._layout.abs_max(), type(self).__name__)
         scores, docids = self.search(query_vecs)
         counts = np.array([len(d) for d in docids])
         flat_ids = np.concatenate(docids).astype(np.int64)
