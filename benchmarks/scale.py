@@ -348,16 +348,16 @@ def main(argv: Optional[List[str]] = None) -> int:
 def markdown(report: dict, result) -> str:
     gib = 2 ** 30
     lines = [f'# Collection-scale rehearsal: {report["args"]["docs"]:,} passages x {report["args"]["dims"]}', '',
-             f'Machine: {describe_machine(report["machine"], None)}.', '',
+             f'{describe_machine(report["machine"], None)}.', '',
              '| phase | wall | peak RssAnon | peak VmRSS | disk added |', '|---|---:|---:|---:|---:|']
     for row in report['phases']:
         lines.append(f'| {row["phase"]} | {row["seconds"]:.0f} s | {row["anon"]:.2f} GiB | {row["rss"]:.2f} GiB | '
                      f'{row["disk_added"] / gib:.2f} GiB |')
     lines += ['', "The runner's phases:", '', '| phase | wall | peak RssAnon | peak VmRSS |', '|---|---:|---:|---:|']
     for phase, seconds in report['runner_phases'].items():
-        memory = report['runner_memory'].get(phase, {})
-        lines.append(f'| {phase} | {seconds:.0f} s | {memory.get("anon", float("nan")):.2f} GiB | '
-                     f'{memory.get("rss", float("nan")):.2f} GiB |')
+        memory = report['runner_memory'].get(phase)
+        peaks = f'{memory["anon"]:.2f} GiB | {memory["rss"]:.2f} GiB' if memory else '(the phases above) | '
+        lines.append(f'| {phase} | {seconds:.0f} s | {peaks} |')
     lines += ['', 'Retrieval calls by path:', '', '| path | calls | queries | seconds | per query |',
               '|---|---:|---:|---:|---:|']
     for row in report['paths']:
