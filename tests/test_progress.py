@@ -42,6 +42,7 @@ def mini(tmp_path_factory):
 
 def _counting(monkeypatch, calls, crash_at=None):
     monkeypatch.setattr(runner, 'retriever', lambda *a: CountingRetriever(retriever(*a), calls, crash_at))
+    monkeypatch.setattr(systems, 'BATCH_QUERIES', 4)  # two systems of the 2 judged queries per call: many calls
 
 
 def _cell(out):

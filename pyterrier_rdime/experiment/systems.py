@@ -24,6 +24,7 @@ from ..dime import (
 from ..llm import LlmAnswers
 from ..scorer import VectorScorer
 from ..threshold import Rdime, ScoreMass, TopK
+from .batched import BATCH_QUERIES, search_together
 from .progress import Key, SystemRecords
 from .sweep import random_runs, topk_runs
 
@@ -208,9 +209,11 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
                   sweep: Sequence[float] = (), controls: Sequence[str] = (), seeds: int = 1,
                   records: Optional[SystemRecords] = None) -> Grid:
     """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
-    ranking of the full query vector (as in every reference). Each Top-k ``sweep`` fraction is one more search, and
+    ranking of the full query vector (as in every reference). Each Top-k ``sweep`` fraction is one more system, and
     so is each seed of the random selection at each fraction. The ``controls`` and ``records`` as in
-    :func:`rerank_grid`; a DIME whose systems all read back is not even scored."""
+    :func:`rerank_grid`; a DIME whose systems all read back is not even scored. After the Baseline, the systems
+    still to compute are searched together, :data:`~.batched.BATCH_QUERIES` query rows per retriever call
+    (:func:`~.batched.search_together`): a few scans of the index instead of one per system."""
     records = records or SystemRecords()
     queries = run(model.query_encoder(), topics)
     if answers is not None:
@@ -253,7 +256,8 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
         notes.append("Vector PRF and Average PRF: pyterrier-dr's stages with their defaults (top 3 of the dense "
                      'ranking).')
     for key, frame in records.frames(list(searches), lambda missing: (
-            (key, _searched(key, run(retriever, searches[key]()))) for key in missing)).items():
+            (key, _searched(key, frame)) for key, frame in search_together(
+                retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES))).items():
         grid.put(key, frame)
     notes += _oracle_notes(dimes, qrels, judged, queries)
     if {'eclipse', 'llm-eclipse'} & set(dimes):
