@@ -9,8 +9,10 @@ The modules, by job (a module imports only modules before it in this list, so no
 - statistics: ``evaluate`` (measures, ``pt.Experiment``), ``sweep`` (Top-k sweep, cross-validated Top-k),
   ``parity`` (tests, Holm, TOST verdicts);
 - outputs: ``figures``, ``report`` (one cell's result, its tables and files), ``tables`` (a grid's combined files);
-- orchestration: ``systems`` (the pipelines of a cell), ``runner`` (one cell, its ``Options``), ``grid`` (cells,
-  resume), ``arguments`` (what the command checks and tells the user), ``cli`` (parse and dispatch).
+- orchestration: ``progress`` (a cell's finished systems, recorded to resume after a kill), ``batched`` (systems
+  that share their queries searched in one retriever call), ``systems`` (the pipelines of a cell), ``runner`` (one
+  cell, its ``Options``), ``grid`` (cells, resume), ``arguments`` (what the command checks and tells the user),
+  ``cli`` (parse and dispatch).
 
 They stay one flat package rather than four sub-packages: each module already holds one job and the import graph has
 no circle, so the grouping above reads as well from a docstring as from folders; and a move would change the import

@@ -21,6 +21,7 @@ from . import evaluate as ev
 from .collection import Collection, load_collection
 from .encoders import encoder_fingerprint
 from .fingerprint import slug
+from .progress import PROGRESS, SystemRecords
 from .report import ExperimentResult
 from .runner import OPTION_NAMES, Options, run_experiment
 from .tables import write_combined
@@ -174,6 +175,9 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     is recomputed with a warning naming them, and so is one whose record or results do not read back. Then writes the
     combined outputs (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf) of the finished cells.
     A cell's error is recorded and the grid goes on (a lone cell's error propagates: there is no other to save).
+    Each system a cell finishes is recorded in ``<cell>/.progress/<key>/`` (:class:`~.progress.SystemRecords`) until
+    its ``cell.json`` is written, so a cell killed or failed midway resumes at the first system it had not
+    finished.
     :attr:`GridResult.problems` lists every output that could not be written, the cells' included. ``run_cell``
     replaces :func:`run_experiment` (tests)."""
     run_cell = run_cell or run_experiment
@@ -184,8 +188,9 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
             continue
         logger.info('cell %d/%d %s', i, len(cells), cell.name)
         (cell.folder / CELL_FILE).unlink(missing_ok=True)
+        progress = SystemRecords(cell.folder / PROGRESS, cell.key)
         try:
-            result = run_cell(cell.collection, encoder=cell.encoder, **settings)
+            result = run_cell(cell.collection, encoder=cell.encoder, progress=progress, **settings)
             problems = result.save(cell.folder)
         except Exception as e:  # a late failure of one cell must not lose the others
             if len(cells) == 1:  # a lone cell has no other to save: its error is the run's
@@ -201,6 +206,7 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
         with atomic_open(cell.folder / CELL_FILE) as f:  # a crash leaves the old record or none, never half of one
             json.dump({'key': cell.key, 'inputs': cell.inputs, 'finished': True, 'collection': cell.collection.name,
                        'encoder': cell.encoder, 'problems': problems}, f, indent=2)
+        progress.clear()  # the record is complete: the systems' frames are no longer needed
         cell.result, cell.status, cell.problems = result, 'done', problems
     finished = [c for c in cells if c.result is not None]
     problems = [f'{c.name}: {p}' for c in finished for p in c.problems]

@@ -21,6 +21,7 @@ from .dense_cache import dense_index
 from .encoders import DEFAULT_ENCODER, load_encoder
 from .first_stage import first_stage_results
 from .indexes import RETRIEVERS, check_docnos_in_index, check_index_matches, existing_index, require_faiss, retriever
+from .progress import SystemRecords
 from .report import SEED_COLUMNS, ExperimentResult, kept_fractions
 from .systems import (
     CONTROLS,
@@ -171,6 +172,7 @@ def run_experiment(
     workers: int = 1,
     parallel_backend: str = 'joblib',
     verbose: bool = True,
+    progress: Optional[SystemRecords] = None,
     **option_values,
 ) -> ExperimentResult:
     """Run the paper's grid on a collection, in the reference implementations' protocol.
@@ -217,6 +219,8 @@ def run_experiment(
             Hugging Face model) instead of reading them; cached under ``cache_dir``.
         workers: processes for the query-level work (encoding queries, DIME, thresholds, scoring, retrieval),
             through PyTerrier's ``.parallel`` with ``parallel_backend`` ``'joblib'`` or ``'ray'``.
+        progress: where each finished system is recorded, to be read back by a re-run after a kill
+            (:class:`~.progress.SystemRecords`; :func:`~.grid.run_grid` passes its cell's); default none.
     """
     if options is not None and option_values:
         raise TypeError(f'run_experiment: pass the options either as Options or by keyword, not both '
@@ -260,7 +264,7 @@ def run_experiment(
 
     stages = thresholds(options.ks, options.modulators, options.masses)
     grid = build_systems(collection, topics, model, encoder, external, index, llm_answers, options, stages, cache_dir,
-                         batch_size, Runner(workers, parallel_backend), verbose, watch)
+                         batch_size, Runner(workers, parallel_backend), verbose, watch, progress)
     watch.lap('systems')
 
     aggregate, perquery = ev.evaluate(grid.frames, topics, collection.qrels, measure_objects)
@@ -321,7 +325,8 @@ def _means(perquery: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_systems(collection, topics, model, encoder, external, index_spec, answers, options: Options, stages,
-                  cache_dir, batch_size, run: Runner, verbose, watch: Stopwatch) -> Grid:
+                  cache_dir, batch_size, run: Runner, verbose, watch: Stopwatch,
+                  records: Optional[SystemRecords] = None) -> Grid:
     """The first stage (rerank mode), the dense index, and every system's result frame (``watch`` laps the first
     stage and the index; the systems are the caller's lap)."""
     judged = _judged_documents(collection, topics, external) if 'oracle' in options.dimes else []
@@ -343,13 +348,13 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
     if options.mode == 'rerank':
         grid = rerank_grid(first, model, dense, answers, options.dimes, stages, collection.qrels, judged,
                            options.feedback, options.depth, run, options.fractions, options.controls,
-                           options.control_seeds)
+                           options.control_seeds, records)
         grid.source = source
         return grid
     return retrieve_grid(topics, model, dense, retriever(dense, options.retriever, options.num_results),
                          options.retriever, answers,
                          options.dimes, stages, collection.qrels, judged, options.num_results, run, options.fractions,
-                         options.controls, options.control_seeds)
+                         options.controls, options.control_seeds, records)
 
 
 def _judged_documents(collection: Collection, topics: pd.DataFrame, external) -> List[str]:

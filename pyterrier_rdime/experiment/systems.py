@@ -1,5 +1,6 @@
 """The grid of systems, built from the library's stages: Baseline, and for each DIME each threshold (Top-k
 fractions, RDIME and its soft modulators), in the references' protocol."""
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -23,6 +24,8 @@ from ..dime import (
 from ..llm import LlmAnswers
 from ..scorer import VectorScorer
 from ..threshold import Rdime, ScoreMass, TopK
+from .batched import BATCH_QUERIES, search_together
+from .progress import Key, SystemRecords
 from .sweep import random_runs, topk_runs
 
 FEEDBACKS = ('dense', 'first-stage')
@@ -37,6 +40,8 @@ CONTROLS = SELECTIONS + ('vector-prf',)
 #: ``prefix`` (Matryoshka truncation) means something only for models trained for truncation: opt-in.
 DEFAULT_CONTROLS = ('random', 'magnitude', 'variance', 'vector-prf')
 VECTOR_PRF = ('Vector PRF', 'Average PRF')
+#: The record key of the dense Baseline (:data:`~.progress.Key`).
+BASELINE: Key = ('frames', 'Baseline')
 
 
 def vector_prf_stages() -> Dict[str, pt.Transformer]:
@@ -95,7 +100,8 @@ def thresholds(ks: Sequence[float], modulators: Sequence[str], masses: Sequence[
 @dataclass
 class Grid:
     """The systems' result frames (name -> frame; ``Baseline``, ``<dime>/<threshold>``) and what the reader must
-    know about how they were made."""
+    know about how they were made. The frames hold no vector column (see
+    :func:`~.progress.without_vectors`): what evaluation and the report read."""
     frames: Dict[str, pd.DataFrame]
     labels: Dict[str, str]
     source: str
@@ -104,6 +110,11 @@ class Grid:
     sweep: Dict[Tuple[str, float], pd.DataFrame] = field(default_factory=dict)
     #: (system, seed) -> result frame of each seed of a ``random`` control; the system's value is their mean.
     seeded: Dict[Tuple[str, int], pd.DataFrame] = field(default_factory=dict)
+
+    def put(self, key: Key, frame: pd.DataFrame) -> None:
+        """Files a system's frame under its record key (:data:`~.progress.Key`): ``frames``, ``seeded`` or
+        ``sweep``."""
+        getattr(self, key[0])[key[1]] = frame
 
 
 @dataclass
@@ -134,101 +145,145 @@ def oracle_importance(qrels: pd.DataFrame, judged_docnos: Sequence[str], queries
 def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, str]], dimes: Sequence[str],
                 stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], feedback: str,
                 depth: int, run: Runner, sweep: Sequence[float] = (), controls: Sequence[str] = (),
-                seeds: int = 1) -> Grid:
+                seeds: int = 1, records: Optional[SystemRecords] = None) -> Grid:
     """Re-ranking: the first stage's top-``depth`` re-scored by the (pruned) query vector. With
     ``feedback='dense'`` (the references' protocol) the DIME feedback documents are the top of the candidates
     re-scored with the full query vector; with ``'first-stage'`` the top of the first stage's own order. The Top-k
     ``sweep`` fractions re-score the same candidates from the vectors in hand, and so does the random selection at
     each fraction (``seeds`` seeds) when ``controls`` holds ``random``. Each RDIME column gets its same-budget
-    ``controls`` (:func:`control_systems`), and ``vector-prf`` pyterrier-dr's vector-PRF systems on the DIMEs'
-    feedback documents."""
+    ``controls`` (:func:`control_stages`), and ``vector-prf`` pyterrier-dr's vector-PRF systems on the DIMEs'
+    feedback documents. Each system's frame goes through ``records`` (:class:`~.progress.SystemRecords`): read
+    back where an interrupted run of the cell finished it."""
+    records = records or SystemRecords()
     candidates = run(model.query_encoder() >> index.vec_loader(), first)
     if answers is not None:
         candidates = LlmAnswers(answers=answers)(candidates)
+    # the feedback ranking, with its vectors, whether or not the Baseline's frame reads back
     dense = run(VectorScorer(), candidates)
-    frames = {'Baseline': dense}
+    grid = Grid({}, {}, '')
+    grid.put(BASELINE, records.frame(BASELINE, lambda: dense))
     source = dense if feedback == 'dense' else candidates
     factories = dime_factories(qrels, model)
     order = 'dense re-ranking (full query vector)' if feedback == 'dense' else 'first-stage order'
     notes = [f'Feedback documents: the top of the {order} of the top-{depth} candidates.']
-    runs, seeded = {}, {}
     for name in dimes:
         if name == 'oracle':
             scored = source.merge(oracle_importance(qrels, judged, candidates, index.vec_loader(), run), on='qid')
         else:
             scored = run(factories[name][1](True), source)
-        for column, stage in stages.items():
-            frames[f'{name}/{column}'] = run(stage >> VectorScorer(), scored)
-        runs.update({(name, fraction): frame for fraction, frame in topk_runs(scored, sweep).items()})
+        columns = {('frames', f'{name}/{column}'): stage for column, stage in stages.items()}
+        for key, frame in records.frames(list(columns), lambda missing: (
+                (key, run(columns[key] >> VectorScorer(), scored)) for key in missing)).items():
+            grid.put(key, frame)
+        selections = control_stages(name, stages, controls, seeds, index)
         # numpy on the vectors in hand, cheaper than a round trip through the workers
-        control_systems(frames, seeded, name, stages, controls, seeds, index,
-                        lambda stage: (stage >> VectorScorer())(scored))
+        for key, frame in records.frames(list(selections), lambda missing: (
+                (key, (selections[key] >> VectorScorer())(scored)) for key in missing)).items():
+            grid.put(key, frame)
+        for key, frame in records.frames([('sweep', (name, f)) for f in sweep], lambda missing: (
+                (('sweep', (name, f)), frame) for f, frame in topk_runs(scored, [k[1][1] for k in missing]).items())
+                ).items():
+            grid.put(key, frame)
     if 'random' in controls:
-        runs.update(random_runs(candidates, sweep, seeds))
+        keys = [('sweep', (f'random#{seed}', fraction)) for seed in range(seeds) for fraction in sweep]
+        for key, frame in records.frames(keys, lambda missing: (
+                (('sweep', name), frame) for name, frame in random_runs(candidates, sweep, seeds).items())).items():
+            grid.put(key, frame)
     if 'vector-prf' in controls:
         for system, stage in vector_prf_stages().items():
-            queries = vector_prf_queries(stage, source)
-            frames[system] = run(VectorScorer(), candidates.drop(columns='query_vec').merge(queries, on='qid'))
+            grid.put(('frames', system), records.frame(('frames', system), lambda: run(
+                VectorScorer(), candidates.drop(columns='query_vec').merge(vector_prf_queries(stage, source),
+                                                                           on='qid'))))
         notes.append(f'Vector PRF and Average PRF: pyterrier-dr\'s stages with their defaults (top 3 of the {order}).')
     notes += _oracle_notes(dimes, qrels, judged, candidates)
     if {'eclipse', 'llm-eclipse'} & set(dimes):
         notes.append(f'Eclipse negatives: the bottom 5 of the {order} of the top-{depth} candidates (the references: '
                      'the bottom of a 1000-deep dense run).')
-    notes += _qrels_notes(dimes)
-    return Grid(frames, {d: factories[d][0] for d in dimes}, '', notes, runs, seeded)
+    grid.labels, grid.notes = {d: factories[d][0] for d in dimes}, notes + _qrels_notes(dimes)
+    return grid
 
 
 def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, backend: str,
                   answers: Optional[Dict[str, str]], dimes: Sequence[str], stages: Dict[str, pt.Transformer],
                   qrels: pd.DataFrame, judged: Sequence[str], num_results: int, run: Runner,
-                  sweep: Sequence[float] = (), controls: Sequence[str] = (), seeds: int = 1) -> Grid:
+                  sweep: Sequence[float] = (), controls: Sequence[str] = (), seeds: int = 1,
+                  records: Optional[SystemRecords] = None) -> Grid:
     """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
-    ranking of the full query vector (as in every reference). Each Top-k ``sweep`` fraction is one more search, and
-    so is each seed of the random selection at each fraction. The ``controls`` as in :func:`rerank_grid`."""
+    ranking of the full query vector (as in every reference). Each Top-k ``sweep`` fraction is one more system, and
+    so is each seed of the random selection at each fraction. The ``controls`` and ``records`` as in
+    :func:`rerank_grid`; a DIME whose systems all read back is not even scored. After the Baseline, the systems
+    still to compute are searched together, :data:`~.batched.BATCH_QUERIES` query rows per retriever call
+    (:func:`~.batched.search_together`): a few scans of the index instead of one per system."""
+    records = records or SystemRecords()
     queries = run(model.query_encoder(), topics)
     if answers is not None:
         queries = LlmAnswers(answers=answers)(queries)
-    retrieved = run(retriever, queries)
-    frames = {'Baseline': retrieved}
+    grid = Grid({}, {}, f'dense retrieval ({backend}, top {num_results})')
+    grid.put(BASELINE, records.frame(BASELINE, lambda: run(retriever, queries)))
+    # the feedback ranking: the Baseline's documents beside the full query vectors, which its frame does not hold
+    baseline = grid.frames['Baseline']
+    retrieved = queries.merge(baseline[['qid'] + [c for c in baseline.columns if c not in queries.columns]],
+                              on='qid')
     factories = dime_factories(qrels, model)
     notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {num_results}).']
-    runs, seeded = {}, {}
-    for name in dimes:
+
+    @functools.lru_cache(maxsize=None)
+    def scored(name: str) -> pd.DataFrame:
+        """The DIME's importance per query, computed on the first system that needs it."""
         if name == 'oracle':
-            scored = queries.merge(oracle_importance(qrels, judged, queries, index.vec_loader(), run), on='qid')
-        elif name in NO_FEEDBACK:
-            scored = run(factories[name][1](False), queries)
-        else:
-            scored = run((index.vec_loader() >> factories[name][1](False)).compile(), retrieved)
-        for column, stage in stages.items():
-            frames[f'{name}/{column}'] = run(stage >> retriever, scored)
-        for fraction in sweep:
-            runs[name, fraction] = run(TopK(fraction=fraction) >> retriever, scored)[['qid', 'docno', 'score']]
-        control_systems(frames, seeded, name, stages, controls, seeds, index, lambda stage: run(stage >> retriever,
-                                                                                                   scored))
+            return queries.merge(oracle_importance(qrels, judged, queries, index.vec_loader(), run), on='qid')
+        if name in NO_FEEDBACK:
+            return run(factories[name][1](False), queries)
+        return run((index.vec_loader() >> factories[name][1](False)).compile(), retrieved)
+
+    def pruned(stage: pt.Transformer, source: Callable[[], pd.DataFrame]) -> Callable[[], pd.DataFrame]:
+        return lambda: run(stage, source())
+
+    searches: Dict[Key, Callable[[], pd.DataFrame]] = {}  # system -> its query frame, in the table's order
+    for name in dimes:
+        source = functools.partial(scored, name)
+        searches.update({('frames', f'{name}/{column}'): pruned(stage, source) for column, stage in stages.items()})
+        searches.update({('sweep', (name, fraction)): pruned(TopK(fraction=fraction), source) for fraction in sweep})
+        searches.update({key: pruned(stage, source) for key, stage in
+                         control_stages(name, stages, controls, seeds, index).items()})
     if 'random' in controls:
-        runs.update(random_curve(lambda stage: run(stage >> retriever, queries), sweep, seeds))
+        searches.update({key: pruned(stage, lambda: queries)
+                         for key, stage in random_curve_stages(sweep, seeds).items()})
     if 'vector-prf' in controls:
         for system, stage in vector_prf_stages().items():
-            top = run(index.vec_loader(), retrieved[retrieved['rank'] < stage.k])
-            frames[system] = run(retriever, queries.drop(columns='query_vec').merge(vector_prf_queries(stage, top),
-                                                                                     on='qid'))
+            searches['frames', system] = functools.partial(_vector_prf_query, stage, queries, retrieved,
+                                                           index.vec_loader(), run)
         notes.append("Vector PRF and Average PRF: pyterrier-dr's stages with their defaults (top 3 of the dense "
                      'ranking).')
+    for key, frame in records.frames(list(searches), lambda missing: (
+            (key, _searched(key, frame)) for key, frame in search_together(
+                retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES))).items():
+        grid.put(key, frame)
     notes += _oracle_notes(dimes, qrels, judged, queries)
     if {'eclipse', 'llm-eclipse'} & set(dimes):
         notes.append(f'Eclipse negatives: the bottom 5 of the {num_results}-deep dense ranking.')
-    notes += _qrels_notes(dimes)
-    return Grid(frames, {d: factories[d][0] for d in dimes}, f'dense retrieval ({backend}, top {num_results})',
-                notes, runs, seeded)
+    grid.labels, grid.notes = {d: factories[d][0] for d in dimes}, notes + _qrels_notes(dimes)
+    return grid
 
 
-def control_systems(frames: Dict[str, pd.DataFrame], seeded: Dict[Tuple[str, int], pd.DataFrame], dime: str,
-                    stages: Dict[str, pt.Transformer], controls: Sequence[str], seeds: int, index,
-                    search: Callable[[pt.Transformer], pd.DataFrame]) -> None:
-    """Adds, for each RDIME column of ``dime`` (not the Top-k ones), each same-budget selection of ``controls``:
-    ``<dime>/<column>:<selection>`` into ``frames``, and for ``random`` one frame per seed into ``seeded``.
-    ``search(stage)`` runs the threshold-and-control ``stage`` on the DIME's scored frame and ranks."""
+def _vector_prf_query(stage: pt.Transformer, queries: pd.DataFrame, retrieved: pd.DataFrame,
+                      vec_loader: pt.Transformer, run: Runner) -> pd.DataFrame:
+    """The queries with the query vector of a vector-PRF ``stage`` on the top of the dense ranking."""
+    top = run(vec_loader, retrieved[retrieved['rank'] < stage.k])
+    return queries.drop(columns='query_vec').merge(vector_prf_queries(stage, top), on='qid')
+
+
+def _searched(key: Key, frame: pd.DataFrame) -> pd.DataFrame:
+    """A sweep run keeps ``qid, docno, score``, what the sweep's evaluation reads; a system its whole frame."""
+    return frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame
+
+
+def control_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence[str], seeds: int, index
+                   ) -> Dict[Key, pt.Transformer]:
+    """For each RDIME column of ``dime`` (not the Top-k ones), each same-budget selection of ``controls``: the
+    threshold-and-control stage to run on the DIME's scored frame, under its record key: ``('frames',
+    '<dime>/<column>:<selection>')``, and for ``random`` ``('seeded', (system, seed))`` for each seed."""
+    systems: Dict[Key, pt.Transformer] = {}
     for column, stage in stages.items():
         if column.startswith('k='):
             continue
@@ -236,21 +291,19 @@ def control_systems(frames: Dict[str, pd.DataFrame], seeded: Dict[Tuple[str, int
             system = f'{dime}/{column}:{selection}'
             if selection == 'random':
                 for seed in range(seeds):
-                    seeded[system, seed] = search(stage >> SameBudget(control='random', seed=seed))
+                    systems['seeded', (system, seed)] = stage >> SameBudget(control='random', seed=seed)
             else:
-                frames[system] = search(stage >> SameBudget(control=selection,
-                                                            index=index if selection == 'variance' else None))
+                systems['frames', system] = stage >> SameBudget(control=selection,
+                                                                index=index if selection == 'variance' else None)
+    return systems
 
 
-def random_curve(search: Callable[[pt.Transformer], pd.DataFrame], fractions: Sequence[float], seeds: int
-                 ) -> Dict[Tuple[str, float], pd.DataFrame]:
-    """``(random#<seed>, fraction) -> qid, docno, score``: the query on ``round(fraction · p)`` dimensions chosen at
-    random, for each seed, searched by ``search(stage)`` (retrieve mode; re-ranking uses
-    :func:`~.sweep.random_runs` on the vectors in hand). ``MagnitudeDime >> TopK`` only fixes the count;
-    ``SameBudget('random')`` chooses which."""
-    return {(f'random#{seed}', fraction):
-            search(MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction)
-                   >> SameBudget(control='random', seed=seed))[['qid', 'docno', 'score']]
+def random_curve_stages(fractions: Sequence[float], seeds: int) -> Dict[Key, pt.Transformer]:
+    """``('sweep', (random#<seed>, fraction))`` -> the stage that keeps ``round(fraction · p)`` dimensions of the
+    query chosen at random, for each seed (retrieve mode; re-ranking uses :func:`~.sweep.random_runs` on the
+    vectors in hand). ``MagnitudeDime >> TopK`` only fixes the count; ``SameBudget('random')`` chooses which."""
+    return {('sweep', (f'random#{seed}', fraction)):
+            MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction) >> SameBudget(control='random', seed=seed)
             for seed in range(seeds) for fraction in fractions}
 
 

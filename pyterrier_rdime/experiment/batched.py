@@ -1,0 +1,68 @@
+"""Searches of several systems that share their queries and differ only in the (pruned) query vector, in as few
+retriever calls as the batch limit allows: at collection scale each call scans the whole index (6.8 GB of int8 codes
+at 8.8M passages), so a DIME's sweep fractions, the random control's seeds and the controls cost a few scans rather
+than one each."""
+from typing import Callable, Dict, Hashable, Iterator, List, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+#: Query rows per retriever call: eleven systems of DL19's 43 queries. It bounds the call's result frame (~0.5M rows at
+#: 1000 results per query) and what a retriever holds per query (its top-k heaps, its score blocks).
+BATCH_QUERIES = 512
+
+
+def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[[], pd.DataFrame]],
+                    run: Optional[Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame]] = None,
+                    batch_queries: int = BATCH_QUERIES) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
+    """Yields ``(key, retriever(queries[key]()))`` for each key, in order: consecutive systems' query frames are
+    stacked, up to ``batch_queries`` rows (a larger system goes alone), and searched by one call of ``run(retriever,
+    frame)`` (default ``retriever(frame)``); each system's frame is built on demand and its result yielded as soon as
+    its call returns.
+
+    Each row is searched under a qid of its own (its row number in the call), so that a backend's per-query step
+    (e.g. a rank cut-off) stays per system and query; the upstream stages ran on the system's own frame, with its
+    real qids. A system's result is then rebuilt as the retriever builds one: its query frame's rows, each repeated
+    for its results, with the retriever's columns (``docno, docid, score, rank``) after its own. For a retriever that
+    scores each query independently of the others in its call (:class:`~pyterrier_rdime.pruned.PrunedRetriever`'s
+    compressed path and one-pass kernel), the frames are those of one call per system, bit for bit. A BLAS matrix
+    product (pyterrier-dr's numpy retriever, the dense path) may sum in another order for another number of queries
+    (a matrix-vector product under 4), so there a score can differ in its last bits (~1e-6 relative), as with
+    ``--workers``."""
+    run = run or (lambda stage, frame: stage(frame))
+    chunk: List[Tuple[Hashable, pd.DataFrame]] = []
+    rows = 0
+    for key, build in queries.items():
+        frame = build().reset_index(drop=True)
+        if chunk and rows + len(frame) > batch_queries:
+            yield from _search(retriever, run, chunk)
+            chunk, rows = [], 0
+        chunk.append((key, frame))
+        rows += len(frame)
+    if chunk:
+        yield from _search(retriever, run, chunk)
+
+
+def _search(retriever: pt.Transformer, run: Callable, chunk: List[Tuple[Hashable, pd.DataFrame]]
+            ) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
+    if len(chunk) == 1:  # one system: its own call, as without batching
+        key, frame = chunk[0]
+        yield key, run(retriever, frame)
+        return
+    offsets = np.cumsum([0] + [len(frame) for _, frame in chunk])
+    vectors = [frame['query_vec'].to_numpy(dtype=object) for _, frame in chunk]
+    batch = pd.DataFrame({'qid': np.arange(offsets[-1]).astype(str),
+                          'query_vec': np.concatenate(vectors)})
+    result = run(retriever, batch)
+    batch_row = result['qid'].astype(np.int64).to_numpy()
+    order = np.argsort(batch_row, kind='stable')  # the batch's row order: a no-op for a retriever that keeps it
+    result, batch_row = result.iloc[order].reset_index(drop=True), batch_row[order]
+    bounds = np.searchsorted(batch_row, offsets)
+    added = [c for c in result.columns if c not in ('qid', 'query_vec')]
+    for i, (key, frame) in enumerate(chunk):
+        part = result.iloc[bounds[i]:bounds[i + 1]].reset_index(drop=True)
+        out = frame.iloc[batch_row[bounds[i]:bounds[i + 1]] - offsets[i]].reset_index(drop=True)
+        if 'query_vec' not in result.columns:  # a retriever that drops it (drop_query_vec=True)
+            out = out.drop(columns='query_vec')
+        yield key, out.assign(**{column: part[column] for column in added})

@@ -1,0 +1,124 @@
+"""A cell's progress: each system's result frame recorded on disk as it is finished, under the cell's key, so that a
+cell killed after an hour resumes at the first system it had not finished instead of starting over."""
+import hashlib
+import logging
+import pickle
+import shutil
+from pathlib import Path
+from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+
+from .._io import atomic_open
+from .fingerprint import slug
+
+logger = logging.getLogger(__name__)
+
+#: The folder of a cell's progress inside its output folder: one sub-folder per cell key.
+PROGRESS = '.progress'
+
+#: A system's record key: ``(kind, name)`` with kind ``'frames'`` (a system of the table), ``'seeded'`` (one seed of
+#: a ``random`` control: name ``(system, seed)``) or ``'sweep'`` (name ``(dime, fraction)``).
+Key = Tuple[str, Hashable]
+
+
+def without_vectors(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` without its columns that hold a vector per row (``query_vec``, ``doc_vec``, ``query_dime``, …):
+    evaluation reads ``qid, docno, score`` and the report the per-query scalars (``query_kept_frac``,
+    ``query_fallback``, ``query_mean_weight``), never a vector; in retrieve mode a system's vectors would be most of
+    its bytes."""
+    if not len(frame):
+        return frame
+    first = frame.iloc[0]
+    vectors = [c for c in frame.columns if frame[c].dtype == object and isinstance(first[c], np.ndarray)]
+    return frame.drop(columns=vectors)
+
+
+class SystemRecords:
+    """The finished systems of one cell, each a pickle of its result frame (without vectors) in
+    ``<folder>/<key>/``, written atomically when the system is finished and read back on the next run instead of
+    recomputed. The folder of any other key (a cell whose inputs, options or code changed since) is removed on
+    opening, so a changed input never reads a stale frame; :meth:`clear` removes the records once the cell's own
+    record is written. With ``folder=None`` nothing is written: the frames are only stripped of their vectors, so
+    that a recorded run and an unrecorded one hold the same frames.
+
+    Example::
+
+        records = SystemRecords(cell_folder / PROGRESS, cell_key)
+        frame = records.frame(('frames', 'prf/RDIME'), lambda: (Rdime() >> retriever)(scored))
+    """
+
+    def __init__(self, folder: Optional[Union[str, Path]] = None, key: str = ''):
+        self.root = Path(folder) if folder is not None else None
+        self.key = key
+        self.read_back = 0  # systems read back rather than computed, for the log and the tests
+        if self.root is None:
+            return
+        if not key:
+            raise ValueError('SystemRecords: a recording folder needs the key of the cell it records (e.g. the '
+                             "grid's Cell.key)")
+        for stale in (p for p in self.root.glob('*') if p.is_dir() and p.name != key):
+            logger.info('removing the progress of an earlier run with other inputs: %s', stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+    @property
+    def folder(self) -> Optional[Path]:
+        return self.root / self.key if self.root is not None else None
+
+    def frame(self, key: Key, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        """The frame of the system ``key``: read back where recorded, else ``compute()`` without its vectors,
+        recorded."""
+        return self.frames([key], lambda missing: [(key, compute())])[key]
+
+    def frames(self, keys: Sequence[Key], compute: Callable[[List[Key]], Iterable[Tuple[Key, pd.DataFrame]]]
+               ) -> Dict[Key, pd.DataFrame]:
+        """The frames of the systems ``keys``, in that order: the recorded ones read back, the others computed by
+        ``compute(missing keys)``, which yields ``(key, frame)`` pairs; each is recorded as it is yielded, so a run
+        killed inside ``compute`` keeps what was yielded before. Pairs of keys not asked for are ignored."""
+        found = {key: frame for key in keys if (frame := self._read(key)) is not None}
+        if found and not self.read_back:
+            logger.info('resuming the cell: reading back the systems an interrupted run finished, from %s',
+                        self.folder)
+        self.read_back += len(found)
+        missing = [key for key in keys if key not in found]
+        if missing:
+            wanted = set(missing)
+            for key, frame in compute(missing):
+                if key in wanted and key not in found:
+                    found[key] = self._write(key, without_vectors(frame))
+        absent = [key for key in keys if key not in found]
+        if absent:
+            raise RuntimeError(f'SystemRecords: computing {absent[0]!r} gave no frame for it (a bug in the grid)')
+        return {key: found[key] for key in keys}
+
+    def clear(self) -> None:
+        """Removes every record of the cell (called once the cell's results and record are written)."""
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _path(self, key: Key) -> Path:
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+        return self.folder / f'{slug(f"{key[0]}-{key[1]}", digest)}.pkl'
+
+    def _read(self, key: Key) -> Optional[pd.DataFrame]:
+        if self.root is None:
+            return None
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        try:
+            with open(path, 'rb') as f:
+                recorded_key, frame = pickle.load(f)
+        except Exception as e:  # a damaged record of any kind is recomputed, never the cell aborted
+            logger.warning('the record %s of %r does not read back (%s: %s); recomputing it', path, key,
+                           type(e).__name__, e)
+            return None
+        return frame if recorded_key == key else None  # a digest collision: recompute rather than mix systems
+
+    def _write(self, key: Key, frame: pd.DataFrame) -> pd.DataFrame:
+        if self.root is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with atomic_open(self._path(key), 'wb') as f:  # a kill leaves the record whole or absent
+                pickle.dump((key, frame), f, protocol=pickle.HIGHEST_PROTOCOL)
+        return frame
