@@ -304,6 +304,15 @@ def test_llm_dimes_without_answers_say_where_answers_come_from(dimes, mini, tmp_
     assert '--dimes is empty' not in err
 
 
+def test_help_shows_each_options_default(capsys):
+    with pytest.raises(SystemExit):
+        main(['--help'])
+    out = ' '.join(capsys.readouterr().out.split())  # argparse wraps lines
+    for text in ('results per query in retrieve mode (default: 1000)', 'encoder batch size (default: 32)',
+                 'or a TREC run file (default: auto)', 're-ranking depth (default: 100)'):
+        assert text in out
+
+
 def test_topk_values_are_fractions_even_as_integers():
     assert Options(ks=[1, 0.5]).ks == (1.0, 0.5)  # 1 is the whole query, not one dimension
 

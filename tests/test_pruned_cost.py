@@ -187,6 +187,11 @@ def test_the_calibration_command(cache, monkeypatch, capsys):
     assert "25% of the dimensions kept: pruned 0.35x, compressed 0.12x -> strategy='auto' takes compressed" in out
     assert "50% of the dimensions kept: pruned 0.60x, compressed 0.19x" in out
     assert "75% of the dimensions kept: pruned 0.85x, compressed 0.27x" in out
+    with pytest.raises(SystemExit):
+        command.main(['--help'])
+    help_text = ' '.join(capsys.readouterr().out.split())
+    assert "Re-calibrates the cost model of PrunedRetriever(strategy='auto') on this machine" in help_text
+    assert '``' not in help_text  # plain text, not the module docstring's RST
     with pytest.raises(SystemExit) as stop:
         command.main(['--threads', '0'])
     assert stop.value.code == 2 and '--threads must be between 1 and' in capsys.readouterr().err
