@@ -19,6 +19,8 @@ def flex_index_problem(index: Union[object, str, os.PathLike]) -> Optional[str]:
     if not folder.is_dir():
         return f'{folder} does not exist'
     missing = [name for name in FLEX_FILES if not (folder / name).is_file()]
+    if len(missing) == len(FLEX_FILES):
+        return f'{folder} holds none of its files ({", ".join(FLEX_FILES)})'
     if missing:
         return f'{folder} lacks {", ".join(missing)} (an indexing run stopped before the end)'
     try:

@@ -41,7 +41,8 @@ class LlmGenerator(ConfigTransformer):
     ``temperature`` (no top-k/top-p filtering) under ``seed`` (reproducible for the same queries, order,
     ``batch_size`` and device). On the CPU it generates on ``threads`` torch threads, one by default: a 135M model's
     matrices are too small to share out, and threads that wait on a core another process holds stall every token
-    (SmolLM2 on a 2-core machine running another job: 2.7 s per answer on one thread, 33 s on two; the same answers).
+    (SmolLM2 on a busy 2-core machine, batches of 8: 4.2 s per answer on one thread, 104 s on two; the same answers;
+    ``scripts/time_generator.py``).
     Torch's thread count is process-wide: it is set for each batch and restored after, so another torch computation
     running in another thread meanwhile runs on that count too.
 
