@@ -14,6 +14,9 @@ One script per question, each printing ratios measured side by side in one run:
 - ``shards``: ShardedPrunedRetriever over 1, 2 and 4 shards on a local multi-node Ray cluster against one
   PrunedRetriever, its scatter/gather overhead, and the cost of 100M x 768 over N nodes on paper (the first run also
   writes the 2- and 4-shard copies of the 1M index and their layouts, 11.4 GiB of disk, ~2 min);
+- ``scale``: the paper's protocol at MS MARCO's scale (8.8M passages): a FlexIndex of the DL19 pool among synthetic
+  distractors, the runner's whole retrieve-mode cell over it, its time, memory, disk, paths, exactness and the
+  effectiveness/latency frontier (not in ``all``: ~27 GB of disk and an hour or more; ``--docs 1000000`` for less);
 - ``bounds``: how much of the kept rows an exact kernel that stops a block of documents early by a bound on the
   remaining dimensions could skip, at best (a count with an oracle threshold, not a timing).
 
@@ -29,13 +32,14 @@ import estimators
 import layout
 import overhead
 import pipelines
+import scale
 import search
 import shards
 import switch
 
 SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout,
            'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards,
-           'bounds': bounds}
+           'bounds': bounds, 'scale': scale}
 
 
 def main(argv=None) -> int:
@@ -50,7 +54,7 @@ def main(argv=None) -> int:
     if rest:
         print('run.py all takes no options; run one benchmark to pass options to it', file=sys.stderr)
         return 2
-    for script in SCRIPTS.values():
+    for script in (s for name, s in SCRIPTS.items() if name != 'scale'):
         script.main(['--docs', '1000000'] if script is layout else [])
         print(flush=True)
     return 0

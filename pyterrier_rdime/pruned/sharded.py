@@ -48,7 +48,7 @@ class ShardServer:
 
     def info(self) -> Tuple[int, np.ndarray]:
         """``(documents, largest |value| of each dimension)``, opening (or building) the shard's layout."""
-        return self.retriever.dim_major().shape[1], self.retriever._layout.abs_max()
+        return self.retriever.shape[1], self.retriever._layout.abs_max()
 
     def search(self, query_vecs: np.ndarray, k: int) -> Tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The exact top-``k`` (at most the retriever's ``num_results``) of each query in this shard, flat:
@@ -58,7 +58,7 @@ class ShardServer:
         scores, docids = retriever.search(query_vecs)
         flat = np.concatenate(docids).astype(np.int64)
         docnos = np.asarray(self.retriever._layout.lookup_docnos(flat), dtype=str)
-        return (self.retriever.dim_major().shape[1], np.array([len(d) for d in docids]), np.concatenate(scores),
+        return (self.retriever.shape[1], np.array([len(d) for d in docids]), np.concatenate(scores),
                 flat, docnos)
 
 
