@@ -39,3 +39,15 @@ def test_missing_folder_truncated_vectors_and_a_damaged_record_are_named(tmp_pat
     assert '44 bytes, not the 48' in flex_index_problem(index)
     (tmp_path / 'y.flex' / 'pt_meta.json').write_text(json.dumps({'vec_size': 3}))
     assert 'does not read as a FlexIndex record' in flex_index_problem(index)
+
+
+def test_pruned_retriever_on_a_half_written_index_says_how_to_rebuild_it(tmp_path):
+    from pyterrier_rdime import PrunedRetriever
+    index = pyterrier_dr.FlexIndex(str(tmp_path / 'half.flex'), verbose=False)
+    with pytest.raises(KeyboardInterrupt):
+        index.indexer().index(_docs(5, fail_at=3))
+    with pytest.raises(ValueError, match=r"PrunedRetriever: .* is not built \(no pt_meta.json in .*half.flex\); .*"
+                                         r"indexer\(mode='overwrite'\)\)\.index\(docs\), which also replaces a folder"):
+        PrunedRetriever(index=index, num_results=2).search(np.ones((1, 3), dtype=np.float32))
+    with pytest.raises(RuntimeError, match='already exists'):  # why the fix needs mode='overwrite'
+        index.indexer().index(_docs(5))
