@@ -15,6 +15,7 @@ from pyterrier_rdime.dime import (
     PrfDime,
     SwcDime,
 )
+from pyterrier_rdime.flex_index import flex_index_complete, flex_index_problem
 from pyterrier_rdime.llm import LlmAnswers, LlmGenerator, read_answers_tsv, smollm2_gguf_path
 from pyterrier_rdime.pruned import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
 from pyterrier_rdime.scorer import VectorScorer
@@ -27,4 +28,5 @@ __all__ = [
     'DimensionThreshold', 'Rdime', 'TopK', 'ScoreMass', 'SameBudget',
     'VectorScorer', 'PrunedRetriever', 'ShardedPrunedRetriever', 'split_flex_index',
     'LlmAnswers', 'read_answers_tsv', 'LlmGenerator', 'smollm2_gguf_path',
+    'flex_index_complete', 'flex_index_problem',
 ]

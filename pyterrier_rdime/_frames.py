@@ -2,8 +2,9 @@
 
 A little over ~250 lines: every stage's pandas edge is here, so that the maths and the stages stay free of pandas
 idioms, and each helper is short."""
+import re
 import warnings
-from typing import NamedTuple, Optional, Sequence
+from typing import Collection, Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -261,3 +262,28 @@ def gather_vectors(inp: pd.DataFrame, column: str, feedback: Feedback, dims: int
 def empty_frame(inp: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """The output of a stage for an empty input: no rows, the input's columns kept, new ones added."""
     return pd.DataFrame({c: inp[c] if c in inp.columns else pd.Series(dtype=object) for c in columns})
+
+
+def float_twin(qid: str) -> Optional[str]:
+    """The other way of writing an integer qid: ``'1'`` <-> ``'1.0'`` (None for a qid that is no integer)."""
+    if re.fullmatch(r'[+-]?\d+', qid):
+        return f'{qid}.0'
+    match = re.fullmatch(r'([+-]?\d+)\.0+', qid)
+    return match.group(1) if match else None
+
+
+def check_qids_written_alike(qids: Iterable[str], known: Collection[str], stage: object, source: str,
+                             fix: str) -> None:
+    """Raises when a qid of the input (``qids``, as strings) is not in ``known`` (the qids of ``source``, e.g. the
+    qrels) but the same integer written the other way is (``'1'`` against ``'1.0'``: pandas reads a column of
+    integers with a gap as floats); PyTerrier compares qids as strings, so the query would silently match
+    nothing."""
+    for qid in qids:
+        if qid in known:
+            continue
+        other = float_twin(qid)
+        if other is not None and other in known:
+            floats = 'the input' if '.' in qid else source
+            raise ValueError(f'{stage}: qid {qid!r} of the input has no entry in {source}, but {source} have qid '
+                             f'{other!r}: the same integer qid, written as a float in {floats} (pandas reads a column '
+                             f'of integers with a gap as floats); read the qids as strings on both sides, {fix}')

@@ -61,7 +61,8 @@ def check_built(index: object, stage: str) -> None:
     """Fails, with the fix, when a FlexIndex's folder lacks ``pt_meta.json`` (not built, or half built)."""
     if not (Path(index.index_path) / 'pt_meta.json').is_file():
         raise ValueError(f'{stage}: {index!r} is not built (no pt_meta.json in {index.index_path}); index the '
-                         'documents first, e.g. (encoder >> index.indexer()).index(docs)')
+                         "documents first, e.g. (encoder >> index.indexer(mode='overwrite')).index(docs), which "
+                         'also replaces a folder an interrupted run left half written')
 
 
 def flex_layout_path(index: object) -> Path:

@@ -72,7 +72,12 @@ def _main(capsys, argv):
                                                     'file and, as a Hugging Face model name, not in the local cache'),
     (['--index', '{tmp}/no/such/index'], "--index '{tmp}/no/such/index' is neither an existing folder nor a Hugging "
                                          'Face repository id'),
-    (['--index', '{tmp}'], 'is not a pyterrier-dr FlexIndex (no pt_meta.json)'),
+    (['--index', '{tmp}/empty'], '--index {tmp}/empty: not a complete pyterrier-dr FlexIndex: {tmp}/empty holds '
+                                 'none of its files (vecs.f4, docnos.npids, pt_meta.json)'),
+    (['--index', '{tmp}/half.flex'], "--index {tmp}/half.flex: not a complete pyterrier-dr FlexIndex: "
+                                     '{tmp}/half.flex lacks docnos.npids, pt_meta.json (an indexing run stopped '
+                                     "before the end); build it with (model >> FlexIndex(path).indexer("
+                                     "mode='overwrite')).index(docs)"),
     (['--index', 'someone/some.flex'], "--index 'someone/some.flex': the Hugging Face hub cannot be reached"),
     (['--cache', '{tmp}/notes.txt/cache'], '--cache {tmp}/notes.txt/cache: cannot write there'),
     (['--out', '{tmp}/notes.txt'], '--out {tmp}/notes.txt: exists and is not a folder'),
@@ -102,6 +107,8 @@ def test_a_bad_option_is_one_line_before_any_model_loads(tmp_path, capsys, no_mo
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     (tmp_path / 'notes.txt').write_text('not a model\n')
     (tmp_path / 'empty').mkdir()
+    (tmp_path / 'half.flex').mkdir()  # what an indexing run stopped while encoding leaves
+    (tmp_path / 'half.flex' / 'vecs.f4').write_bytes(bytes(12))
     folder = _collection(tmp_path / 'coll')
     options = [o.replace('{tmp}', str(tmp_path)) for o in options]
     status, err = _main(capsys, [str(folder), '--cache', str(tmp_path / 'c'), '--out', str(tmp_path / 'o')]

@@ -135,9 +135,10 @@ def cases(tmp) -> list:
     (folder_file / CACHE_FILE).mkdir(parents=True)
     eye = np.eye(4, dtype=np.float32)  # four documents: docid i scores q_i
     one_answer = LlmAnswers(answers={'1': 'one', '2': 'two'})
-    float_qid = (r"LlmAnswers\(answers=<dict of \d items>\): qid '{}' of the input has no answer, but the answers "
-                 r"have qid '{}': the same integer qid, written as a float in the {} \(pandas reads .*\); read the "
-                 r"qids as strings on both sides, e\.g\. pd\.read_csv\(\.\.\., dtype=\{{'qid': str\}}\)")
+    float_qid = (r"LlmAnswers\(answers=<dict of \d items>\): qid '{}' of the input has no entry in the answers, "
+                 r"but the answers have qid '{}': the same integer qid, written as a float in the {} "
+                 r"\(pandas reads .*\); read the qids as strings on both sides, "
+                 r"e\.g\. pd\.read_csv\(\.\.\., dtype=\{{'qid': str\}}\)")
     name_score = r"column 'score' holds 'high' \(str\) at qid='q1', docno='d2', not a number; .*pd\.to_numeric"
     kernel_stage = r'KernelDime\(kernel=<function .*>\): '
     return [

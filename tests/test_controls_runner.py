@@ -125,7 +125,12 @@ def test_the_grid_writes_the_controls_tables(small, tmp_path):
                     sweep=False, control_seeds=2, cache_dir=cache, verbose=False)
     assert [c.status for c in grid.cells] == ['done'] and not grid.problems
     markdown = (tmp_path / 'out' / 'grid.md').read_text()
-    assert markdown.splitlines()[2].startswith('Does the choice of dimensions matter? PRF (M=2) RDIME against random:')
+    summary = markdown.split('\n\n')[2].splitlines()  # the controls' tally, a table before the measures' tables
+    assert [c.strip() for c in summary[0].strip('|').split('|')] == ['DIME', 'control', 'better', 'equivalent',
+                                                                      'worse', 'inconclusive', 'pairs']
+    rows = [[c.strip() for c in line.strip('|').split('|')] for line in summary[2:]]
+    assert rows[0][:2] == ['PRF (M=2)', 'random']
+    assert all(sum(map(int, r[2:6])) == int(r[6]) == 2 for r in rows)  # one cell, two measures: each pair counted
     assert '### nDCG@10: RDIME against the controls at the same budget, and vector PRF' in markdown
     for control in ('random', 'magnitude', 'variance', 'Vector PRF', 'Average PRF'):
         assert f'| {control}' in markdown.split('### nDCG@10')[1].split('\n\n')[1].splitlines()[0]

@@ -180,6 +180,17 @@ def test_active_feedback_matches_qids_as_text_and_validates():
     assert ActiveFeedbackDime(qrels=judged) != ActiveFeedbackDime(qrels=judged, beta=0.5)
 
 
+@pytest.mark.parametrize('stage', [ActiveFeedbackDime, OracleDime])
+@pytest.mark.parametrize('input_qid, qrels_qid, floats', [('7', 7.0, 'the qrels'), ('7.0', '7', 'the input')])
+def test_an_integer_qid_written_as_a_float_on_one_side_is_named(stage, input_qid, qrels_qid, floats):
+    # pandas reads a qid column of integers with a gap as floats: '7' then matches no judgment ('7.0')
+    judged = pd.DataFrame({'qid': [qrels_qid], 'docno': ['x2'], 'label': [1]})
+    with pytest.raises(ValueError, match=rf"^{stage.__name__}\(.*\): qid '{input_qid}' of the input has no entry in "
+                                         rf"the qrels, but the qrels have qid '{str(qrels_qid)}': the same integer "
+                                         rf"qid, written as a float in {floats}"):
+        stage(qrels=judged).transform(candidates(input_qid))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # OracleDime(pad_negatives=True)
 # ----------------------------------------------------------------------------------------------------------------

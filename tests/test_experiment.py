@@ -294,6 +294,25 @@ def test_cli_rejects_bad_options_before_any_work(argv, message, mini, tmp_path, 
     assert time.time() - start < 5  # no model was loaded
 
 
+@pytest.mark.parametrize('dimes', ['llm', 'llm-eclipse', 'llm,llm-eclipse'])
+def test_llm_dimes_without_answers_say_where_answers_come_from(dimes, mini, tmp_path, capsys):
+    assert not (mini / 'llm_answers.tsv').exists()
+    assert main([str(mini), '--dimes', dimes, '--cache', str(tmp_path / 'c'), '--out', str(tmp_path / 'o')]) == 2
+    err = capsys.readouterr().err
+    assert f'--dimes {dimes}: the LLM DIMEs need LLM answers, and {mini} has none' in err
+    assert all(fix in err for fix in ('--answers', 'llm_answers.tsv', '--llm-generator'))
+    assert '--dimes is empty' not in err
+
+
+def test_help_shows_each_options_default(capsys):
+    with pytest.raises(SystemExit):
+        main(['--help'])
+    out = ' '.join(capsys.readouterr().out.split())  # argparse wraps lines
+    for text in ('results per query in retrieve mode (default: 1000)', 'encoder batch size (default: 32)',
+                 'or a TREC run file (default: auto)', 're-ranking depth (default: 100)'):
+        assert text in out
+
+
 def test_topk_values_are_fractions_even_as_integers():
     assert Options(ks=[1, 0.5]).ks == (1.0, 0.5)  # 1 is the whole query, not one dimension
 

@@ -46,26 +46,39 @@ def no_model(monkeypatch):
 
 
 @pytest.fixture(scope='module')
-def one_thread():
-    """Generate with one torch thread: on a small shared CI machine two threads contend and run several times
-    slower (same outputs)."""
+def smollm2_run(tmp_path_factory):
+    """One real generation run with SmolLM2 (loaded once for the module), written to a cache folder; torch's thread
+    count is as it was after it (the generator runs on one thread, the default, only while it generates)."""
     torch = pytest.importorskip('torch')
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope='module')
-def smollm2_run(tmp_path_factory, one_thread):
-    """One real generation run with SmolLM2 (loaded once for the module), written to a cache folder."""
     pytest.importorskip('gguf')
     smollm2_gguf_path()
     cache = tmp_path_factory.mktemp('llm-cache')
     queries = dl19_queries(4)
-    gen = LlmGenerator(max_new_tokens=MAX_NEW_TOKENS, batch_size=4, cache=cache)
+    gen = LlmGenerator(max_new_tokens=MAX_NEW_TOKENS, batch_size=4, cache=cache, verbose=False)
+    threads = torch.get_num_threads()
     out = gen(queries)
+    assert torch.get_num_threads() == threads
     return queries, out, cache
+
+
+@pytest.mark.parametrize('threads, inside', [(1, 1), (None, 'unchanged')])
+def test_torch_threads_hold_only_inside_the_block(threads, inside):
+    torch = pytest.importorskip('torch')
+    from pyterrier_rdime.llm._hf import torch_threads
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(KeyboardInterrupt), torch_threads(threads):
+            assert torch.get_num_threads() == (2 if inside == 'unchanged' else inside)
+            raise KeyboardInterrupt  # restored even when generation is interrupted
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_threads_is_checked():
+    with pytest.raises(ValueError, match="LlmGenerator: threads must be an integer >= 1, got 0"):
+        LlmGenerator(cache=False, threads=0)
 
 
 def test_smollm2_generates_answers(smollm2_run):

@@ -13,7 +13,7 @@ from conftest import shared_collection
 import pyterrier_rdime as rdime
 from pyterrier_rdime.experiment import grid as grid_module
 from pyterrier_rdime.experiment.cli import main
-from pyterrier_rdime.experiment.figures import grid_kept_figure
+from pyterrier_rdime.experiment.figures import grid_kept_figure, sweep_plot
 from pyterrier_rdime.experiment.grid import CELL_FILE, plan, run_grid
 from pyterrier_rdime.experiment.parity import BEST_IS_BASELINE
 from pyterrier_rdime.experiment.report import ALL_MARKS, DELTA
@@ -174,18 +174,44 @@ def test_delta_is_rdime_against_cv_topk_in_every_output(stopped_grid):
     expected = f'{100 * (values["prf/RDIME"] - values["prf/CV Top-k"]) / values["prf/CV Top-k"]:+.2f}'
     md, report, tex = markdown([cell]), result.to_markdown(), latex([cell])
     for text in (md, report):
-        header = next(line for line in text.splitlines() if line.startswith('| ') and DELTA in line)
-        row = next(line for line in text.splitlines() if line.startswith('| ') and 'PRF' in line)
+        lines = text.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith('| ') and DELTA in line)
+        header = lines[start]
+        row = next(line for line in lines[start:] if line.startswith('| ') and 'PRF' in line)
         column = [c.strip() for c in header.split('|')].index(DELTA)
         assert [c.strip() for c in row.split('|')][column] == expected
     assert _first_table_row(tex, 'PRF').rstrip(' \\').endswith(f'& {expected}')
     assert r'$\Delta$ (\%): RDIME over CV Top-$k$' in tex and 'best Top-$k$ column' not in tex
 
 
+def test_a_significant_but_equivalent_comparison_is_labelled_alike_and_footnoted_everywhere(stopped_grid):
+    sig = _finished(stopped_grid).result.significance.copy()
+    measure = _finished(stopped_grid).result.measures[0]  # the first table of every output
+    cv = (sig['system'] == 'prf/RDIME') & (sig['comparison'] == 'CV Top-k') & (sig['measure'] == measure)
+    sig.loc[cv, ['p_holm', 'significant', 'tost_p_holm', 'verdict']] = [0.029, True, 0.001, 'equivalent']
+    cell = _finished(stopped_grid, significance=sig)
+    md, report, tex = markdown([cell]), cell.result.to_markdown(), latex([cell])
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('| ') and 'vs CV' in line)
+    header = lines[start]
+    row = next(line for line in lines[start:] if line.startswith('| ') and 'PRF' in line)
+    column = [c.strip() for c in header.split('|')].index('vs CV')
+    assert [c.strip() for c in row.split('|')][column] == 'equivalent ¶'  # grid.md: the verdict and its mark
+    parity = next(line for line in report.splitlines() if line.startswith('| PRF') and '| CV Top-k ' in line)
+    assert parity.rstrip(' |').endswith('equivalent ¶')  # results.md's parity table, the same label
+    paper = next(line for line in report.splitlines() if line.startswith('| PRF') and 'k=' not in line[:6])
+    assert '¶ (' in paper  # and the mark beside RDIME's value, as before
+    for text in (md, report):
+        assert '`¶` CV Top-k' in text and '"equivalent ¶"' in text  # each footnote explains the mark and the pair
+    assert r'$^{\P}$ CV Top-$k$' in tex and 'A marked value can also be equivalent' in tex
+
+
 def test_footnotes_explain_only_the_marks_their_tables_hold(stopped_grid):
     result = _finished(stopped_grid).result
     md = markdown([_finished(stopped_grid)])
-    assert not any(f'`{mark}`' in md for mark in ALL_MARKS)  # grid.md's tables carry no mark
+    md_tables = '\n'.join(line for line in md.splitlines() if line.startswith('| '))
+    for mark in ALL_MARKS:  # grid.md's verdicts carry the marks of significant comparisons
+        assert (f'`{mark}`' in md) == (mark != '*' and mark in md_tables), mark
     report = result.to_markdown()
     tables = '\n'.join(line for line in report.splitlines() if line.startswith('| '))
     footnote = next(line for line in report.splitlines() if 'kept) = mean fraction' in line)
@@ -205,7 +231,8 @@ def test_a_test_best_topk_of_one_shows_as_baseline(stopped_grid):
     measure = cell.result.measures[0]
     baseline = cell.result.table.set_index(['system', 'measure'])['value']['Baseline', measure]
     assert cell.result.test_best(measure, 'prf') == ('prf/k=1.0', pytest.approx(baseline))
-    row = next(line for line in markdown([cell]).splitlines() if line.startswith('| ') and 'PRF' in line)
+    row = next(line for line in markdown([cell]).splitlines() if line.startswith('| ') and 'PRF' in line
+               and 'Baseline' in line)
     assert f'{baseline:.4f} (k=1.0 = Baseline)' in row and '(= Baseline)' in row
 
 
@@ -223,6 +250,43 @@ def test_the_kept_fraction_figure_wraps_its_panels_and_names_median_and_each_top
                                                           'Top-k k=0.8']
     styles = [str(h.get_linestyle()) for h in legend.legend_handles[2:]]
     assert len(set(styles)) == 3  # each Top-k its own line style
+
+
+def _renderer(fig):
+    """The figure's renderer, on an Agg canvas (a bare Figure has none)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    return (fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)).get_renderer()
+
+
+def _inside(fig, artist):
+    """Whether ``artist`` is drawn wholly inside the figure's canvas (nothing clipped at its edges)."""
+    box, canvas = artist.get_window_extent(_renderer(fig)), fig.bbox
+    return canvas.x0 <= box.x0 and box.x1 <= canvas.x1 and canvas.y0 <= box.y0 and box.y1 <= canvas.y1
+
+
+def test_a_one_cell_figure_shows_its_whole_legend(tmp_path):
+    # one panel is 3.4 inches wide: the five entries wrap into rows instead of running off both edges
+    kept = pd.DataFrame([{'dime': d, 'threshold': t, 'qid': str(q), 'kept_frac': 0.5 if t == 'RDIME' else float(t[2:])}
+                         for d in ('prf', 'swc') for t in ('RDIME', 'k=0.4', 'k=0.6', 'k=0.8') for q in range(5)])
+    fig = grid_kept_figure([('vaswani', 'minilm', kept, {'prf': 'PRF (M=2)', 'swc': 'SWC (M=10, τ=0.1)'})],
+                           [tmp_path / 'k.png'])
+    legend = fig.legends[0]
+    assert len(legend.get_texts()) == 5 and _inside(fig, legend)
+    panel = fig.axes[0].get_window_extent(_renderer(fig))
+    assert legend.get_window_extent(_renderer(fig)).y1 < panel.y0  # below the panel, not over it
+
+
+def test_the_sweep_legend_stands_clear_of_the_last_panel(tmp_path):
+    labels = {'prf': 'PRF (M=2)', 'swc': 'SWC (M=10, τ=0.1)', 'llm': 'LLM'}
+    curves = pd.DataFrame([{'dime': d, 'fraction': f, 'measure': m, 'value': 0.5}
+                           for d in [*labels, 'random'] for f in (0.5, 1.0) for m in ('nDCG@10', 'AP')])
+    points = pd.DataFrame([{'dime': d, 'measure': m, 'system': s, 'kept': .5, 'low': .4, 'high': .6, 'value': .5}
+                           for d in labels for m in ('nDCG@10', 'AP') for s in ('RDIME', 'CV Top-k')])
+    fig = sweep_plot(curves, points, pd.Series({'nDCG@10': 0.4, 'AP': 0.3}), labels, 'title', tmp_path / 's.png')
+    renderer = _renderer(fig)
+    legend, last = fig.legends[0], fig.axes[-1]
+    right = max(last.get_tightbbox(renderer).x1, last.get_window_extent(renderer).x1)
+    assert _inside(fig, legend) and legend.get_window_extent(renderer).x0 - right >= 0.1 * fig.dpi
 
 
 def plt_image_shape(path):

@@ -3,7 +3,7 @@ cache folder for a read-only index, never used for vectors or docnos it was not 
 including one row rewritten in place with its mtime put back: rebuilt, with a warning; new times on the same content:
 hashed once, kept), not trusted after an interrupted build (a temporary file, a truncated layout, a missing record, a
 build killed with SIGKILL), NaN documents and repeated docnos refused (checked once per build), thread-safe
-opening."""
+opening; the progress bars of a first search (layout, calibration), on by default."""
 import json
 import os
 import pickle
@@ -310,3 +310,24 @@ def test_the_document_rows_the_layout_was_made_from(tmp_path):
     assert layout.Layout(np.asfortranarray(docs)).doc_rows() is None  # rows not contiguous
     rows = layout.Layout(flex_index(tmp_path / 'docs.flex', docs)).doc_rows()
     assert rows.dtype == np.float32 and rows.flags.c_contiguous and rows.tolist() == docs.tolist()
+
+
+def test_the_first_search_shows_its_one_off_steps_by_default(corpus, tmp_path, capfd):
+    docs, queries = corpus
+    index = flex_index(tmp_path / 'bar.flex', docs[:300])
+    PrunedRetriever(index=index, num_results=3, strategy='pruned')(query_frame(queries[:1]))
+    assert 'PrunedRetriever layout' in capfd.readouterr().err  # the layout is built: a bar, as pt.tqdm draws it
+    PrunedRetriever(index=index, num_results=3, strategy='pruned')(query_frame(queries[:1]))
+    assert capfd.readouterr().err == ''  # the layout exists: a search itself shows nothing
+    quiet = flex_index(tmp_path / 'quiet.flex', docs[:300])
+    PrunedRetriever(index=quiet, num_results=3, strategy='pruned', verbose=False)(query_frame(queries[:1]))
+    assert capfd.readouterr().err == ''
+
+
+def test_calibration_shows_its_progress_when_verbose(capfd):
+    from pyterrier_rdime.pruned import calibration
+    pytest.importorskip('numba')
+    calibration.calibrate(docs=512, rounds=1, save=False, verbose=True)
+    assert 'PrunedRetriever calibration' in capfd.readouterr().err
+    calibration.calibrate(docs=512, rounds=1, save=False)
+    assert 'PrunedRetriever calibration' not in capfd.readouterr().err

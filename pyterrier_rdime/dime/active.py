@@ -53,7 +53,7 @@ class ActiveFeedbackDime(DimeScorer):
         self.keep_ranking = keep_ranking
 
     def _importance(self, inp, groups, query_vecs):
-        labels = candidate_labels(inp, self.qrels)
+        labels = candidate_labels(inp, self.qrels, self)
         ranked = select_feedback(inp, groups, len(inp), self)  # every candidate by score: ties go to the first met
         slot_labels = np.where(ranked.mask, labels[np.where(ranked.mask, ranked.rows, 0)], np.nan)
         with np.errstate(invalid='ignore'):  # NaN (unjudged, padding) compares False: never chosen

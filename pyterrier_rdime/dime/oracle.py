@@ -6,7 +6,7 @@ import pandas as pd
 
 from .. import maths
 from .._config import check_bool, check_int
-from .._frames import gather_vectors, numeric_column, select_feedback
+from .._frames import check_qids_written_alike, gather_vectors, numeric_column, select_feedback
 from ._base import DimeScorer
 
 
@@ -49,7 +49,7 @@ class OracleDime(DimeScorer):
         return ('query_padded',) if self.pad_negatives else ()
 
     def _importance_and_columns(self, inp, groups, query_vecs):
-        row_labels = candidate_labels(inp, self.qrels)
+        row_labels = candidate_labels(inp, self.qrels, self)
         extra = {}
         if self.pad_negatives:
             row_labels, padded = self._pad(inp, groups, row_labels)
@@ -107,10 +107,14 @@ def check_qrels(qrels: pd.DataFrame, stage: str) -> None:
     _check_labels(qrels, stage)
 
 
-def candidate_labels(inp: pd.DataFrame, qrels: pd.DataFrame) -> np.ndarray:
-    """The label of each row of ``inp`` (float64), NaN where the (qid, docno) is not judged."""
+def candidate_labels(inp: pd.DataFrame, qrels: pd.DataFrame, stage: object) -> np.ndarray:
+    """The label of each row of ``inp`` (float64), NaN where the (qid, docno) is not judged. An input qid that the
+    qrels write as a float (``'1'`` against ``'1.0'``), or the other way round, is an error naming both forms: every
+    one of its candidates would read as unjudged."""
     keys = pd.MultiIndex.from_frame(inp[['qid', 'docno']].astype(str))
     judged = qrels.assign(qid=qrels['qid'].astype(str), docno=qrels['docno'].astype(str))
+    check_qids_written_alike(keys.unique(level='qid'), set(judged['qid']), stage, 'the qrels',
+                             "e.g. qrels.assign(qid=qrels['qid'].astype(int).astype(str))")
     labels = judged.drop_duplicates(['qid', 'docno']).set_index(['qid', 'docno'])['label']
     return labels.reindex(keys).to_numpy(dtype=np.float64)
 

@@ -69,6 +69,23 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_index_spec(args.index)
     if args.llm_generator is not None:
         check_llm_generator(args.llm_generator)
+    check_answers_for_llm_dimes(args)
+
+
+def check_answers_for_llm_dimes(args: argparse.Namespace) -> None:
+    """``--dimes`` of LLM DIMEs only (``llm``, ``llm-eclipse``) need LLM answers for every collection: from
+    ``--answers``, ``--llm-generator`` or the collection folder's ``llm_answers.tsv`` (an ``irds:`` collection ships
+    none). Without them the runner would skip every DIME and be left with none to run."""
+    from .systems import NEEDS_ANSWERS
+    dimes = [d.strip() for d in args.dimes.split(',') if d.strip()]
+    if not dimes or set(dimes) - set(NEEDS_ANSWERS) or args.answers is not None or args.llm_generator is not None:
+        return
+    for collection in args.collection:
+        if str(collection).startswith('irds:') or not (Path(collection).expanduser() / 'llm_answers.tsv').is_file():
+            raise ValueError(f'--dimes {args.dimes}: the LLM DIMEs need LLM answers, and {collection} has none; pass '
+                             '--answers FILE (qid<TAB>answer), put an llm_answers.tsv in the collection folder, or '
+                             'generate them with --llm-generator smollm2; or add a DIME that reads no answers, e.g. '
+                             f'--dimes prf,{args.dimes}')
 
 
 def check_writable(option: str, folder: Path) -> None:

@@ -32,12 +32,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--mode', default='rerank', help="'rerank' the first stage, or 'retrieve': full dense retrieval "
                                                     'over the whole corpus (default: %(default)s)')
     p.add_argument('--first-stage', default='auto',
-                   help="'auto' (the collection's *.run if any, else BM25), 'bm25' (PISA), or a TREC run file")
+                   help="'auto' (the collection's *.run if any, else BM25), 'bm25' (PISA), or a TREC run file "
+                        '(default: %(default)s)')
     p.add_argument('--feedback', default='dense',
                    help="rerank mode: 'dense' (default, the references: top of the candidates re-scored with the full "
                         "query vector) or 'first-stage' (top of the first stage's order)")
     p.add_argument('--depth', type=int, default=100, help='re-ranking depth (default: %(default)s)')
-    p.add_argument('--num-results', type=int, default=1000, help='results per query in retrieve mode')
+    p.add_argument('--num-results', type=int, default=1000,
+                   help='results per query in retrieve mode (default: %(default)s)')
     p.add_argument('--index', default=None, metavar='PATH_OR_HF_ID',
                    help='an existing pyterrier-dr FlexIndex (a folder, or a Hugging Face repository such as '
                         'macavaney/msmarco-passage.tasb.flex) instead of encoding the corpus')
@@ -86,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--out', default='rdime-results',
                    help='output folder: each cell in <collection>/<encoder>/, the combined tables beside '
                         '(default: %(default)s)')
-    p.add_argument('--batch-size', type=int, default=32, help='encoder batch size')
+    p.add_argument('--batch-size', type=int, default=32, help='encoder batch size (default: %(default)s)')
     p.add_argument('--max-queries', type=int, default=None, help='only the first N queries (smoke runs)')
     p.add_argument('--workers', type=int, default=1,
                    help='processes for the query-level work, at most 4 x the CPU cores (default: 1)')

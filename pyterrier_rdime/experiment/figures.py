@@ -13,6 +13,8 @@ TOPK_STYLES = (':', '--', '-.', (0, (6, 1.5)), (0, (3, 1, 1, 1, 1, 1)))
 #: Panels per row of the grid's kept-fraction Figure (more wrap onto the next row).
 PANELS_PER_ROW = 3
 MEDIAN_COLOUR = 'tab:orange'
+#: Space (inches) between a figure's legend and its panels, and between the legend and the figure's edge.
+LEGEND_GAP = 0.15
 
 
 def _colours(names: Sequence[str]) -> Dict[str, tuple]:
@@ -41,6 +43,15 @@ def _boxes(ax, kept: pd.DataFrame, labels: Dict[str, str]) -> None:
     _topk_lines(ax, kept)
 
 
+def _legend_inches(fig, legend) -> Tuple[float, float]:
+    """The drawn width and height of ``legend`` in inches (drawn on an Agg canvas: a bare Figure has no renderer)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    box = legend.get_window_extent(fig.canvas.get_renderer())
+    return box.width / fig.dpi, box.height / fig.dpi
+
+
 def _box_handles() -> list:
     """Legend entries of a box's marks: its median line and its mean triangle."""
     from matplotlib.lines import Line2D
@@ -65,7 +76,7 @@ def kept_boxplot(kept: pd.DataFrame, labels: Dict[str, str], title: str, path: U
 
 
 def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, labels: Dict[str, str], title: str,
-               path: Union[str, Path]) -> None:
+               path: Union[str, Path]):
     """Each measure against the kept fraction, per DIME: the Top-k curve, RDIME as a point at its mean kept fraction
     with a bar over the per-query spread (:data:`SPREAD` percentiles), CV Top-k as a cross at its chosen fractions'
     mean, the random selection of as many dimensions (what the DIME's order adds over chance at each fraction), and
@@ -75,6 +86,8 @@ def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, 
         curves: ``dime, fraction, measure, value`` (mean over queries); dime ``random``: the random selection.
         points: ``dime, measure, system ('RDIME' or 'CV Top-k'), kept, low, high, value``.
         baseline: measure -> Baseline's value.
+
+    Returns the Figure (saved to ``path``).
     """
     from matplotlib.figure import Figure
     measures = list(baseline.index)
@@ -106,10 +119,13 @@ def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, 
         ax.set_xlim(0, 1.05)
         ax.grid(alpha=0.3)
     handles, names = axes[-1].get_legend_handles_labels()
-    fig.legend(handles, names, fontsize=7, loc='center right')
+    legend = fig.legend(handles, names, fontsize=7, loc='center right')
     fig.suptitle(title + f' — RDIME bar: per-query kept fraction, percentiles {SPREAD[0]}–{SPREAD[1]}', fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1 - 2.2 / fig.get_figwidth(), 1))
+    # the panels end where the legend begins, with a gap: its width depends on the DIMEs' names, so it is measured
+    width, _ = _legend_inches(fig, legend)
+    fig.tight_layout(rect=(0, 0, 1 - (width + LEGEND_GAP) / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=120)
+    return fig
 
 
 def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]], paths: Sequence[Union[str, Path]]):
@@ -133,9 +149,15 @@ def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]],
     for row in axes:
         row[0].set_ylabel('fraction kept')
     handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(_box_handles() + handles, ['median', 'mean'] + names, fontsize=7, loc='lower center',
-               ncols=2 + len(names), handlelength=3, frameon=False)
-    fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1))
+    entries = (_box_handles() + handles, ['median', 'mean'] + names)
+    # one row of entries if it fits the figure's width, else as many columns as fit (a one-panel grid is narrow)
+    for ncols in range(len(entries[1]), 0, -1):
+        legend = fig.legend(*entries, fontsize=7, loc='lower center', ncols=ncols, handlelength=3, frameon=False)
+        width, height = _legend_inches(fig, legend)
+        if width <= fig.get_figwidth() - LEGEND_GAP or ncols == 1:
+            break
+        legend.remove()
+    fig.tight_layout(rect=(0, (height + LEGEND_GAP) / fig.get_figheight(), 1, 1))
     for path in paths:
         fig.savefig(path, dpi=150)
     return fig

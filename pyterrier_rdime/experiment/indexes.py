@@ -7,6 +7,7 @@ from typing import Sequence
 import pyterrier as pt
 
 from .._config import hub_offline
+from ..flex_index import flex_index_problem
 
 #: ``--retriever`` choices for full dense retrieval: name -> what it is.
 RETRIEVERS = {
@@ -24,10 +25,11 @@ def check_index_spec(spec: str) -> None:
     be downloaded now: checked before any model loads."""
     local = Path(spec).expanduser()
     if local.exists():
-        if not (local / 'pt_meta.json').is_file():
-            raise ValueError(f'--index {spec}: {local} is not a pyterrier-dr FlexIndex (no pt_meta.json); build one '
-                             'with (model >> FlexIndex(path).indexer()).index(docs), or pass a Hugging Face '
-                             'repository id such as macavaney/msmarco-passage.tasb.flex')
+        problem = flex_index_problem(local)
+        if problem is not None:
+            raise ValueError(f'--index {spec}: not a complete pyterrier-dr FlexIndex: {problem}; build it with '
+                             "(model >> FlexIndex(path).indexer(mode='overwrite')).index(docs), or pass a Hugging "
+                             'Face repository id such as macavaney/msmarco-passage.tasb.flex')
         return
     if not re.fullmatch(r'[\w.-]+/[\w.-]+(@[\w.-]+)?', spec):
         raise ValueError(f'--index {spec!r} is neither an existing folder nor a Hugging Face repository id '

@@ -116,7 +116,7 @@ class ExperimentResult:
             'p (Holm)': sig['p_holm'].map(lambda p: f'{p:.3g}'),
             f'TOST p (Holm), ±{sig["margin_abs"].iloc[0]:.4f}' if len(sig) else 'TOST p (Holm)':
                 sig['tost_p_holm'].map(lambda p: f'{p:.3g}'),
-            'verdict': sig['verdict']})
+            'verdict': [marked_verdict(r.verdict, r.significant, r.comparison) for r in sig.itertuples()]})
 
     def controls_table(self, measure: str) -> pd.DataFrame:
         """Each RDIME column against the controls for one measure: its value, the control's at the same number of
@@ -216,13 +216,17 @@ class ExperimentResult:
             parts.append(f'RDIME significantly different from {", ".join(significant)} ({test})')
         parts += ['(kept) = mean fraction of dimensions RDIME kept per query',
                   f'{DELTA}: RDIME\'s difference from the cross-validated Top-k, in % of it']
+        both = (' A mark beside a verdict is that same test: "equivalent ¶" (or †, ‡, §) is a difference the test '
+                'finds significant and TOST shows inside the margin: small and consistent, not a contradiction.'
+                if margin and set(marks) & set(MARKS.values()) else '')
         return ('; '.join(parts) + '. "best Top-k, tuned on test" is the best fraction of the sweep and the Top-k '
                 'columns chosen on the very queries it is scored on (no user can choose so; where it is k=1.0, it is '
                 'Baseline, compared once); "CV Top-k" chooses the fraction on the other folds '
                 f'({folds}) and scores it on the held-out fold. '
                 + (f'Verdicts: equivalent when TOST shows the difference within ±{100 * margin:g} % of the Baseline '
                    f'(Holm-corrected p < α); different when the significance test ({test}) rejects equality and '
-                   'equivalence is not shown; inconclusive otherwise (the queries cannot tell).' if margin else ''))
+                   'equivalence is not shown; inconclusive otherwise (the queries cannot tell).' + both
+                   if margin else ''))
 
     def save(self, out_dir: Union[str, Path]) -> List[str]:
         """Writes results.csv (long table), perquery.csv, significance.csv, kept_fraction.csv, sweep.csv (per query),
@@ -315,6 +319,14 @@ def best_text(best: Optional[Tuple[str, float]]) -> str:
         return 'n/a'
     k = best[0].split('/')[1]
     return f'{best[1]:.4f} ({k}{" = Baseline" if k == "k=1.0" else ""})'
+
+
+def marked_verdict(verdict: str, significant: bool, comparison: str) -> str:
+    """A comparator's verdict as every output shows it: followed by the comparison's significance mark
+    (:data:`MARKS`, as beside RDIME's value in the paper's tables) when the test rejects equality, which an
+    ``equivalent`` verdict can carry too (a small, consistent difference inside the margin)."""
+    mark = next((m for label, m in MARKS.items() if comparison.startswith(label)), '') if significant else ''
+    return f'{verdict} {mark}' if mark else verdict
 
 
 def outcome(verdict: str, mean_diff: float) -> str:

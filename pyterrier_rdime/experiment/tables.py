@@ -11,7 +11,7 @@ import pandas as pd
 
 from . import figures
 from .parity import BEST_IS_BASELINE, SAME_BUDGET
-from .report import CONTROLS_NOTE, DELTA, best_text, delta, outcome, write_outputs
+from .report import ALL_MARKS, CONTROLS_NOTE, DELTA, best_text, delta, marked_verdict, outcome, write_outputs
 
 GRID_COLUMNS = ['collection', 'encoder', 'dime', 'threshold', 'system', 'measure', 'value', 'kept', 'k']
 BEST = 'best Top-k (tuned on test)'
@@ -60,7 +60,9 @@ def markdown(cells: Sequence) -> str:
     lines = ['# RDIME vs Top-k: the grid', '']
     controls = control_rows(cells)
     if len(controls):
-        lines += ['Does the choice of dimensions matter? ' + control_summary(controls), '']
+        lines += ['Does the choice of dimensions matter? RDIME against each control at the same budget, in how many '
+                  '(cell, measure) pairs it is better, equivalent, worse or inconclusive:', '',
+                  control_summary(controls).to_markdown(index=False), '']
     for measure in dict.fromkeys(m for c in cells for m in c.result.measures):
         rows = []
         for cell in cells:
@@ -72,7 +74,9 @@ def markdown(cells: Sequence) -> str:
             for dime, label in result.labels.items():
                 if f'{dime}/RDIME' not in values:
                     continue
-                verdicts = sig[sig['system'] == f'{dime}/RDIME'].set_index('comparison')['verdict']
+                mine = sig[sig['system'] == f'{dime}/RDIME']
+                verdicts = pd.Series([marked_verdict(r.verdict, r.significant, r.comparison) for r in
+                                      mine.itertuples()], index=mine['comparison'], dtype=object)
                 best = result.test_best(measure, dime)
                 cv = values.get(f'{dime}/CV Top-k', np.nan)
                 rows.append({
@@ -90,8 +94,9 @@ def markdown(cells: Sequence) -> str:
         if len(mine):
             lines += [f'### {measure}: RDIME against the controls at the same budget, and vector PRF', '',
                       control_grid(mine).to_markdown(index=False, disable_numparse=True), '', CONTROLS_NOTE, '']
+    shown = '\n'.join(line for line in lines if line.startswith('| '))
     lines += ['Verdicts of RDIME against CV Top-k, the best Top-k tuned on the test queries, and Baseline. '
-              + cells[0].result.footnote(marks=''), '']
+              + cells[0].result.footnote(marks=''.join(m for m in ALL_MARKS if m != '*' and m in shown)), '']
     lines += [f'- {c.collection.name} × {c.encoder}: {c.result.settings["num_queries"]} queries, first stage '
               f'{c.result.settings["first_stage"]}' for c in cells]
     return '\n'.join(lines) + '\n'
@@ -131,20 +136,17 @@ def control_grid(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(table).fillna('n/a')
 
 
-def control_summary(rows: pd.DataFrame) -> str:
-    """The sentence a reader needs first: per DIME and control, in how many (cell, measure) pairs RDIME (hard) is
-    better, equivalent, worse or inconclusive."""
+def control_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """What a reader needs first, as a small table: per DIME and control, in how many (cell, measure) pairs RDIME
+    (hard) is better, equivalent, worse or inconclusive, of how many."""
     rows = rows[rows['system'] == 'RDIME']
-    parts = []
-    for label, group in rows.groupby('label', sort=False):
-        counts = []
-        for control, mine in group.groupby('control', sort=False):
-            tally = mine['outcome'].value_counts()
-            counts.append(f'{control}: better in {tally.get("better", 0)}, equivalent in '
-                          f'{tally.get("equivalent", 0)}, worse in {tally.get("worse", 0)}, inconclusive in '
-                          f'{tally.get("inconclusive", 0)}')
-        parts.append(f'{label} RDIME against ' + '; '.join(counts) + f' (of {len(mine)} cell × measure pairs)')
-    return '. '.join(parts) + '.'
+    table = []
+    for (label, control), mine in rows.groupby(['label', 'control'], sort=False):
+        tally = mine['outcome'].value_counts()
+        table.append({'DIME': label, 'control': control, **{o: int(tally.get(o, 0)) for o in
+                                                             ('better', 'equivalent', 'worse', 'inconclusive')},
+                      'pairs': len(mine)})
+    return pd.DataFrame(table)
 
 
 def _verdict(verdicts: pd.Series, prefix: str) -> str:
@@ -191,8 +193,12 @@ def latex(cells: Sequence) -> str:
         meanings = {'¶': 'CV Top-$k$', '†': 'the best Top-$k$ tuned on the test queries', '‡': 'Baseline'}
         shown = [f'$^{{{TEX_MARKS[m]}}}$ {meaning}' for m, meaning in meanings.items() if m in marks]
         test = f'{TEX_TESTS[first.settings.get("test", "t")]}, {first.settings.get("alternative", "two-sided")}'
+        margin = first.settings.get('margin')
+        equivalent = (rf' A marked value can also be equivalent (TOST within $\pm{100 * margin:g}$\,\% of the '
+                      'Baseline): a small, consistent difference; grid.md gives each verdict with its mark.'
+                      if margin else '')
         significance = (f' RDIME significantly different from {", ".join(shown)} ({test}, Holm-corrected per '
-                        r'measure, $\alpha = 0.05$).') if shown else ''
+                        r'measure, $\alpha = 0.05$).' + equivalent) if shown else ''
         out += [r'\end{tabular}}', rf'\caption{{{_tex(measure)} of RDIME and Top-$k$ pruning per encoder, DIME and '
                 r'collection. CV: Top-$k$ with $k$ chosen by cross-validation over the queries; $\Delta$ (\%): RDIME '
                 r'over CV Top-$k$; (kept): mean fraction of dimensions RDIME kept; \textbf{bold}: best of the row in '

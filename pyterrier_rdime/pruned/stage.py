@@ -1,4 +1,5 @@
 """The PrunedRetriever transformer: exact dense retrieval that scores only the dimensions a pruned query keeps."""
+import functools
 import logging
 import numbers
 import time
@@ -93,7 +94,9 @@ class PrunedRetriever(ConfigTransformer):
         strategy: ``'auto'``, ``'pruned'``, ``'dense'`` or ``'compressed'`` (see above).
         batch_size: queries per matrix product on the dense path.
         drop_query_vec: drop ``query_vec`` from the output.
-        verbose: show a progress bar while the on-disk copy of a FlexIndex is built.
+        verbose: show a progress bar during the one-off steps of a first search, which take from seconds to a minute
+            on a large index: building the on-disk copies of a FlexIndex and calibrating the cost model (default on;
+            a search itself shows none). ``False`` for none.
 
     Input columns: ``qid, query_vec`` (a query frame, e.g. the output of ``PrfDime(keep_ranking=False) >> Rdime()``).
     Output columns: the input's plus ``docno, docid, score, rank`` (as pyterrier-dr's retrievers), ``num_results``
@@ -112,7 +115,7 @@ class PrunedRetriever(ConfigTransformer):
     schematic = {'label': 'PrunedRetriever'}
 
     def __init__(self, *, index: object, num_results: int = 1000, docnos: Optional[Sequence[str]] = None,
-                 strategy: str = 'auto', batch_size: int = 64, drop_query_vec: bool = False, verbose: bool = False):
+                 strategy: str = 'auto', batch_size: int = 64, drop_query_vec: bool = False, verbose: bool = True):
         name = type(self).__name__
         for arg, value in (('num_results', num_results), ('batch_size', batch_size)):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
@@ -176,7 +179,9 @@ class PrunedRetriever(ConfigTransformer):
         FlexIndex, ``'auto'`` considers the float32 pruned paths only once their layout is on disk."""
         dims, docs = self.shape
         return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
-                         compiled=kept.NUMBA_AVAILABLE, model=calibration.model, k=min(self.num_results, docs),
+                         compiled=kept.NUMBA_AVAILABLE,
+                         model=functools.partial(calibration.model, verbose=self.verbose),
+                         k=min(self.num_results, docs),
                          float32_ready=self.strategy != 'auto' or self._layout.has_matrix())
 
     def choose_strategy(self, query_vecs: np.ndarray) -> str:
