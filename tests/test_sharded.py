@@ -205,7 +205,7 @@ def test_bad_arguments(kwargs, message):
         ShardedPrunedRetriever(**kwargs)
 
 
-def test_bad_queries_and_shards(cluster, corpus, pruned_shards, tmp_path, monkeypatch):
+def test_bad_queries_and_shards(cluster, corpus, pruned_shards, tmp_path):
     docs, query_vecs = corpus
     retriever = pruned_shards
     frame = query_frame(query_vecs)
@@ -224,6 +224,6 @@ def test_bad_queries_and_shards(cluster, corpus, pruned_shards, tmp_path, monkey
     with pytest.raises(ValueError, match=r"shard 1 \(an array of 100 x 48\) failed to open: PrunedRetriever: "
                                          r"document '105' .* has NaN or infinite values"):
         ShardedPrunedRetriever(shards=[broken[:100], broken[100:]])(query_frame(query_vecs))
-    monkeypatch.setattr(sharded, 'START_TIMEOUT', 1)
-    with pytest.raises(RuntimeError, match=r"shard 0 .* found no node with \{'CPU': 0, 'node-c': 1\} free in 1 s"):
-        ShardedPrunedRetriever(shards=[docs], resources=[{'node-c': 1}])(query_frame(query_vecs))
+    with pytest.raises(RuntimeError, match=r"shard 0 .* found no node with \{'CPU': 0, 'node-c': 1\} free in "
+                                           r"timeout=1 s"):
+        ShardedPrunedRetriever(shards=[docs], resources=[{'node-c': 1}], timeout=1)(query_frame(query_vecs))
