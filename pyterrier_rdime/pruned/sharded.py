@@ -82,10 +82,9 @@ class ShardServer:
             for start in range(0, count, DOCNO_BLOCK)])
         return np.sort(self._hashes)
 
-    def docnos_hashed(self, values: np.ndarray) -> np.ndarray:
+    def docnos_hashed(self, values: np.ndarray) -> List[str]:
         """The docnos of the documents whose docno hash (by :meth:`docno_hashes`) is one of ``values``."""
-        return np.asarray(self.retriever._layout.lookup_docnos(np.flatnonzero(np.isin(self._hashes, values))),
-                          dtype=str)
+        return [str(d) for d in self.retriever._layout.lookup_docnos(np.flatnonzero(np.isin(self._hashes, values)))]
 
     def search(self, query_vecs: np.ndarray, k: int, plan: Plan) -> Tuple[Tuple[str, str], int, np.ndarray,
                                                                           np.ndarray, np.ndarray, np.ndarray]:
