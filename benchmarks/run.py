@@ -14,6 +14,8 @@ One script per question, each printing ratios measured side by side in one run:
 - ``shards``: ShardedPrunedRetriever over 1, 2 and 4 shards on a local multi-node Ray cluster against one
   PrunedRetriever, its scatter/gather overhead, and the cost of 100M x 768 over N nodes on paper (the first run also
   writes the 2- and 4-shard copies of the 1M index and their layouts, 11.4 GiB of disk, ~2 min);
+- ``shard_checks``: what ShardedPrunedRetriever's refusal of docnos shared by two shards and its plan on the driver
+  cost at 8.8M docnos (seconds, no cluster);
 - ``bounds``: how much of the kept rows an exact kernel that stops a block of documents early by a bound on the
   remaining dimensions could skip, at best (a count with an oracle threshold, not a timing).
 
@@ -30,12 +32,13 @@ import layout
 import overhead
 import pipelines
 import search
+import shard_checks
 import shards
 import switch
 
 SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout,
            'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards,
-           'bounds': bounds}
+           'shard_checks': shard_checks, 'bounds': bounds}
 
 
 def main(argv=None) -> int:

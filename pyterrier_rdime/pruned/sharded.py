@@ -72,14 +72,9 @@ class ShardServer:
         return calibration.model()
 
     def docno_hashes(self) -> np.ndarray:
-        """The 64-bit hash of each document's docno (pandas' ``hash_array``, a block at a time), sorted: what the
-        driver compares across shards. Kept in docid order for :meth:`docnos_hashed`."""
-        count = self.retriever.dim_major().shape[1]
-        lookup = self.retriever._layout.lookup_docnos
-        self._hashes = np.concatenate([
-            pd.util.hash_array(np.asarray(lookup(np.arange(start, min(count, start + DOCNO_BLOCK))), dtype=object),
-                               categorize=False)
-            for start in range(0, count, DOCNO_BLOCK)])
+        """The hashes of the shard's docnos, sorted: what the driver compares across shards (kept in docid order for
+        :meth:`docnos_hashed`)."""
+        self._hashes = docno_hashes(self.retriever._layout.lookup_docnos, self.retriever.dim_major().shape[1])
         return np.sort(self._hashes)
 
     def docnos_hashed(self, values: np.ndarray) -> List[str]:
@@ -553,6 +548,15 @@ class ShardedPrunedRetriever(ConfigTransformer):
         if isinstance(index, np.ndarray):
             return f'an array of {index.shape[0]} x {index.shape[1]}'
         return str(index.index_path)
+
+
+def docno_hashes(lookup: Callable[[np.ndarray], np.ndarray], count: int) -> np.ndarray:
+    """The 64-bit hash of each of ``count`` documents' docnos (``lookup(docids)`` gives them), in docid order: pandas'
+    ``hash_array``, a block at a time."""
+    return np.concatenate([
+        pd.util.hash_array(np.asarray(lookup(np.arange(start, min(count, start + DOCNO_BLOCK))), dtype=object),
+                           categorize=False)
+        for start in range(0, count, DOCNO_BLOCK)])
 
 
 def shared_hashes(per_shard: List[np.ndarray]) -> np.ndarray:
