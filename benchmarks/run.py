@@ -16,6 +16,8 @@ One script per question, each printing ratios measured side by side in one run:
   writes the 2- and 4-shard copies of the 1M index and their layouts, 11.4 GiB of disk, ~2 min);
 - ``shard_checks``: what ShardedPrunedRetriever's refusal of docnos shared by two shards and its plan on the driver
   cost at 8.8M docnos (seconds, no cluster);
+- ``node_loss``: ShardedPrunedRetriever when the node of a pinned shard is lost, on a ``ray start`` cluster on this
+  machine: the error without a replacement node, the same ranking with one (~1.5 min);
 - ``bounds``: how much of the kept rows an exact kernel that stops a block of documents early by a bound on the
   remaining dimensions could skip, at best (a count with an oracle threshold, not a timing).
 
@@ -29,6 +31,7 @@ import batches
 import bounds
 import estimators
 import layout
+import node_loss
 import overhead
 import pipelines
 import search
@@ -38,7 +41,7 @@ import switch
 
 SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout,
            'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards,
-           'shard_checks': shard_checks, 'bounds': bounds}
+           'shard_checks': shard_checks, 'node_loss': node_loss, 'bounds': bounds}
 
 
 def main(argv=None) -> int:

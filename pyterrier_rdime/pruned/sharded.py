@@ -186,7 +186,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         with ShardedPrunedRetriever(shards=shards, num_results=1000) as retriever:  # ray_address='auto' on a cluster
             pipe = bm25 % 10 >> model.query_encoder() >> index.vec_loader() >> PrfDime(keep_ranking=False) \\
                 >> Rdime() >> retriever
-            results = pipe(topics)
+            results = pipe(dataset.get_topics())
     """
     schematic = {'label': 'ShardedPruned'}
 
