@@ -270,6 +270,12 @@ def test_close_releases_the_actors_and_their_cpus(cluster, corpus):
                                 timeout=30) as first:
         expected = first(queries)
         handles = first._actors.handles
+
+        def numba_threads(server):
+            import numba
+            return numba.get_num_threads()
+        # the one CPU reserved is the one thread it scored with (numba's setting is per thread: the search's)
+        assert cluster.get(handles[0].__ray_call__.remote(numba_threads)) == 1
         with pytest.raises(RuntimeError, match=r"shard 0 .* found no node with \{'CPU': 1, 'node-a': 0.1\} free"):
             ShardedPrunedRetriever(shards=[docs], num_results=K, num_cpus=1, resources=[{'node-a': 0.1}],
                                    timeout=2)(queries)

@@ -37,24 +37,30 @@ DOCNO_PAIRS = 1024
 class ShardServer:
     """What a Ray actor of :class:`ShardedPrunedRetriever` runs: the ``PrunedRetriever`` of one shard, its layout
     memory-mapped (or built) on the actor's node, on ``threads`` threads for numba and BLAS alike (the CPUs Ray gave
-    the actor; None: every core of the node). Every reply names the node that gave it (its ID and IP address), so
-    that an error after a restart names the node the shard was last on."""
+    the actor; None: every core of the node). Its replies to :meth:`info`, :meth:`where` and :meth:`search` name its
+    node (ID and IP address), so that an error after a restart names the node the shard was last on."""
 
     def __init__(self, retriever: PrunedRetriever, threads: Optional[int]):
         import ray
         self.retriever = retriever
         self.node = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
         self._limits = None
-        threads = threads or os.cpu_count()
+        self.threads = threads or os.cpu_count()
         if kept.NUMBA_AVAILABLE:
             import numba
-            threads = min(threads, numba.config.NUMBA_NUM_THREADS)
-            numba.set_num_threads(threads)
+            self.threads = min(self.threads, numba.config.NUMBA_NUM_THREADS)
         try:  # BLAS on as many threads as the kernel, not on the one thread Ray's OMP_NUM_THREADS gives an actor
             from threadpoolctl import threadpool_limits
-            self._limits = threadpool_limits(threads, user_api='blas')
+            self._limits = threadpool_limits(self.threads, user_api='blas')
         except ImportError:
             pass
+
+    def _use_threads(self) -> None:
+        """numba's threads for this call: its setting belongs to the calling thread, and Ray runs the methods of an
+        actor with concurrency groups on a thread other than the constructor's (BLAS's limit is process-wide)."""
+        if kept.NUMBA_AVAILABLE:
+            import numba
+            numba.set_num_threads(self.threads)
 
     def where(self) -> Tuple[str, str]:
         """``(node ID, IP address)``: asked from the actor's own thread (concurrency group ``'probe'``) while it
@@ -64,11 +70,13 @@ class ShardServer:
     def info(self) -> Tuple[Tuple[str, str], int, np.ndarray, bool]:
         """``(node, documents, largest |value| of each dimension, whether the compiled kernels run here)``, opening
         (or building) the shard's layout."""
+        self._use_threads()
         return (self.node, self.retriever.dim_major().shape[1], self.retriever._layout.abs_max(),
                 kept.NUMBA_AVAILABLE)
 
     def cost_model(self) -> cost.CostModel:
         """The cost model of this node (calibrated on first use), from which the driver plans every call."""
+        self._use_threads()  # the model is calibrated, and cached, for the threads the searches use
         return calibration.model()
 
     def docno_hashes(self) -> np.ndarray:
@@ -86,6 +94,7 @@ class ShardServer:
         """The exact top-``k`` (at most the retriever's ``num_results``) of each query in this shard, scored as
         ``plan`` says, flat: ``(node, documents, counts, scores, local docids, docnos)``, the documents so that the
         caller can tell a shard that changed under it."""
+        self._use_threads()
         retriever = self.retriever.fuse_rank_cutoff(k) or self.retriever
         scores, docids = retriever.search(query_vecs, plan)
         flat = np.concatenate(docids).astype(np.int64)
