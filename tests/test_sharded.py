@@ -255,7 +255,7 @@ def test_unreachable_address_fails_within_its_bound(cluster, corpus, monkeypatch
         port = unused.getsockname()[1]
     monkeypatch.setattr(cluster, 'is_initialized', lambda: False)  # as a process not connected yet
     started = time.monotonic()
-    with pytest.raises(ConnectionError, match=rf"no Ray cluster answers at ray_address='127.0.0.1:{port}' \(.*"
+    with pytest.raises(ConnectionError, match=rf"ray_address: no Ray cluster answers at '127.0.0.1:{port}' \(.*"
                                               r"timeout=5 s\): start one there"):
         ShardedPrunedRetriever(shards=[corpus[0]], ray_address=f'127.0.0.1:{port}', timeout=5)(
             query_frame(corpus[1]))

@@ -374,7 +374,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         with actors.lock:
             if actors.handles is None:
                 if not ray.is_initialized():
-                    self._check_address()
+                    check_ray_address(self.ray_address, self.timeout, f'{name}: ray_address')
                     ray.init(address=self.ray_address)
                 served = [i for i, r in enumerate(self._retrievers) if r is not None]
                 # a thread of its own answers where the actor is while it searches
@@ -410,20 +410,6 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 actors.nodes = [node for node, _, _, _ in infos]
                 actors.handles = handles
         return ray, actors
-
-    def _check_address(self) -> None:
-        """A ``'host:port'`` (or ``ray://host:port``) ``ray_address`` must accept a connection within ``timeout``:
-        ``ray.init`` would otherwise retry, logging warnings, for minutes."""
-        if self.ray_address in (None, 'auto', 'local'):
-            return
-        host, _, port = self.ray_address.split('://')[-1].rpartition(':')
-        try:
-            socket.create_connection((host, int(port)), timeout=self.timeout).close()
-        except (OSError, ValueError) as e:
-            raise ConnectionError(f'{type(self).__name__}: no Ray cluster answers at ray_address='
-                                  f'{self.ray_address!r} ({e or type(e).__name__}, timeout={self.timeout} s): start '
-                                  "one there (ray start --head), or pass the head node's 'host:port', or 'auto' on "
-                                  'a node of the cluster') from None
 
     def _wait_placed(self, ray, actors: _Actors) -> None:
         """Every actor running, or an error naming a shard whose actor found no node within ``timeout``."""
@@ -573,6 +559,22 @@ def shared_hashes(per_shard: List[np.ndarray]) -> np.ndarray:
     rarely, one shard's hash collision): the merge of sorted runs is one stable sort."""
     merged = np.sort(np.concatenate(per_shard), kind='stable')
     return np.unique(merged[1:][merged[1:] == merged[:-1]])
+
+
+def check_ray_address(address: Optional[str], timeout: float, option: str) -> None:
+    """A ``'host:port'`` (or ``'ray://host:port'``) Ray address must accept a connection within ``timeout`` seconds,
+    else a ConnectionError of one line naming ``option`` and the address: ``ray.init`` would retry, logging warnings,
+    for minutes. ``None``, ``'auto'`` and ``'local'`` are Ray's to resolve (``'auto'`` with no cluster fails at
+    once)."""
+    if address in (None, 'auto', 'local'):
+        return
+    host, _, port = address.split('://')[-1].rpartition(':')
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        raise ConnectionError(f'{option}: no Ray cluster answers at {address!r} ({e or type(e).__name__}, timeout='
+                              f'{timeout} s): start one there (ray start --head), or pass the head node\'s '
+                              "'host:port', or 'auto' on a node of the cluster") from None
 
 
 def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], queries: int,
