@@ -6,7 +6,9 @@ shard's node, without a cluster: the functions the actors and the driver run, ti
    them (on its own node, the shards at once); the driver merges the sorted hashes (``sharded.shared_hashes``). Beside
    it, what the alternative costs: a Python set of every docno on the driver (time and peak memory);
 2. the plan of each call, decided once on the driver for the whole collection (``cost.plan``, the model calibrated on
-   this machine: a few seconds on first use, then cached), for batches of 1, 8 and 64 pruned queries.
+   this machine: a few seconds on first use, then cached), for batches of 1, 8 and 64 pruned queries (~35 % kept);
+   and how often a shard of 1/2, 1/4 or 1/8 of the collection would have planned the batch otherwise on its own
+   (which it did before the plan moved to the driver): the path its scores would have taken.
 
 Usage (from the repository root)::
 
@@ -57,16 +59,22 @@ def main(argv=None) -> int:
     del everyone
     model = calibration.model()
     rng = np.random.default_rng(0)
+
+    def plan(query_vecs: np.ndarray, docs: int):
+        return cost.plan(query_vecs, strategy='auto', matrix_bytes=docs * args.dims * 4,
+                         compiled=kept.NUMBA_AVAILABLE, model=lambda: model, k=1000)
     for queries in (1, 8, 64):
-        query_vecs = np.where(rng.random((queries, args.dims)) < 0.35, rng.standard_normal((queries, args.dims)),
-                              0).astype(np.float32)
-        rounds = 200
+        batches = [np.where(rng.random((queries, args.dims)) < rng.uniform(0.05, 0.95),
+                            rng.standard_normal((queries, args.dims)), 0).astype(np.float32) for _ in range(200)]
         start = time.perf_counter()
-        for _ in range(rounds):
-            plan = cost.plan(query_vecs, strategy='auto', matrix_bytes=args.docs * args.dims * 4,
-                             compiled=kept.NUMBA_AVAILABLE, model=lambda: model, k=1000)
-        log(f'plan of {queries} queries on the driver: {(time.perf_counter() - start) / rounds * 1e6:.0f} us '
-            f'({plan.path})')
+        whole = [plan(batch, args.docs) for batch in batches]
+        seconds = (time.perf_counter() - start) / len(batches)
+        other = {shards: sum(plan(batch, args.docs // shards) != p for batch, p in zip(batches, whole))
+                 for shards in (2, 4, 8)}
+        paths = ', '.join(f'{path} {sum(p.path == path for p in whole)}' for path in sorted({p.path for p in whole}))
+        log(f'plan of {queries} queries on the driver: {seconds * 1e6:.0f} us; of {len(batches)} batches (5-95 % '
+            f'kept): {paths}; planned otherwise by a shard of 1/2, 1/4, 1/8 of the collection: '
+            f'{", ".join(str(n) for n in other.values())}')
     return 0
 
 

@@ -133,7 +133,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
     first if this process is not connected to Ray yet); each opens its shard's dimension-major layout on its own node
     (building it there on first use, or rebuilding it with a warning when the shard's vectors changed, as
     ``PrunedRetriever`` does). A docno held by two shards is refused then, naming it and both shards (each shard's
-    docnos are hashed on its node, the sorted hashes compared here: ~0.35 s here for 8.8M docnos, see the docs). A
+    docnos are hashed on its node, the sorted hashes merged here: its cost at 8.8M docnos is in the docs). A
     batch of queries is checked once, here, against every shard, its plan (:func:`~pyterrier_rdime.pruned.cost.plan`
     for the whole collection, with the cost model of the first shard's node) decided once, here, and the batch sent
     to every shard at once with that plan: every shard takes the path one index over the whole collection would.
