@@ -1,9 +1,6 @@
 """Same-budget controls: keep as many dimensions as the threshold before them, chosen by another rule, to test
 whether the DIME's *choice* of dimensions matters."""
-import json
-import threading
-from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -12,8 +9,7 @@ import pyterrier as pt
 from . import maths
 from ._config import ConfigTransformer, check_choice, check_int
 from ._frames import QueryGroups, check_same_dims, empty_frame, group_queries, numeric_column, per_row, query_vectors
-from ._io import atomic_open
-from .pruned.layout import fingerprint, flex_layout_path, portable_index
+from ._index_files import vector_stats
 
 CONTROLS = ('random', 'magnitude', 'variance', 'prefix')
 
@@ -139,39 +135,17 @@ class SameBudget(ConfigTransformer):
         return variance
 
 
-_CACHE_LOCK = threading.Lock()
-_CACHED: Dict[Path, Tuple[dict, np.ndarray]] = {}
-
-
 def document_variance(index: object, *, stage: str = 'SameBudget') -> np.ndarray:
     """The variance of each dimension over the document vectors of ``index`` (float64, (p,)).
 
-    For an array, computed on the spot. For a pyterrier-dr FlexIndex, computed once (streaming its vectors in blocks)
-    and cached in a small JSON record beside the index's dimension-major layout (``rdime.dim_major.variance.json`` in
-    the index folder, or under the package cache folder when the folder is read-only, as
-    :func:`pyterrier_rdime.pruned.layout.flex_layout_path` decides), with the fingerprint of ``vecs.f4`` (size,
-    modification time, a hash of three samples): a record that does not match the current vectors is recomputed.
+    For an array, computed on the spot. For a pyterrier-dr FlexIndex, the index's cached vector statistics
+    (:func:`pyterrier_rdime._index_files.vector_stats`: one streaming pass on first use, a JSON record beside the
+    index with the fingerprint of ``vecs.f4``); later calls only ``stat`` the vectors, and a changed file (size, time
+    or inode moved, then its content hashed) is seen and its statistics recomputed.
     """
     if isinstance(index, np.ndarray):
         return _variance(index, stage, 'the array index')
-    if not (Path(index.index_path) / 'pt_meta.json').is_file():
-        raise ValueError(f'{stage}: {index!r} is not built (no pt_meta.json in {index.index_path}); index the '
-                         'documents first, e.g. (encoder >> index.indexer()).index(docs)')
-    source = Path(index.index_path) / 'vecs.f4'
-    path = flex_layout_path(index).with_suffix('.variance.json')
-    current = fingerprint(source)
-    with _CACHE_LOCK:
-        cached = _CACHED.get(path)
-        if cached is not None and cached[0] == current:
-            return cached[1]
-        variance = _read_record(path, current)
-        if variance is None:
-            # a fresh FlexIndex: this one may hold a memory map of the vectors from before the index changed
-            vectors = portable_index(index).payload(return_docnos=False)[0]
-            variance = _variance(vectors, stage, str(index.index_path))
-            _write_record(path, current, variance)
-        _CACHED[path] = (current, variance)
-        return variance
+    return vector_stats(index, stage=stage)['variance']
 
 
 def _variance(vecs: np.ndarray, stage: str, source: str, block: int = 32768) -> np.ndarray:
@@ -182,22 +156,3 @@ def _variance(vecs: np.ndarray, stage: str, source: str, block: int = 32768) -> 
         raise ValueError(f'{stage}: a document vector of {source} has NaN or infinite values, so the variance of '
                          'its dimensions is undefined; re-encode or drop that document')
     return variance
-
-
-def _read_record(path: Path, current: dict) -> Optional[np.ndarray]:
-    """The cached variances if the record at ``path`` was computed from vectors with this fingerprint."""
-    try:
-        with open(path) as f:
-            record = json.load(f)
-        if record['source_fingerprint'] != current:
-            return None
-        return np.asarray(record['variance'], dtype=np.float64)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_record(path: Path, current: dict, variance: np.ndarray) -> None:
-    """Written to a temporary file renamed into place, so a reader never sees half a record."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(path) as out:
-        json.dump({'source_fingerprint': current, 'variance': [float(v) for v in variance]}, out)

@@ -4,6 +4,7 @@ FlexIndex and its invalidation, the columns kept true, errors, empty input and c
 import hashlib
 import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ from frames import assert_vec, interleaved, one_row_per_query, vec
 from pruned_data import flex_index
 
 from pyterrier_rdime import PrfDime, Rdime, SameBudget, ScoreMass, TopK, VectorScorer, controls, maths
+from pyterrier_rdime import _index_files as index_files
 from pyterrier_rdime._config import default_cache_dir
 
 P = 12
@@ -156,33 +158,56 @@ def test_in_a_pipeline_before_the_scorer():
 
 
 def test_the_variance_order_of_a_flex_index_is_cached_and_invalidated(tmp_path, monkeypatch):
-    calls = []
-    compute = controls._variance
-    monkeypatch.setattr(controls, '_variance', lambda *a, **k: calls.append(1) or compute(*a, **k))
+    passes, hashed = [], []
+    compute, real_hash = index_files._stats_pass, index_files.fingerprint
+    monkeypatch.setattr(index_files, '_stats_pass', lambda *a, **k: passes.append(1) or compute(*a, **k))
+    monkeypatch.setattr(index_files, 'fingerprint', lambda source: hashed.append(source.name) or real_hash(source))
     index = flex_index(tmp_path / 'docs.flex', DOCS)
     np.testing.assert_allclose(controls.document_variance(index), DOCS.astype(np.float64).var(axis=0))
-    assert len(calls) == 1 and (tmp_path / 'docs.flex' / 'rdime.dim_major.variance.json').is_file()
+    assert passes == [1] and hashed == ['vecs.f4'] and (tmp_path / 'docs.flex' / 'rdime.dim_major.stats.json').is_file()
     stage = SameBudget(control='variance', index=index)
     stage.transform(thresholded(TopK(count=3)))
-    assert len(calls) == 1  # the same process: from memory
-    monkeypatch.setattr(controls, '_CACHED', {})
+    monkeypatch.setattr(index_files, '_STATS', {})  # a new process: from the record beside the index
+    opened = []
+    real_open = open
+
+    def counting_open(file, *args, **kwargs):
+        opened.append(Path(file).name)
+        return real_open(file, *args, **kwargs)
+    monkeypatch.setattr('builtins.open', counting_open)
     np.testing.assert_allclose(controls.document_variance(index), DOCS.astype(np.float64).var(axis=0))
-    assert len(calls) == 1  # a new process: from the record beside the index
+    stage.transform(thresholded(TopK(count=3)))
+    monkeypatch.setattr('builtins.open', real_open)
+    # neither a later call nor a new process reads the vectors (no pass, no hash, vecs.f4 never opened)
+    assert passes == [1] and hashed == ['vecs.f4'] and 'vecs.f4' not in opened
     reversed_docs = DOCS[:, ::-1].copy()
     flex_index(tmp_path / 'docs.flex', reversed_docs)  # the index changes under the same path
     out = stage.transform(thresholded(TopK(count=3)))
-    assert len(calls) == 2
+    assert len(passes) == 2
     expected = set(np.argsort(-reversed_docs.astype(np.float64).var(axis=0), kind='stable')[:3])
     assert all(dims == expected for dims in kept_dims(out).values())
+
+
+def test_an_in_place_edit_of_the_vectors_is_seen_by_the_variance_control(tmp_path):
+    index = flex_index(tmp_path / 'docs.flex', DOCS)
+    controls.document_variance(index)
+    source = tmp_path / 'docs.flex' / 'vecs.f4'
+    stat = source.stat()
+    edited = DOCS.copy()
+    edited[0] *= 50  # the same size; the old mtime put back: only the ctime and the content tell
+    with open(source, 'r+b') as f:
+        f.write(edited.tobytes())
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    np.testing.assert_allclose(controls.document_variance(index), edited.astype(np.float64).var(axis=0))
 
 
 def test_a_read_only_index_folder_caches_under_the_package_cache(tmp_path, monkeypatch):
     index = flex_index(tmp_path / 'docs.flex', DOCS)
     monkeypatch.setattr(os, 'access', lambda *a: False)  # as flex_layout_path sees a read-only folder
-    monkeypatch.setattr(controls, '_CACHED', {})
+    monkeypatch.setattr(index_files, '_STATS', {})
     controls.document_variance(index)
-    assert not (tmp_path / 'docs.flex' / 'rdime.dim_major.variance.json').exists()
-    assert list((default_cache_dir() / 'layouts').glob('docs.flex-*.variance.json'))
+    assert not (tmp_path / 'docs.flex' / 'rdime.dim_major.stats.json').exists()
+    assert list((default_cache_dir() / 'layouts').glob('docs.flex-*.stats.json'))
 
 
 @pytest.mark.parametrize('kwargs, message', [

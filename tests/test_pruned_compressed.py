@@ -19,7 +19,7 @@ import pytest
 from pruned_data import DIMS, K, flex_index, full_topk, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever
-from pyterrier_rdime.pruned import compressed, kept, layout
+from pyterrier_rdime.pruned import compressed, kept
 
 NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                                  reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -366,24 +366,28 @@ def test_one_copy_per_flex_index_rebuilt_when_stale_or_damaged(corpus, tmp_path,
     docs, query_vecs = corpus
     index = flex_index(tmp_path / 'docs.flex', docs)
     frame = query_frame(query_vecs)
-    expected = PrunedRetriever(index=index, num_results=K, strategy='pruned')(frame)
+    expected = PrunedRetriever(index=docs, num_results=K, strategy='pruned')(frame)
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # the first build warns nothing
         out = PrunedRetriever(index=index, num_results=K, strategy='compressed')(frame)
-    assert out['docno'].tolist() == expected['docno'].tolist()
-    path = tmp_path / 'docs.flex' / 'rdime.dim_major.i8.npy'
+    assert out['docid'].tolist() == expected['docid'].tolist()
+    np.testing.assert_allclose(out['score'], expected['score'], rtol=1e-5, atol=1e-6)
+    folder = tmp_path / 'docs.flex'
+    path = folder / 'rdime.dim_major.i8.npy'
+    # streamed from vecs.f4: no float32 dimension-major copy is written for the compressed path
+    assert not (folder / 'rdime.dim_major.npy').exists() and not list(folder.glob('.rdime.dim_major.npy.*'))
     assert count_builds == [path] and np.load(path).shape == (DIMS, len(docs))
+    np.testing.assert_array_equal(np.load(path), compressed.quantise(np.ascontiguousarray(docs.T)).codes)
     assert compressed.record_path(path).is_file() and path.stat().st_size < docs.nbytes / 3
-    PrunedRetriever(index=FlexIndex(str(tmp_path / 'docs.flex')), num_results=K, strategy='compressed')(frame)
+    PrunedRetriever(index=FlexIndex(str(folder)), num_results=K, strategy='compressed')(frame)
     assert len(count_builds) == 1  # opened, not rebuilt
 
     def rebuilt(match):
         before = len(count_builds)
         with pytest.warns(UserWarning, match=match):
-            again = PrunedRetriever(index=FlexIndex(str(tmp_path / 'docs.flex')), num_results=K,
-                                    strategy='compressed')(frame)
-        assert len(count_builds) == before + 1 and again['docno'].tolist() == expected['docno'].tolist()
-        assert compressed._check(path, path.with_name('rdime.dim_major.npy'), (DIMS, len(docs))) is None
+            again = PrunedRetriever(index=FlexIndex(str(folder)), num_results=K, strategy='compressed')(frame)
+        assert len(count_builds) == before + 1 and again['docid'].tolist() == expected['docid'].tolist()
+        assert compressed._check(path, folder, (DIMS, len(docs))) is None
 
     with open(path, 'r+b') as f:  # damaged: cut short
         f.truncate(path.stat().st_size - 10)
@@ -394,18 +398,17 @@ def test_one_copy_per_flex_index_rebuilt_when_stale_or_damaged(corpus, tmp_path,
         f.seek(200)
         f.write(b'\x7f' * 16)
     rebuilt('describes another file')
-    # stale: other vectors written in place (same shape, old times put back), the layout rebuilt, so is the copy
-    source = tmp_path / 'docs.flex' / 'vecs.f4'
+    # stale: other vectors written in place (same shape, old times put back): the content's hash tells
+    source = folder / 'vecs.f4'
     stat = source.stat()
     with open(source, 'r+b') as f:
         f.write(docs[::-1].tobytes())
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    layout._OPEN.clear()  # a new process: nothing opened yet
+    compressed._OPEN.clear()  # a new process: nothing opened yet
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        moved = PrunedRetriever(index=FlexIndex(str(tmp_path / 'docs.flex')), num_results=K,
-                                strategy='compressed')(frame)
+        moved = PrunedRetriever(index=FlexIndex(str(folder)), num_results=K, strategy='compressed')(frame)
     messages = [str(w.message) for w in caught]
-    assert len(messages) == 2 and 'rebuilding the dimension-major layout' in messages[0]
-    assert 'rebuilding the compressed copy' in messages[1] and 'another float32 layout' in messages[1]
+    assert len(messages) == 1 and 'rebuilding the compressed copy' in messages[0] and 'SHA-256' in messages[0]
     assert moved['docid'].tolist() == [len(docs) - 1 - d for d in expected['docid']]
+    assert not (folder / 'rdime.dim_major.npy').exists()

@@ -19,6 +19,7 @@ import pytest
 from pruned_data import DIMS, DOCS, K, flex_index, full_topk, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever
+from pyterrier_rdime import _index_files as index_files
 from pyterrier_rdime.pruned import layout
 
 
@@ -47,7 +48,7 @@ def test_one_layout_per_flex_index(corpus, tmp_path, count_builds):
     b = PrunedRetriever(index=FlexIndex(str(tmp_path / 'docs.flex')), num_results=50, strategy='pruned')
     fused = (a % 5).compile()
     matrix = a.dim_major()
-    path = tmp_path / 'docs.flex' / layout.LAYOUT_NAME
+    path = tmp_path / 'docs.flex' / index_files.LAYOUT_NAME
     assert isinstance(matrix, np.memmap) and os.path.samefile(matrix.filename, path)
     assert matrix.shape == (DIMS, DOCS) and not matrix.flags.writeable
     np.testing.assert_array_equal(matrix, docs.T)
@@ -93,7 +94,7 @@ def test_a_row_rewritten_in_place_with_its_mtime_put_back_rebuilds_the_layout(tm
     index = flex_index(tmp_path / 'c.flex', docs)
     query = np.zeros((1, 768), dtype=np.float32)
     query[0, :3] = 1
-    top5 = PrunedRetriever(index=index, num_results=5)(query_frame(query))['docid'].tolist()
+    top5 = PrunedRetriever(index=index, num_results=5, strategy='pruned')(query_frame(query))['docid'].tolist()
     assert top5 == full_topk(docs, query[0], 5)[1].tolist()
     source = tmp_path / 'c.flex' / 'vecs.f4'
     stat, row, mib = source.stat(), 450, 2 ** 20
@@ -112,7 +113,7 @@ def test_a_row_rewritten_in_place_with_its_mtime_put_back_rebuilds_the_layout(tm
     with pytest.warns(UserWarning, match=r'rebuilding the dimension-major layout .*c.flex/rdime.dim_major.npy: '
                                          r'.*c.flex/vecs.f4 changed since the layout was built \(its content: '
                                          r'SHA-256\)'):
-        out = PrunedRetriever(index=index, num_results=5)(query_frame(query))
+        out = PrunedRetriever(index=index, num_results=5, strategy='pruned')(query_frame(query))
     assert out['docid'].tolist() == full_topk(docs, query[0], 5)[1].tolist() and out['docid'].iloc[0] == row
     assert len(count_builds) == 2
 
@@ -122,9 +123,9 @@ def test_same_content_with_new_times_is_hashed_once_and_not_rebuilt(corpus, tmp_
     index = flex_index(tmp_path / 't.flex', docs[:300])
     np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
     hashed = []
-    real = layout.fingerprint
-    monkeypatch.setattr(layout, 'fingerprint', lambda source: hashed.append(source.name) or real(source))
-    record = layout.record_path(tmp_path / 't.flex' / layout.LAYOUT_NAME)
+    real = index_files.fingerprint
+    monkeypatch.setattr(index_files, 'fingerprint', lambda source: hashed.append(source.name) or real(source))
+    record = layout.record_path(tmp_path / 't.flex' / index_files.LAYOUT_NAME)
     before = layout._read_record(record.with_suffix('.npy'))['sources']
     source = tmp_path / 't.flex' / 'vecs.f4'
     os.chmod(source, 0o444)  # a new ctime; touch, cp -a or mv give new times or a new inode the same way
@@ -144,14 +145,14 @@ def test_the_docnos_are_checked_when_the_layout_is_built(corpus, tmp_path, monke
                                          r'.*dup.flex \(docids 1 and 4\)'):
         PrunedRetriever(index=flex_index(tmp_path / 'dup.flex', docs[:5], docnos=['d0', 'd1', 'd2', 'd3', 'd1'])
                         ).dim_major()
-    assert not (tmp_path / 'dup.flex' / layout.LAYOUT_NAME).exists() and count_builds == []
+    assert not (tmp_path / 'dup.flex' / index_files.LAYOUT_NAME).exists() and count_builds == []
     checks = []
     real = layout.check_unique_docnos
     monkeypatch.setattr(layout, 'check_unique_docnos', lambda *a, **k: checks.append(a[1]) or real(*a, **k))
     index = flex_index(tmp_path / 'ok.flex', docs[:300])
     for _ in range(2):  # once per build, not per open or per query
         layout._OPEN.clear()
-        PrunedRetriever(index=index, num_results=3)(query_frame(query_vecs[:2]))
+        PrunedRetriever(index=index, num_results=3, strategy='pruned')(query_frame(query_vecs[:2]))
     assert checks == [300]
     # other docnos over the same vectors (same size, as a re-index of the same documents renamed): rebuilt, checked
     from npids import Lookup
@@ -161,7 +162,8 @@ def test_the_docnos_are_checked_when_the_layout_is_built(corpus, tmp_path, monke
     Lookup.build([f'e{i}' for i in range(300)], npids)
     layout._OPEN.clear()
     with pytest.warns(UserWarning, match=r'docnos.npids changed since the layout was built'):
-        out = PrunedRetriever(index=FlexIndex(str(tmp_path / 'ok.flex')), num_results=3)(query_frame(query_vecs[:1]))
+        out = PrunedRetriever(index=FlexIndex(str(tmp_path / 'ok.flex')), num_results=3,
+                              strategy='pruned')(query_frame(query_vecs[:1]))
     assert checks == [300, 300] and out['docno'].str.startswith('e').all()
 
 
@@ -188,7 +190,7 @@ def test_layout_of_a_read_only_index_goes_to_the_cache(corpus, tmp_path, monkeyp
     assert os.path.dirname(matrix.filename) == str(tmp_path / 'cache' / 'layouts')
     assert os.path.basename(matrix.filename).startswith('ro.flex-')
     assert layout.record_path(layout.Path(matrix.filename)).is_file()
-    assert not (tmp_path / 'ro.flex' / layout.LAYOUT_NAME).exists()
+    assert not (tmp_path / 'ro.flex' / index_files.LAYOUT_NAME).exists()
     np.testing.assert_array_equal(matrix, docs[:300].T)
 
 
@@ -200,14 +202,14 @@ def test_interrupted_or_partial_layouts_are_not_trusted(corpus, tmp_path, monkey
     monkeypatch.setattr(layout, 'BUILD_BLOCK', 64)  # the NaN document is in the third block: two were written
     with pytest.raises(ValueError, match=r"PrunedRetriever: document 'doc-170' \(docid 170\) of .*nan.flex has NaN"):
         PrunedRetriever(index=index).dim_major()
-    assert not (tmp_path / 'nan.flex' / layout.LAYOUT_NAME).exists()
+    assert not (tmp_path / 'nan.flex' / index_files.LAYOUT_NAME).exists()
     assert not list((tmp_path / 'nan.flex').glob('.*.tmp'))
     # a build killed mid-way leaves a temporary file (never opened, removed by the next build) or, written by
     # something else, a truncated layout: both are rebuilt
     index = flex_index(tmp_path / 'ok.flex', docs[:300])
     folder = tmp_path / 'ok.flex'
-    (folder / f'.{layout.LAYOUT_NAME}.killed.tmp').write_bytes(b'partial')
-    with open(folder / layout.LAYOUT_NAME, 'wb') as f:
+    (folder / f'.{index_files.LAYOUT_NAME}.killed.tmp').write_bytes(b'partial')
+    with open(folder / index_files.LAYOUT_NAME, 'wb') as f:
         np.lib.format.write_array_header_1_0(f, {'descr': '<f4', 'fortran_order': False, 'shape': (DIMS, 300)})
         f.write(b'\0' * 100)
     with pytest.warns(UserWarning, match='incomplete'):
@@ -216,7 +218,7 @@ def test_interrupted_or_partial_layouts_are_not_trusted(corpus, tmp_path, monkey
     assert not list(folder.glob('.*.tmp')) and len(count_builds) == 2
     # killed after the layout was renamed into place but before its record was: a complete-looking layout whose
     # content was never vouched for
-    path = folder / layout.LAYOUT_NAME
+    path = folder / index_files.LAYOUT_NAME
     layout.record_path(path).unlink()
     layout._OPEN.clear()
     with pytest.warns(UserWarning, match='record rdime.dim_major.json is missing'):
@@ -239,13 +241,13 @@ from pyterrier_dr import FlexIndex
 from pyterrier_rdime import PrunedRetriever
 from pyterrier_rdime.pruned import layout
 layout.BUILD_BLOCK = 16
-check = layout._check_finite
+check = layout.check_finite
 def slow(rows, start, *args):
     if start == 32:
         print('building', flush=True)
     time.sleep(0.05)
     check(rows, start, *args)
-layout._check_finite = slow
+layout.check_finite = slow
 PrunedRetriever(index=FlexIndex(sys.argv[1])).dim_major()
 print('finished', flush=True)
 '''
@@ -265,7 +267,7 @@ def test_a_build_killed_with_sigkill_leaves_nothing_used(corpus, tmp_path, count
         child.wait()
     assert child.returncode == -signal.SIGKILL
     folder = tmp_path / 'kill.flex'
-    assert list(folder.glob('.*.tmp')) and not (folder / layout.LAYOUT_NAME).exists()  # only the partial file
+    assert list(folder.glob('.*.tmp')) and not (folder / index_files.LAYOUT_NAME).exists()  # only the partial file
     matrix = PrunedRetriever(index=index).dim_major()
     np.testing.assert_array_equal(matrix, docs[:1000].T)
     assert not list(folder.glob('.*.tmp')) and len(count_builds) == 1

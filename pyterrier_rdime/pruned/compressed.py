@@ -18,12 +18,14 @@ A query ``q`` with kept dimensions ``K`` is scored in two steps:
 The re-scored documents are few when the bound is small against the gaps between the top scores (about ``k`` to
 ``2.5 k`` on sentence-embedding-like data); exact ties at the k-th score (duplicate documents) are all re-scored.
 
-For a FlexIndex the copy is one file per index beside the float32 layout (``rdime.dim_major.i8.npy``, a quarter of
-its size), built on first use from the layout, dimension by dimension, under the same protocol as the layout: a
-temporary file renamed into place when complete and flushed, a JSON record written after it that names the layout
-file it was built from and the file itself, a copy whose record is missing or does not match (a stale copy of a
-rebuilt layout, a damaged or interrupted file) rebuilt with a warning, concurrent builds serialised by a lock. An
-array index gets an in-memory copy.
+For a FlexIndex the copy is one file per index (``rdime.dim_major.i8.npy`` beside where the float32 layout is or
+would be, a quarter of its size), built on first use by streaming the index's own vectors (``vecs.f4``) a block of
+documents at a time, with the scales from the index's cached vector statistics: no float32 dimension-major copy is
+needed for it, and the exact re-scoring reads the documents' rows from ``vecs.f4``. It follows the layout's
+protocol: a temporary file renamed into place when complete and flushed, a JSON record written after it with the
+fingerprints of the files it was built from (checked by ``stat`` on every open, hashed only where a time moved) and
+the identity of the copy itself; a copy whose record is missing or does not match is rebuilt with a warning;
+concurrent builds are serialised by a lock. An array index gets an in-memory copy.
 
 A batch can instead be scored in one pass (``one_pass``): each query's weights ``q_j scale[j]`` rounded to integers
 times a step of the query (:func:`integer_weights`), the integer scores of every query and document from one int8
@@ -33,9 +35,9 @@ same two steps with the bound of :func:`integer_bound` (the quantisation error p
 
 Over ~250 lines: the bounds, the scans and the copy they read are one guarantee (exact top-k), kept together.
 """
+import contextlib
 import dataclasses
 import importlib.util
-import json
 import os
 import threading
 import warnings
@@ -45,8 +47,20 @@ from typing import Dict, Iterator, Optional, Tuple
 import numpy as np
 import pyterrier as pt
 
+from .._index_files import (
+    SOURCES,
+    check_finite,
+    exclusive,
+    fingerprint,
+    flex_layout_path,
+    identity,
+    read_json,
+    row_reader,
+    sources_problem,
+    write_json,
+)
 from .._io import atomic_open
-from .layout import Layout, _exclusive, _identity, npy_problem
+from .layout import BUILD_BLOCK, Layout, npy_problem
 from .plan import kept_dims
 from .topk import Result, best_k, top_k
 
@@ -163,7 +177,8 @@ def float32_below(value: float) -> np.float32:
 def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
                       use_numba: bool, one_pass: bool = False, doc_rows: Optional[np.ndarray] = None) -> Result:
     """Top-``k`` ``(scores, docids)`` of each query, exact: the first pass over ``copy``, then the documents whose
-    bound reaches the k-th best exact score re-scored from ``dim_major`` (see the module's description). Scores are
+    bound reaches the k-th best exact score re-scored from ``doc_rows``, else from ``dim_major`` (see the module's
+    description and :func:`exact_scores`; ``dim_major`` may be None where ``doc_rows`` is given). Scores are
     the float64 exact scores rounded to float32. A batch is scored query after query over each one's kept rows, or
     with ``one_pass`` in integers over the whole copy (:func:`integer_slabs`), worth it where an int8 matrix
     product runs fast (:data:`INT8_PRODUCT`). The documents are re-scored from ``doc_rows`` where given (see
@@ -197,7 +212,7 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
     within ``slack`` of the running k-th best integer score, :func:`integer_candidates`); the ``k`` best re-scored
     exactly, then the candidates the bound of :func:`integer_bound` cannot rule out. A query whose candidates overflow
     (many documents within its bound of one another: duplicates) is scored on its own, as query after query."""
-    k = min(k, dim_major.shape[1])
+    k = min(k, copy.codes.shape[1])
     steps, weights, bounds, slack = one_pass_weights(copy, query_vecs)
     best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, use_numba=use_numba)
     scores, docids = [], []
@@ -237,7 +252,7 @@ def _rescored(dim_major: np.ndarray, query_vec: np.ndarray, best: np.ndarray, be
     """The exact top-``k`` of one query from its ``best`` documents (ascending, exact scores known) and the other
     ``candidates`` (ascending) its bound could not rule out; a query that keeps nothing scores 0 everywhere, its
     top-k the lowest docids, as on the other paths."""
-    k = min(k, dim_major.shape[1])
+    k = min(k, len(doc_rows) if doc_rows is not None else dim_major.shape[1])
     if not query_vec.any():
         return np.zeros(k, dtype=np.float32), np.arange(k)
     others = candidates[~np.isin(candidates, best, assume_unique=True)]
@@ -354,8 +369,8 @@ def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray
 
 
 class CompressedCopy:
-    """The int8 copy of one :class:`.layout.Layout`, opened (or built) on first use. Thread-safe; pickles without the
-    copy (the other side reopens the file, or quantises its own matrix again)."""
+    """The int8 copy of one :class:`.layout.Layout`'s index, opened (or built) on first use. Thread-safe; pickles
+    without the copy (the other side reopens the file, or quantises its own matrix again)."""
 
     def __init__(self, layout: Layout):
         self.layout = layout
@@ -380,66 +395,89 @@ class CompressedCopy:
 
 
 def compressed_path(layout_path: Path) -> Path:
-    """Where the int8 copy of the float32 layout at ``layout_path`` is stored: beside it, ``.i8`` added to its name
-    (``rdime.dim_major.i8.npy`` in an index folder)."""
+    """Where the int8 copy belonging to the float32 layout path ``layout_path`` is stored: beside it, ``.i8`` added
+    to its name (``rdime.dim_major.i8.npy`` in an index folder)."""
     layout_path = Path(layout_path)
     return layout_path.with_name(f'{layout_path.stem}.i8{layout_path.suffix}')
 
 
 def open_flex_compressed(layout: Layout) -> Codes:
-    """The memory-mapped int8 copy of a FlexIndex's layout, built first (with a warning when one was there) if it is
-    missing, incomplete, damaged or was built from another layout file. The float32 layout is opened (or rebuilt)
-    first."""
-    matrix = layout.matrix()
-    layout_path = Path(matrix.filename)
-    path = compressed_path(layout_path)
+    """The memory-mapped int8 copy of a FlexIndex, built first from its vectors (with a warning when one was there)
+    if it is missing, incomplete, damaged or was built from other vectors or docnos. No float32 layout is opened."""
+    index, stage = layout.index, layout.stage
+    folder = Path(index.index_path)
+    dims, docs = layout.shape
+    path = compressed_path(flex_layout_path(index))
     with _REGISTRY_LOCK:
         build_lock = _BUILD_LOCKS.setdefault(path, threading.Lock())
     with build_lock:
         with _REGISTRY_LOCK:
             opened = _OPEN.get(path)
-        identities = (_identity(path), _identity(layout_path))
-        if opened is not None and opened[0] == identities and _check(path, layout_path, matrix.shape) is None:
+        if opened is not None and opened[0] == identity(path) and _check(path, folder, (dims, docs)) is None:
             return opened[1]
-        if _check(path, layout_path, matrix.shape) is not None:
-            with _exclusive(layout_path):  # another process may be building it: wait, then look again
-                reason = _check(path, layout_path, matrix.shape)
+        if _check(path, folder, (dims, docs)) is not None:
+            with exclusive(folder / 'vecs.f4'):  # another process may be building it: wait, then look again
+                reason = _check(path, folder, (dims, docs), verify=True)
                 if reason is not None:
                     if path.exists() or record_path(path).exists():
-                        warnings.warn(f'{layout.stage}: rebuilding the compressed copy {path}: {reason}',
-                                      stacklevel=4)
+                        warnings.warn(f'{stage}: rebuilding the compressed copy {path}: {reason}', stacklevel=4)
                     for stale in path.parent.glob(f'.{path.name}.*.tmp'):  # from a killed build: no one writes it now
                         stale.unlink(missing_ok=True)
                     record_path(path).unlink(missing_ok=True)
-                    scale, error = build_compressed(matrix, path, stage=layout.stage, verbose=layout.verbose)
-                    _write_record(path, layout_path, scale, error)
+                    abs_max = layout.abs_max()  # the vectors' statistics; docnos checked for repeats
+                    docnos, vecs, _ = index.payload()
+                    # hashed before the build: vectors changed during it show as a changed ctime on the next open
+                    sources = {name: fingerprint(folder / name) for name in SOURCES}
+                    scale, error = build_compressed(vecs, path, abs_max, docnos=docnos.fwd, stage=stage,
+                                                    source=str(folder), verbose=layout.verbose)
+                    _write_record(path, sources, scale, error)
         record = _read_record(path)
         copy = Codes(np.load(path, mmap_mode='r'), np.asarray(record['scale'], dtype=np.float32),
                      np.asarray(record['error'], dtype=np.float64))
         with _REGISTRY_LOCK:
-            _OPEN[path] = ((_identity(path), _identity(layout_path)), copy)
+            _OPEN[path] = (identity(path), copy)
         return copy
 
 
-def build_compressed(dim_major: np.ndarray, path: Path, *, stage: str = 'PrunedRetriever',
+def scales(abs_max: np.ndarray) -> np.ndarray:
+    """The float32 scale of each dimension from its largest absolute value, as :func:`quantise_rows` computes it
+    (1 for a dimension of zeros)."""
+    scale = (np.asarray(abs_max, dtype=np.float32) / CODE_MAX).astype(np.float32)
+    scale[scale == 0] = 1
+    return scale
+
+
+def build_compressed(vecs: np.ndarray, path: Path, abs_max: np.ndarray, *, docnos: Optional[object] = None,
+                     stage: str = 'PrunedRetriever', source: str = 'the index', block: Optional[int] = None,
                      verbose: bool = False) -> Tuple[np.ndarray, np.ndarray]:
-    """Write the int8 ``(dims, docs)`` ``.npy`` copy of a float32 dimension-major matrix to ``path``,
-    ``ROWS_PER_STEP`` dimensions at a time; the file appears under its name only once complete and flushed. Returns
-    ``(scale, error)`` of each dimension."""
-    dims, docs = dim_major.shape
-    scale, error = np.empty(dims, dtype=np.float32), np.empty(dims)
+    """Write the int8 ``(dims, docs)`` ``.npy`` copy of ``(docs, dims)`` float32 vectors to ``path``, streaming
+    ``block`` documents at a time (plain file reads of a memory map, so its pages do not pile up here) and writing
+    each block's codes into every dimension's row; the scales come from ``abs_max`` (the largest absolute value of
+    each dimension), so the codes equal :func:`quantise`'s. The file appears under its name only once complete and
+    flushed. Returns ``(scale, error)`` of each dimension; a document with NaN or inf is an error naming it."""
+    docs, dims = vecs.shape
+    block = block or BUILD_BLOCK
+    scale = scales(abs_max)
+    error = np.zeros(dims)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_open(path, 'wb') as out:
         np.lib.format.write_array_header_1_0(out, {'descr': '|i1', 'fortran_order': False, 'shape': (dims, docs)})
-        progress = pt.tqdm(total=dims, desc=f'{stage} int8 copy', unit='dim') if verbose else None
-        for j in range(0, dims, ROWS_PER_STEP):
-            codes, scale[j:j + ROWS_PER_STEP], error[j:j + ROWS_PER_STEP] = \
-                quantise_rows(dim_major[j:j + ROWS_PER_STEP])
-            out.write(codes.tobytes())
-            if progress is not None:
-                progress.update(len(codes))
-        if progress is not None:
-            progress.close()
+        header = out.tell()
+        out.truncate(header + dims * docs)
         out.flush()
+        with row_reader(vecs) as read_rows, pt.tqdm(total=docs, desc=f'{stage} int8 copy', unit='doc',
+                                                    disable=not verbose or not docs) as progress:
+            for start in range(0, docs, block):
+                rows = read_rows(start, min(docs, start + block))
+                check_finite(rows, start, docnos, stage, source)
+                codes = np.clip(np.rint(rows / scale), -CODE_MAX, CODE_MAX).astype(np.int8)
+                # in float64, as quantise_rows: the error enters the exact bound, so it must not be rounded down
+                wide = np.abs(rows.astype(np.float64) - scale.astype(np.float64) * codes)
+                np.maximum(error, wide.max(axis=0, initial=0), out=error)
+                columns = np.ascontiguousarray(codes.T)
+                for dim in range(dims):
+                    os.pwrite(out.fileno(), columns[dim], header + dim * docs + start)
+                progress.update(len(rows))
         os.fsync(out.fileno())
     return scale, error
 
@@ -449,34 +487,39 @@ def record_path(path: Path) -> Path:
     return path.with_suffix('.json')
 
 
-def _write_record(path: Path, layout_path: Path, scale: np.ndarray, error: np.ndarray) -> None:
+def _write_record(path: Path, sources: Dict[str, dict], scale: np.ndarray, error: np.ndarray) -> None:
     """The copy's record, written (atomically) after the copy is in place: a build killed before this leaves a copy
     without a record, which is rebuilt."""
-    record = {'layout': list(_identity(layout_path)), 'codes': list(_identity(path)),
-              'scale': [float(x) for x in scale], 'error': [float(x) for x in error]}
-    with atomic_open(record_path(path)) as out:
-        json.dump(record, out)
+    write_json(record_path(path), {'sources': sources, 'codes': list(identity(path)),
+                                   'scale': [float(x) for x in scale], 'error': [float(x) for x in error]})
 
 
 def _read_record(path: Path) -> dict:
-    with open(record_path(path)) as f:
-        return json.load(f)
+    record = read_json(record_path(path))
+    if record is None:
+        raise OSError(f'{record_path(path)} is missing or unreadable')
+    return record
 
 
-def _check(path: Path, layout_path: Path, shape: Tuple[int, int]) -> Optional[str]:
-    """None for a complete int8 copy of this shape whose record matches both it and the float32 layout; else why
-    not."""
+def _check(path: Path, folder: Path, shape: Tuple[int, int], *, verify: bool = False) -> Optional[str]:
+    """None for a complete int8 copy of this shape whose record matches both it and the ``SOURCES`` files of the
+    index in ``folder`` (:func:`~pyterrier_rdime._index_files.sources_problem`); else why not."""
     problem = npy_problem(path, shape, np.dtype('i1'))
     if problem is not None:
         return problem + ' (damaged, or a build was interrupted)'
+    record = read_json(record_path(path))
     try:
-        record = _read_record(path)
-        if len(record['scale']) != shape[0] or len(record['error']) != shape[0]:
+        if len(record['scale']) != shape[0] or len(record['error']) != shape[0] or \
+                sorted(record['sources']) != sorted(SOURCES):
             raise ValueError('scale')
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return f'its record {record_path(path).name} is missing or unreadable (a build was interrupted)'
-    if tuple(record['codes']) != _identity(path):
+    if tuple(record['codes']) != identity(path):
         return f'its record {record_path(path).name} describes another file (damaged, or a build was interrupted)'
-    if tuple(record['layout']) != _identity(layout_path):
-        return f'it was built from another float32 layout than {layout_path.name} (the layout was rebuilt)'
+    problem, refreshed = sources_problem(record['sources'], folder, verify=verify)
+    if problem is not None:
+        return problem.replace('since it was built', 'since the copy was built')
+    if refreshed:  # the same content: record the new times, so the next open need not hash again
+        with contextlib.suppress(OSError):
+            _write_record(path, {**record['sources'], **refreshed}, record['scale'], record['error'])
     return None

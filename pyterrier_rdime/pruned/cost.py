@@ -108,7 +108,7 @@ class CostModel:
 
 
 def plan(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: bool,
-         model: Callable[[], CostModel], k: int) -> Plan:
+         model: Callable[[], CostModel], k: int, float32_ready: bool = True) -> Plan:
     """The plan of one call for these pruned query vectors (n, dims), ``k`` results each, over a matrix of
     ``matrix_bytes``, decided once:
 
@@ -121,7 +121,9 @@ def plan(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: 
       a matrix under ``MIN_PRUNED_BYTES`` and for no queries; else the path of least estimated cost by ``model()``
       among dense, pruned query after query or in one pass (a batch), and compressed query after query or in one pass
       (no margin: near a break-even either path costs about the same, and a margin would lose its own size on every
-      query there; an exact tie goes to the path listed first).
+      query there; an exact tie goes to the path listed first). Without ``float32_ready`` (a FlexIndex whose float32
+      dimension-major layout is not built: a second copy of the vectors on disk), the float32 pruned paths are left
+      out: ``'auto'`` never builds that copy, only ``strategy='pruned'`` does.
 
     ``model`` (e.g. :func:`.calibration.model`, which calibrates on first use) is called only when the plan depends on
     it."""
@@ -141,4 +143,6 @@ def plan(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: 
     if not compiled or matrix_bytes < MIN_PRUNED_BYTES or not len(query_vecs):
         return Plan('dense')
     costs = model().path_costs(query_vecs, k=k, matrix_bytes=matrix_bytes, one_pass=batch)
+    if not float32_ready:
+        costs = {path: cost for path, cost in costs.items() if Plan(path).strategy != 'pruned'}
     return Plan(min(costs, key=costs.get))

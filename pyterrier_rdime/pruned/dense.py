@@ -1,5 +1,6 @@
 """The dense path: top-k inner-product search over every dimension of a dimension-major ``(dims, docs)`` float32
-matrix with BLAS, the reference the pruned paths must match. Pure numpy."""
+matrix, or of the ``(docs, dims)`` rows of a FlexIndex's vectors, with BLAS: the reference the pruned paths must
+match. Pure numpy."""
 import numpy as np
 
 from .topk import Result, best_k, top_k
@@ -9,39 +10,58 @@ GEMV_BELOW = 4
 
 
 def search_dense(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, batch_size: int = 64,
-                 doc_block: int = 32768) -> Result:
+                 doc_block: int = 32768, rows: bool = False) -> Result:
     """Top-``k`` ``(scores, docids)`` of each query scored over every dimension with BLAS: one ``gemv`` per query
     below ``GEMV_BELOW`` queries, else ``batch_size`` queries per matrix product over blocks of ``doc_block``
-    documents (16k-64k is fastest: larger blocks slow OpenBLAS down), merging the top-k block by block."""
+    documents (16k-64k is fastest: larger blocks slow OpenBLAS down), merging the top-k block by block. With
+    ``rows``, ``dim_major`` is instead the ``(docs, dims)`` matrix of document rows (a FlexIndex's ``vecs.f4``, which
+    may be far larger than memory): always read a block of documents at a time, queries ``batch_size`` at a time,
+    so that the vectors are read once per batch."""
+    query_vecs = np.ascontiguousarray(query_vecs, dtype=np.float32)
+    if rows:
+        docs = dim_major.shape[0]
+        return _search_blocks(lambda d0: np.asarray(dim_major[d0:d0 + doc_block], dtype=np.float32),
+                              lambda queries, block: (block @ queries.T).T, docs, query_vecs, min(k, docs),
+                              batch_size, doc_block)
     dims, docs = dim_major.shape
     k = min(k, docs)
     scores, docids = [], []
     if len(query_vecs) < GEMV_BELOW:
         for query_vec in query_vecs:
-            s, d = top_k(np.ascontiguousarray(query_vec, dtype=np.float32) @ dim_major, k)
+            s, d = top_k(query_vec @ dim_major, k)
             scores.append(s)
             docids.append(d)
         return scores, docids
-    for q0 in range(0, len(query_vecs), batch_size):
-        queries = np.ascontiguousarray(query_vecs[q0:q0 + batch_size], dtype=np.float32)
-        best = [(np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64))] * len(queries)
-        bar = np.full(len(queries), -np.inf, dtype=np.float32)  # the k-th best score so far, once k are known
-        for d0 in range(0, docs, doc_block):
-            block = queries @ dim_major[:, d0:d0 + doc_block]
+    return _search_blocks(lambda d0: dim_major[:, d0:d0 + doc_block], lambda queries, block: queries @ block, docs,
+                          query_vecs, k, batch_size, doc_block)
+
+
+def _search_blocks(read_block, product, docs: int, query_vecs: np.ndarray, k: int, batch_size: int,
+                   doc_block: int) -> Result:
+    """Top-``k`` of each query over blocks of ``doc_block`` documents, each block read once (``read_block(d0)``) and
+    scored ``batch_size`` queries at a time (``product(queries, block) -> (queries, block)`` scores), the top-k merged
+    block by block."""
+    best = [(np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64))] * len(query_vecs)
+    bar = np.full(len(query_vecs), -np.inf, dtype=np.float32)  # the k-th best score so far, once k are known
+    for d0 in range(0, docs, doc_block):
+        data = read_block(d0)
+        for q0 in range(0, len(query_vecs), batch_size):
+            block = product(query_vecs[q0:q0 + batch_size], data)
             # after the first blocks only a few documents beat the k-th best: select among those alone
-            rows, cols = np.nonzero(block > bar[:, None])
-            bounds = np.searchsorted(rows, np.arange(len(queries) + 1))
+            rows, cols = np.nonzero(block > bar[q0:q0 + len(block), None])
+            bounds = np.searchsorted(rows, np.arange(len(block) + 1))
             for q in np.flatnonzero(np.diff(bounds)):
                 cand = cols[bounds[q]:bounds[q + 1]]
-                s = np.concatenate([best[q][0], block[q, cand]])
-                i = np.concatenate([best[q][1], cand + d0])
+                s = np.concatenate([best[q0 + q][0], block[q, cand]])
+                i = np.concatenate([best[q0 + q][1], cand + d0])
                 if len(s) >= k:
                     keep = best_k(s, i, k)
                     s, i = s[keep], i[keep]
-                    bar[q] = s[-1]
-                best[q] = (s, i)
-        for s, i in best:
-            order = best_k(s, i, k)
-            scores.append(s[order])
-            docids.append(i[order])
+                    bar[q0 + q] = s[-1]
+                best[q0 + q] = (s, i)
+    scores, docids = [], []
+    for s, i in best:
+        order = best_k(s, i, k)
+        scores.append(s[order])
+        docids.append(i[order])
     return scores, docids

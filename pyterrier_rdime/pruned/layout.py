@@ -5,19 +5,11 @@ is read-only, in the cache folder under a name keyed by the index's path and siz
 retriever on the index, in every process, shares the operating system's page cache instead of holding its own copy.
 It is built once, streaming the index in blocks of documents (bounded memory), into a temporary file renamed into
 place only when complete and flushed: an interrupted build leaves nothing that a later run would open. Beside it, a
-small JSON record (``rdime.dim_major.json``) holds the fingerprint of each file it was built from (``vecs.f4``, and
-``docnos.npids``, checked then for a repeated docno): size, modification time, inode change time (ctime), inode number
-and a SHA-256 of the whole file, hashed just before the build (0.7 s per GiB from the page cache on the project's
-2-core test machine, against 7.3 s per GiB for the build itself); the record also holds the identity of the layout
-file it describes and the largest absolute value of each dimension, and is written after the layout is renamed into
-place. On open, each source is compared with its fingerprint:
-
-- size, both times and inode as recorded: unchanged. Any write to a file sets its ctime to the current time, and
-  unlike the mtime (``touch``, ``os.utime``) it cannot be set back, short of changing the system clock;
-- the same size, but another time or inode (touched, ``chmod``-ed, moved, copied with ``cp -a``, or rewritten in place
-  with its mtime put back): the file is hashed in full; the same hash keeps the layout (and the record takes the new
-  times, so the next open does not hash again), another hash rebuilds it;
-- another size, a layout whose record is missing or does not match the layout file: rebuilt.
+small JSON record (``rdime.dim_major.json``) holds the fingerprint of each file it was built from (``vecs.f4``,
+and ``docnos.npids``, checked then for a repeated docno), the identity of the layout file it describes and the
+largest absolute value of each dimension, and is written after the layout is renamed into place. On open, each
+source is checked by :func:`pyterrier_rdime._index_files.sources_problem`: a ``stat`` while nothing changed, a full
+hash where a time or the inode moved, a rebuild where the size or the content differs.
 
 A rebuild warns, naming the reason. An array index gets an in-memory copy instead (its docnos checked once, there).
 
@@ -25,8 +17,6 @@ Longer than the package's ~250-line habit on purpose: the build, its fault safet
 the check on every open are one atomic protocol, easier to audit in one place than spread over modules.
 """
 import contextlib
-import hashlib
-import json
 import os
 import threading
 import warnings
@@ -37,20 +27,23 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from .._config import default_cache_dir
+from .._index_files import (
+    SOURCES,
+    check_built,
+    check_finite,
+    exclusive,
+    fingerprint,
+    flex_layout_path,
+    identity,
+    portable_index,
+    read_json,
+    row_reader,
+    sources_problem,
+    vector_stats,
+    write_json,
+)
 from .._io import atomic_open
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: builds in two processes may then both run (each result is valid)
-    fcntl = None
-
-LAYOUT_NAME = 'rdime.dim_major.npy'
-#: The files of a FlexIndex that its layout is built from (vectors, and docnos checked for repeats): a change to
-#: either rebuilds the layout.
-SOURCES = ('vecs.f4', 'docnos.npids')
-#: Bytes read at a time when hashing a source.
-HASH_CHUNK = 2 ** 22
 #: Docnos hashed at a time when looking for a repeated one (their text is held only a block at a time).
 DOCNO_BLOCK = 2 ** 20
 #: Documents per block when building: ``2 x block x dims x 4`` bytes of memory (200 MiB for 768 dimensions).
@@ -102,14 +95,40 @@ class Layout:
     def is_array(self) -> bool:
         return isinstance(self.index, np.ndarray)
 
+    @property
+    def shape(self) -> Tuple[int, int]:
+        """``(dims, docs)`` of the index, read from its metadata (no copy is opened or built)."""
+        if self.is_array:
+            return self.index.shape[1], self.index.shape[0]
+        check_built(self.index, self.stage)
+        meta = self.index.payload(return_dvecs=False, return_docnos=False)[0]
+        return int(meta['vec_size']), int(meta['doc_count'])
+
     def matrix(self) -> np.ndarray:
-        """The ``(dims, docs)`` float32 C-contiguous matrix."""
+        """The ``(dims, docs)`` float32 C-contiguous matrix (for a FlexIndex, the on-disk layout, built on first
+        use)."""
         self._open()
         return self._matrix
 
+    def has_matrix(self) -> bool:
+        """Whether the float32 matrix is at hand without a build: an array index, a layout opened here, or a FlexIndex
+        layout on disk that matches the index (``stat`` only)."""
+        if self.is_array or self._matrix is not None:
+            return True
+        path = flex_layout_path(self.index)
+        return _check(path, self.shape, Path(self.index.index_path)) is None
+
     def abs_max(self) -> np.ndarray:
-        """The largest absolute value of each dimension over the documents, float64 ``(dims,)``: bounds the scores."""
-        self._open()
+        """The largest absolute value of each dimension over the documents, float64 ``(dims,)``: bounds the scores.
+        For a FlexIndex, from its cached vector statistics (one streaming pass on first use), so that no copy of the
+        vectors is built for it."""
+        if self.is_array:
+            self._open()
+            return self._abs_max
+        if self._abs_max is None:
+            abs_max = vector_stats(self.index, stage=self.stage, verbose=self.verbose)['abs_max']
+            check_flex_docnos(self.index, self.stage)
+            self._abs_max = abs_max
         return self._abs_max
 
     def _open(self) -> None:
@@ -124,17 +143,17 @@ class Layout:
                                                 fix='give each row its own docno')
                         matrix, self._abs_max = dimension_major(self.index, docnos=self.docnos, stage=self.stage)
                     else:
-                        matrix, self._abs_max = open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)
+                        matrix, _ = open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)
                     self._matrix = matrix
 
     def doc_rows(self) -> Optional[np.ndarray]:
-        """The ``(docs, dims)`` float32 C-contiguous vectors the matrix was made from, where there are such (a
-        FlexIndex's ``vecs.f4``, checked against the layout when it was opened; an array index given in that form),
-        else None: the compressed path re-scores its few documents from their rows."""
-        self._open()
+        """The ``(docs, dims)`` float32 C-contiguous vectors the index holds, where there are such (a FlexIndex's
+        ``vecs.f4``, memory-mapped; an array index given in that form), else None: the dense path of a FlexIndex
+        scores them, and the compressed path re-scores its few documents from their rows."""
         if self.is_array:
             index = self.index
             return index if index.dtype == np.float32 and index.flags.c_contiguous else None
+        check_built(self.index, self.stage)
         return self.index.payload(return_docnos=False)[0]
 
     def lookup_docnos(self, docids: np.ndarray) -> np.ndarray:
@@ -149,12 +168,28 @@ class Layout:
         return self._docno_array[docids]
 
 
-def portable_index(index: object) -> object:
-    """The index as it should travel to another process: a FlexIndex reopened by path (pickling a FlexIndex whose
-    vectors are open would copy them all, as a plain array), an array as it is."""
-    if isinstance(index, np.ndarray) or not hasattr(index, 'index_path'):
-        return index
-    return type(index)(str(index.index_path), sim_fn=index.sim_fn, verbose=index.verbose)
+def check_flex_docnos(index: object, stage: str) -> None:
+    """Refuses a FlexIndex where two documents share a docno (:func:`check_unique_docnos`), once per docno file: a
+    record beside the layout (``rdime.dim_major.docnos.json``) keeps the fingerprint of the ``docnos.npids`` found
+    unique, checked by ``stat`` afterwards, so that no path, the dense one included, returns a docno twice."""
+    folder = Path(index.index_path)
+    path = flex_layout_path(index).with_suffix('.docnos.json')
+    record = read_json(path)
+    sources = record.get('sources') if record is not None else None
+    if isinstance(sources, dict) and set(sources) == {'docnos.npids'}:
+        problem, refreshed = sources_problem(sources, folder, verify=True)
+        if problem is None:
+            if refreshed:
+                with contextlib.suppress(OSError):  # a read-only cache: the next use hashes again
+                    write_json(path, {'sources': refreshed})
+            return
+    checked = {'docnos.npids': fingerprint(folder / 'docnos.npids')}  # before the check: a change shows later
+    docnos = index.payload(return_dvecs=False)[0]
+    check_unique_docnos(docnos.fwd.__getitem__, len(docnos), stage=stage, source=str(folder),
+                        fix='index each document once (drop the repeats from the documents) and rebuild the index '
+                            "with indexer(mode='overwrite')")
+    with contextlib.suppress(OSError):
+        write_json(path, {'sources': checked})
 
 
 def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None, stage: str = 'PrunedRetriever',
@@ -169,23 +204,11 @@ def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None,
     abs_max = np.zeros(dims)
     for start in range(0, docs, block):
         rows = np.asarray(vecs[start:start + block], dtype=np.float32)
-        _check_finite(rows, start, docnos, stage, 'the array index')
+        check_finite(rows, start, docnos, stage, 'the array index')
         np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
         if not view:
             out[:, start:start + len(rows)] = rows.T
     return out, abs_max
-
-
-def flex_layout_path(index: object) -> Path:
-    """Where the layout of a FlexIndex is (or will be) stored: in the index folder if a layout is there or the folder
-    is writable, else in ``default_cache_dir()/layouts`` under a name keyed by the index's resolved path and size."""
-    folder = Path(index.index_path)
-    beside = folder / LAYOUT_NAME
-    if beside.exists() or os.access(folder, os.W_OK):
-        return beside
-    source = folder / 'vecs.f4'
-    key = hashlib.sha1(f'{folder.resolve()}:{source.stat().st_size}'.encode()).hexdigest()[:16]
-    return default_cache_dir() / 'layouts' / f'{folder.name}-{key}.npy'
 
 
 def record_path(path: Path) -> Path:
@@ -199,9 +222,7 @@ def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever',
     first if the layout is missing or was not built from the index's current vectors and docnos (an index with a
     repeated docno is refused then). Every caller in this process gets the same array; concurrent builds (threads,
     or processes where ``fcntl`` exists) wait for the first one and then open its file."""
-    if not (Path(index.index_path) / 'pt_meta.json').is_file():
-        raise ValueError(f'{stage}: {index!r} is not built (no pt_meta.json in {index.index_path}); index the '
-                         'documents first, e.g. (encoder >> index.indexer()).index(docs)')
+    check_built(index, stage)
     meta = index.payload(return_dvecs=False, return_docnos=False)[0]
     shape = (int(meta['vec_size']), int(meta['doc_count']))
     folder = Path(index.index_path)
@@ -212,10 +233,10 @@ def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever',
     with build_lock:
         with _REGISTRY_LOCK:
             opened = _OPEN.get(path)
-        if opened is not None and opened[0] == _identity(path) and _check(path, shape, folder) is None:
+        if opened is not None and opened[0] == identity(path) and _check(path, shape, folder) is None:
             return opened[1], opened[2]
         if _check(path, shape, folder) is not None:
-            with _exclusive(source):  # another process may be building it: wait, then look again (hashing now)
+            with exclusive(source):  # another process may be building it: wait, then look again (hashing now)
                 reason = _check(path, shape, folder, verify=True)
                 if reason is not None:
                     if path.exists() or record_path(path).exists():
@@ -224,10 +245,8 @@ def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever',
                     for stale in path.parent.glob(f'.{path.name}.*.tmp'):  # from a killed build: no one writes it now
                         stale.unlink(missing_ok=True)
                     record_path(path).unlink(missing_ok=True)
+                    check_flex_docnos(index, stage)
                     docnos, vecs, _ = index.payload()
-                    check_unique_docnos(docnos.fwd.__getitem__, len(docnos), stage=stage, source=str(folder),
-                                        fix='index each document once (drop the repeats from the documents) and '
-                                            "rebuild the index with indexer(mode='overwrite')")
                     # hashed before the build: vectors changed during it show as a changed ctime on the next open
                     sources = {name: fingerprint(folder / name) for name in SOURCES}
                     abs_max = build_layout(vecs, path, docnos=docnos.fwd, stage=stage, source=str(folder),
@@ -236,7 +255,7 @@ def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever',
         matrix = np.load(path, mmap_mode='r')
         abs_max = np.asarray(_read_record(path)['abs_max'], dtype=np.float64)
         with _REGISTRY_LOCK:
-            _OPEN[path] = (_identity(path), matrix, abs_max)
+            _OPEN[path] = (identity(path), matrix, abs_max)
         return matrix, abs_max
 
 
@@ -262,10 +281,10 @@ def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = Non
         out.truncate(header + dims * docs * 4)
         out.flush()
         progress = pt.tqdm(total=docs, desc=f'{stage} layout', unit='doc') if verbose and docs else None
-        with _row_reader(vecs) as read_rows:
+        with row_reader(vecs) as read_rows:
             for start in range(0, docs, block):
                 rows = read_rows(start, min(docs, start + block))
-                _check_finite(rows, start, docnos, stage, source)
+                check_finite(rows, start, docnos, stage, source)
                 np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
                 columns = np.ascontiguousarray(rows.T)
                 for dim in range(dims):
@@ -276,35 +295,6 @@ def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = Non
             progress.close()
         os.fsync(out.fileno())
     return abs_max
-
-
-@contextlib.contextmanager
-def _row_reader(vecs: np.ndarray):
-    """``read(start, stop) -> (stop - start, dims) float32`` rows of ``vecs``; a C-ordered float32 memory map is
-    read through its file."""
-    filename = getattr(vecs, 'filename', None)
-    if isinstance(vecs, np.memmap) and filename and vecs.dtype == np.float32 and vecs.flags.c_contiguous:
-        row_bytes = vecs.shape[1] * 4
-        with open(filename, 'rb') as f:
-            def read(start: int, stop: int) -> np.ndarray:
-                rows = np.empty((stop - start, vecs.shape[1]), dtype=np.float32)
-                f.seek(vecs.offset + start * row_bytes)
-                if f.readinto(memoryview(rows).cast('B')) != rows.nbytes:
-                    raise OSError(f'{filename} ended before document {stop}: the index is truncated')
-                return rows
-            yield read
-    else:
-        yield lambda start, stop: np.asarray(vecs[start:stop], dtype=np.float32)
-
-
-def _check_finite(rows: np.ndarray, start: int, docnos: Optional[object], stage: str, source: str) -> None:
-    finite = np.isfinite(rows).all(axis=1)
-    if not finite.all():
-        docid = start + int(np.argmin(finite))
-        docno = str(docid) if docnos is None else str(docnos[docid])
-        raise ValueError(f'{stage}: document {docno!r} (docid {docid}) of {source} has NaN or infinite values in its '
-                         'vector: it would score NaN, which cannot be ranked against real scores; re-encode it or '
-                         'rebuild the index without it')
 
 
 def check_unique_docnos(lookup: Callable[[np.ndarray], np.ndarray], count: int, *, stage: str, source: str,
@@ -333,47 +323,18 @@ def check_unique_docnos(lookup: Callable[[np.ndarray], np.ndarray], count: int, 
                          f'and {docids[1]}), so a ranking could hold it twice; {fix}')
 
 
-def _identity(path: Path) -> Optional[Tuple[int, int, int]]:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return stat.st_ino, stat.st_mtime_ns, stat.st_size
-
-
-def _stat(source: Path) -> dict:
-    stat = source.stat()
-    return {'size': stat.st_size, 'mtime_ns': stat.st_mtime_ns, 'ctime_ns': stat.st_ctime_ns, 'inode': stat.st_ino}
-
-
-def fingerprint(source: Path) -> dict:
-    """Size, modification time, inode change time, inode number and SHA-256 of a file. The hash reads the whole file
-    (0.7 s per GiB from the page cache on this project's test machine, 2 cores with SHA extensions); the stat is
-    taken first, so a change while hashing shows as a changed ctime on the next check."""
-    fields = _stat(source)
-    digest = hashlib.sha256()
-    buffer = bytearray(HASH_CHUNK)
-    view = memoryview(buffer)
-    with open(source, 'rb') as f:
-        while True:
-            read = f.readinto(buffer)
-            if not read:
-                break
-            digest.update(view[:read])
-    return {**fields, 'sha256': digest.hexdigest()}
-
-
 def _write_record(path: Path, sources: Dict[str, dict], abs_max: Sequence[float]) -> None:
     """The layout's record, written (atomically) after the layout is in place: a build killed before this leaves
     a layout without a record, which is rebuilt."""
-    record = {'sources': sources, 'layout': list(_identity(path)), 'abs_max': [float(x) for x in abs_max]}
-    with atomic_open(record_path(path)) as out:
-        json.dump(record, out)
+    write_json(record_path(path), {'sources': sources, 'layout': list(identity(path)),
+                                   'abs_max': [float(x) for x in abs_max]})
 
 
 def _read_record(path: Path) -> dict:
-    with open(record_path(path)) as f:
-        return json.load(f)
+    record = read_json(record_path(path))
+    if record is None:
+        raise OSError(f'{record_path(path)} is missing or unreadable')
+    return record
 
 
 def npy_problem(path: Path, shape: Tuple[int, int], dtype: np.dtype) -> Optional[str]:
@@ -413,41 +374,12 @@ def _check(path: Path, shape: Tuple[int, int], folder: Path, *, verify: bool = F
     except (OSError, ValueError, KeyError, TypeError):
         return (f'its record {record_path(path).name} is missing or unreadable (a build was interrupted, or the '
                 'layout predates these records)')
-    if tuple(record['layout']) != _identity(path):
+    if tuple(record['layout']) != identity(path):
         return f'its record {record_path(path).name} describes another file (a build was interrupted)'
-    changed = {}
-    for name, built_from in record['sources'].items():
-        try:
-            now = _stat(folder / name)
-        except OSError as e:
-            return f'{folder / name} cannot be read ({e})'
-        if now['size'] != built_from['size']:
-            return f'{folder / name} changed since the layout was built (its size)'
-        if any(now[key] != built_from[key] for key in now):
-            changed[name] = now
-    if not changed:
-        return None
-    if not verify:
-        return f'{", ".join(changed)} may have changed since the layout was built (a time or the inode)'
-    for name in changed:  # touched, copied, moved or chmod-ed, or rewritten in place: the content tells
-        changed[name] = fingerprint(folder / name)
-        if changed[name]['sha256'] != record['sources'][name]['sha256']:
-            return f'{folder / name} changed since the layout was built (its content: SHA-256)'
-    # the same content: record the new times, so the next open need not hash again
-    with contextlib.suppress(OSError):  # a folder no longer writable: the next open hashes again
-        _write_record(path, {**record['sources'], **changed}, record['abs_max'])
+    problem, refreshed = sources_problem(record['sources'], folder, verify=verify)
+    if problem is not None:
+        return problem.replace('since it was built', 'since the layout was built')
+    if refreshed:  # the same content: record the new times, so the next open need not hash again
+        with contextlib.suppress(OSError):  # a folder no longer writable: the next open hashes again
+            _write_record(path, {**record['sources'], **refreshed}, record['abs_max'])
     return None
-
-
-@contextlib.contextmanager
-def _exclusive(source: Path):
-    """An exclusive lock across processes, held on the index's vector file (opened read-only, left unchanged)."""
-    if fcntl is None:  # pragma: no cover
-        yield
-        return
-    with open(source, 'rb') as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -35,8 +35,8 @@ DOCNO_PAIRS = 1024
 
 
 class ShardServer:
-    """What a Ray actor of :class:`ShardedPrunedRetriever` runs: the ``PrunedRetriever`` of one shard, its layout
-    memory-mapped (or built) on the actor's node, on ``threads`` threads for numba and BLAS alike (the CPUs Ray gave
+    """What a Ray actor of :class:`ShardedPrunedRetriever` runs: the ``PrunedRetriever`` of one shard, its files
+    opened (or built) on the actor's node, on ``threads`` threads for numba and BLAS alike (the CPUs Ray gave
     the actor; None: every core of the node). Its replies to :meth:`info`, :meth:`where` and :meth:`search` name its
     node (ID and IP address), so that an error after a restart names the node the shard was last on."""
 
@@ -67,12 +67,14 @@ class ShardServer:
         searches, to tell a slow shard from one whose actor has no node."""
         return self.node
 
-    def info(self) -> Tuple[Tuple[str, str], int, np.ndarray, bool]:
-        """``(node, documents, largest |value| of each dimension, whether the compiled kernels run here)``, opening
-        (or building) the shard's layout."""
+    def info(self) -> Tuple[Tuple[str, str], int, np.ndarray, bool, bool]:
+        """``(node, documents, largest |value| of each dimension, whether the compiled kernels run here, whether the
+        float32 pruned paths may be planned)``: the latter as ``PrunedRetriever.plan`` decides it (a forced strategy,
+        or a float32 layout at hand: ``'auto'`` never builds one)."""
         self._use_threads()
-        return (self.node, self.retriever.dim_major().shape[1], self.retriever._layout.abs_max(),
-                kept.NUMBA_AVAILABLE)
+        retriever = self.retriever
+        return (self.node, retriever.shape[1], retriever._layout.abs_max(), kept.NUMBA_AVAILABLE,
+                retriever.strategy != 'auto' or retriever._layout.has_matrix())
 
     def cost_model(self) -> cost.CostModel:
         """The cost model of this node (calibrated on first use), from which the driver plans every call."""
@@ -82,7 +84,7 @@ class ShardServer:
     def docno_hashes(self) -> np.ndarray:
         """The hashes of the shard's docnos, sorted: what the driver compares across shards (kept in docid order for
         :meth:`docnos_hashed`)."""
-        self._hashes = docno_hashes(self.retriever._layout.lookup_docnos, self.retriever.dim_major().shape[1])
+        self._hashes = docno_hashes(self.retriever._layout.lookup_docnos, self.retriever.shape[1])
         return np.sort(self._hashes)
 
     def docnos_hashed(self, values: np.ndarray) -> List[str]:
@@ -99,15 +101,16 @@ class ShardServer:
         scores, docids = retriever.search(query_vecs, plan)
         flat = np.concatenate(docids).astype(np.int64)
         docnos = np.asarray(self.retriever._layout.lookup_docnos(flat), dtype=str)
-        return (self.node, self.retriever.dim_major().shape[1], np.array([len(d) for d in docids]),
-                np.concatenate(scores), flat, docnos)
+        return (self.node, self.retriever.shape[1], np.array([len(d) for d in docids]), np.concatenate(scores),
+                flat, docnos)
 
 
 class _Actors:
     """The running actors of a retriever and its ``% k`` variants (started on first use), with what the plan and the
     merge need: the shards served, the node each actor last answered from, their first global docid, documents,
-    dimensions, the largest |value| of each dimension, whether every node runs the compiled kernels, and the cost
-    model (asked from the first actor when a plan first needs it)."""
+    dimensions, the largest |value| of each dimension, whether every node runs the compiled kernels and every shard
+    may take the float32 pruned paths (when the actors started), and the cost model (asked from the first actor when a
+    plan first needs it)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -120,6 +123,7 @@ class _Actors:
         self.dims = 0
         self.abs_max = np.zeros(0)
         self.compiled = False
+        self.float32_ready = False
         self.model: Optional[cost.CostModel] = None
 
 
@@ -128,20 +132,21 @@ class ShardedPrunedRetriever(ConfigTransformer):
     same output as one ``PrunedRetriever`` over the whole collection (the shards' documents in the order given, a
     document's ``docid`` its position in that order), for an index larger than one machine.
 
-    Every shard is a pyterrier-dr ``FlexIndex`` (built by you, or cut from one index by :func:`split_flex_index`) or
-    a ``(docs, dims)`` array. On first use, one actor per non-empty shard is started (``ray.init(address=ray_address)``
-    first if this process is not connected to Ray yet); each opens its shard's dimension-major layout on its own node
-    (building it there on first use, or rebuilding it with a warning when the shard's vectors changed, as
-    ``PrunedRetriever`` does). A docno held by two shards is refused then, naming it and both shards (each shard's
-    docnos are hashed on its node, the sorted hashes merged here: its cost at 8.8M docnos is in the docs). A
-    batch of queries is checked once, here, against every shard, its plan (:func:`~pyterrier_rdime.pruned.cost.plan`
-    for the whole collection, with the cost model of the first shard's node) decided once, here, and the batch sent
-    to every shard at once with that plan: every shard takes the path one index over the whole collection would.
-    Each returns its exact top ``num_results``, and the merge keeps the best ``num_results`` over all, exact ties to
-    the lower global docid, as one index breaks them. A score is its shard's: on the pruned and compressed paths the
-    same float32 value as one index's; on the dense path equal up to float32 summation order (~1e-6 relative: BLAS
-    sums blocks of documents in an order that depends on the matrix's width), so documents whose scores differ by
-    less than that may swap ranks, as between ``PrunedRetriever``'s paths.
+    Every shard is a pyterrier-dr ``FlexIndex`` (built by you, or cut from one index by :func:`split_flex_index`) or a
+    ``(docs, dims)`` array. On first use, one actor per non-empty shard is started (``ray.init(address=ray_address)``
+    first if this process is not connected to Ray yet); each opens its shard on its own node as ``PrunedRetriever`` does
+    (the shard's vector statistics, and the copy its path needs, built there on first use, rebuilt with a warning when
+    the shard's vectors changed). A docno held by two shards is refused then, naming it and both shards (each shard's
+    docnos are hashed on its node, the sorted hashes merged here: its cost at 8.8M docnos is in the docs). A batch of
+    queries is checked once, here, against every shard, its plan (:func:`~pyterrier_rdime.pruned.cost.plan` for the
+    whole collection, with the cost model of the first shard's node; under ``'auto'`` the float32 pruned paths only if
+    every shard had its float32 layout at hand when the actors started) decided once, here, and the batch sent to every
+    shard at once with that plan: every shard takes the path one index over the whole collection would. Each returns its
+    exact top ``num_results``, and the merge keeps the best ``num_results`` over all, exact ties to the lower global
+    docid, as one index breaks them. A score is its shard's: on the pruned and compressed paths the same float32 value
+    as one index's; on the dense path equal up to float32 summation order (~1e-6 relative: BLAS sums blocks of documents
+    in an order that depends on the matrix's width), so documents whose scores differ by less than that may swap ranks,
+    as between ``PrunedRetriever``'s paths.
 
     Placement: with a FlexIndex shard its path is opened on the node where its actor runs, so either every node sees
     the same path (a shared file system) or shard ``i`` goes to the node that holds it, by ``resources[i]``, custom
@@ -182,9 +187,9 @@ class ShardedPrunedRetriever(ConfigTransformer):
         resources: per shard, the custom Ray resources its actor needs (places it on a node that offers them).
         max_restarts: restarts of a dead actor (each re-sends the batch it was serving) before the call fails.
         timeout: seconds a call waits for a shard's actor to be placed on a node (at the start, or again after its
-            node was lost) before it fails; the time an actor spends searching or building its layout is not
+            node was lost) before it fails; the time an actor spends searching or building its shard's copies is not
             bounded by it.
-        verbose: show a progress bar while a shard's layout is built (in the actor's log).
+        verbose: show a progress bar while a shard's copies are built (in the actor's log).
 
     Input columns: ``qid, query_vec``. Output columns: the input's plus ``docno, docid, score, rank``, ``num_results``
     rows per query (fewer when the shards hold fewer documents), sorted by query and descending score.
@@ -341,7 +346,8 @@ class ShardedPrunedRetriever(ConfigTransformer):
                                             first_only=True)[0]
             return actors.model
         return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=total * actors.dims * 4,
-                         compiled=actors.compiled, model=model, k=min(self.num_results, total))
+                         compiled=actors.compiled, model=model, k=min(self.num_results, total),
+                         float32_ready=actors.float32_ready)
 
     def close(self) -> None:
         """Release the actors (and what they reserve) of this retriever and its ``% k`` variants; a later call starts
@@ -393,21 +399,22 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 try:
                     self._wait_placed(ray, starting)
                     infos = self._gather(ray, starting, lambda handle: handle.info.remote(), 'open')
-                    self._check_dims(served, [abs_max for _, _, abs_max, _ in infos])
+                    self._check_dims(served, [abs_max for _, _, abs_max, _, _ in infos])
                     self._refuse_shared_docnos(ray, starting)
                 except BaseException:
                     for handle in handles:  # a retriever that failed to start holds nothing
                         ray.kill(handle, no_restart=True)
                     raise
                 sizes = np.array([len(s) if r is None else 0 for s, r in zip(self.shards, self._retrievers)])
-                sizes[served] = [docs for _, docs, _, _ in infos]
+                sizes[served] = [docs for _, docs, _, _, _ in infos]
                 actors.docs = sizes[served]
                 actors.offsets = (np.cumsum(sizes) - sizes)[served]
                 actors.dims = len(infos[0][2])
-                actors.abs_max = np.max([abs_max for _, _, abs_max, _ in infos], axis=0)
-                actors.compiled = all(compiled for _, _, _, compiled in infos)
+                actors.abs_max = np.max([abs_max for _, _, abs_max, _, _ in infos], axis=0)
+                actors.compiled = all(compiled for _, _, _, compiled, _ in infos)
+                actors.float32_ready = all(ready for _, _, _, _, ready in infos)
                 actors.served, actors.retrievers = served, retrievers
-                actors.nodes = [node for node, _, _, _ in infos]
+                actors.nodes = [node for node, _, _, _, _ in infos]
                 actors.handles = handles
         return ray, actors
 

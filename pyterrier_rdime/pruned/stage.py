@@ -1,5 +1,7 @@
 """The PrunedRetriever transformer: exact dense retrieval that scores only the dimensions a pruned query keeps."""
+import logging
 import numbers
+import time
 from typing import Optional, Sequence
 
 import numpy as np
@@ -8,11 +10,14 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
+from .._index_files import portable_index
 from . import calibration, cost, dense, kept
 from .compressed import CompressedCopy, search_compressed
-from .layout import Layout, portable_index
-from .plan import Plan
+from .layout import Layout
+from .plan import Plan, nonzero_fractions
 from .topk import Result
+
+logger = logging.getLogger(__name__)
 
 STRATEGIES = ('auto', 'pruned', 'dense', 'compressed')
 #: A query whose scores could reach this (half the float32 range) is refused: see ``PrunedRetriever.stack_queries``.
@@ -25,22 +30,25 @@ class PrunedRetriever(ConfigTransformer):
     dimension with the zeroed query (:class:`pyterrier_rdime.Rdime` sets dropped dimensions of ``query_vec`` to 0).
 
     The kept set of a query is the set of non-zero entries of its ``query_vec`` (a kept dimension whose value is
-    exactly 0 contributes nothing, so skipping it is exact). The documents are read from a dimension-major
-    ``(dims, docs)`` float32 copy of the index, so that the values of one dimension are contiguous:
+    exactly 0 contributes nothing, so skipping it is exact). The pruned paths read a dimension-major copy of the
+    index, so that the values of one dimension are contiguous:
 
-    - for a ``FlexIndex``, one copy per index on disk (``rdime.dim_major.npy`` in the index folder, or in the
-      ``layouts`` folder of the package's cache, ``$PYTERRIER_RDIME_CACHE`` else ``~/.cache/pyterrier_rdime``, when
-      the index folder is read-only), built on first use by streaming the index in
-      blocks (``docs x dims x 4`` bytes of disk, ~200 MiB of memory; a progress bar when ``verbose``), then
-      memory-mapped: every ``PrunedRetriever`` on the index, in every process, shares it (and the page cache);
-    - for a ``(docs, dims)`` array, an in-memory copy held by this retriever and its ``% k`` variants (pass a
+    - for a ``FlexIndex``, files on disk beside ``vecs.f4`` (in the index folder, or in the ``layouts`` folder of the
+      package's cache, ``$PYTERRIER_RDIME_CACHE`` else ``~/.cache/pyterrier_rdime``, when the index folder is
+      read-only), each built once by streaming the vectors in blocks (a progress bar when ``verbose``) and then
+      memory-mapped, so that every ``PrunedRetriever`` on the index, in every process, shares them (and the page
+      cache): the vectors' statistics (the largest ``|d_j|`` and variance of each dimension), the int8 copy of the
+      compressed path (``docs x dims`` bytes) and, for ``strategy='pruned'`` only, the float32 layout (``docs x dims
+      x 4`` bytes, as large as the vectors); the dense path reads ``vecs.f4`` itself;
+    - for a ``(docs, dims)`` array, in-memory copies held by this retriever and its ``% k`` variants (pass a
       Fortran-ordered float32 array to share its memory instead).
 
-    A document whose vector holds NaN or inf is an error when the copy is built (it would score NaN); so is a query
-    whose scores could overflow float32 (``sum_j |q_j| max_d |d_j|`` of half the float32 range or more), naming its
-    qid; so is an index where two documents share a docno (a ranking would hold it twice), checked once, when the
-    copy is built. The on-disk copy records the size, times, inode and full SHA-256 of the vectors and docnos it was
-    built from, and is rebuilt (with a warning) when they change (see :mod:`pyterrier_rdime.pruned.layout`).
+    A document whose vector holds NaN or inf is an error when the vectors are first read (it would score NaN); so is
+    a query whose scores could overflow float32 (``sum_j |q_j| max_d |d_j|`` of half the float32 range or more),
+    naming its qid; so is an index where two documents share a docno (a ranking would hold it twice), checked on
+    first use. Each file records the size, times, inode and full SHA-256 of the vectors (and docnos) it was built
+    from, is checked by ``stat`` on later uses, and is rebuilt (with a warning) when they change (see
+    :mod:`pyterrier_rdime._index_files`).
 
     Three exact scoring paths, which ``strategy`` forces, and ``'auto'``, which picks one per call:
 
@@ -50,11 +58,12 @@ class PrunedRetriever(ConfigTransformer):
       rows once (whichever the cost model finds cheaper). Without numba, a pure-numpy version gives the same
       ranking, more slowly.
     - ``'dense'``: every dimension of the zeroed query with BLAS: one ``gemv`` per query below 4 queries, else one
-      matrix product per ``batch_size`` queries and block of documents.
-    - ``'compressed'``: the kept rows of an int8 copy of the matrix (a quarter of its size; for a FlexIndex a second
-      file beside the layout, ``rdime.dim_major.i8.npy``, built once on first use under the same protocol: ~9 s and
-      732 MiB for 1M x 768) are scanned first, then every document whose exact error bound cannot rule it out of the
-      top ``num_results`` is re-scored exactly: the same ranking, reading a quarter of the bytes in the scan
+      matrix product per ``batch_size`` queries and block of documents; a FlexIndex's own ``vecs.f4`` is read a block
+      of documents at a time, once per call.
+    - ``'compressed'``: the kept rows of an int8 copy of the vectors (a quarter of their size; for a FlexIndex
+      ``rdime.dim_major.i8.npy``, built once on first use from ``vecs.f4``: 732 MiB for 1M x 768) are scanned
+      first, then every document whose exact error bound cannot rule it out of the top ``num_results`` is re-scored
+      exactly from its row: the same ranking, reading a quarter of the bytes in the scan
       (:mod:`pyterrier_rdime.pruned.compressed`). A batch is scored query after query, or in one pass: one exact
       int8 matrix product per slab of documents for every query (torch's, on the CPU's VNNI / AMX units), whichever
       the cost model finds cheaper.
@@ -62,7 +71,9 @@ class PrunedRetriever(ConfigTransformer):
       one pass) or compressed (:mod:`pyterrier_rdime.pruned.cost`, calibrated on this machine on first use: a few
       seconds, cached per CPU model and thread counts), and ``'dense'`` without numba or for a matrix under 16 MiB
       (it sits in the CPU caches). The call's plan is decided once, by :func:`pyterrier_rdime.pruned.cost.plan`. The
-      first time it chooses the compressed path, the int8 copy is built; ``strategy='pruned'`` never builds it.
+      first time it chooses the compressed path, the int8 copy is built; ``strategy='pruned'`` never builds it. For
+      a FlexIndex, ``'auto'`` takes the float32 pruned paths only where their layout is already on disk: it never
+      writes a second float32 copy of the vectors.
 
     Every path returns the same documents up to floating-point ties: scores agree to float32 summation-order
     precision (~1e-6 relative; the compressed path's are float64 scores rounded to float32), so documents whose
@@ -154,11 +165,18 @@ class PrunedRetriever(ConfigTransformer):
         """The ``(dims, docs)`` float32 C-contiguous document matrix (opened or built on first use)."""
         return self._layout.matrix()
 
+    @property
+    def shape(self) -> tuple:
+        """``(dims, docs)`` of the index, without opening or building any copy."""
+        return self._layout.shape
+
     def plan(self, query_vecs: np.ndarray) -> Plan:
-        """How this retriever scores these (already pruned) query vectors (n, dims): decided once per call."""
-        matrix = self.dim_major()
-        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=matrix.nbytes, compiled=kept.NUMBA_AVAILABLE,
-                         model=calibration.model, k=min(self.num_results, matrix.shape[1]))
+        """How this retriever scores these (already pruned) query vectors (n, dims): decided once per call. For a
+        FlexIndex, ``'auto'`` considers the float32 pruned paths only once their layout is on disk."""
+        dims, docs = self.shape
+        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
+                         compiled=kept.NUMBA_AVAILABLE, model=calibration.model, k=min(self.num_results, docs),
+                         float32_ready=self.strategy != 'auto' or self._layout.has_matrix())
 
     def choose_strategy(self, query_vecs: np.ndarray) -> str:
         """The path this retriever takes for these (already pruned) query vectors (n, dims): ``'pruned'``,
@@ -170,14 +188,24 @@ class PrunedRetriever(ConfigTransformer):
         :meth:`stack_queries`, scored as ``plan`` says (default: :meth:`plan`): the search of one index, which
         :class:`~pyterrier_rdime.pruned.sharded.ShardedPrunedRetriever` runs on every shard."""
         plan = plan or self.plan(query_vecs)
-        matrix = self.dim_major()
+        start = time.perf_counter()
+        rows = None if self._layout.is_array else self._layout.doc_rows()
         if plan.path == 'dense':
-            return dense.search_dense(matrix, query_vecs, self.num_results, batch_size=self.batch_size)
-        if plan.strategy == 'compressed':
-            return search_compressed(self._compressed.codes(), matrix, query_vecs, self.num_results,
-                                     use_numba=kept.NUMBA_AVAILABLE, one_pass=plan.path == 'compressed one pass',
-                                     doc_rows=self._layout.doc_rows())
-        return kept.search_pruned(matrix, query_vecs, self.num_results, one_pass=plan.path == 'one pass')
+            result = dense.search_dense(self.dim_major() if rows is None else rows, query_vecs, self.num_results,
+                                        batch_size=self.batch_size, rows=rows is not None)
+        elif plan.strategy == 'compressed':
+            rows = self._layout.doc_rows()
+            result = search_compressed(self._compressed.codes(), self.dim_major() if rows is None else None,
+                                       query_vecs, self.num_results, use_numba=kept.NUMBA_AVAILABLE,
+                                       one_pass=plan.path == 'compressed one pass', doc_rows=rows)
+        else:
+            result = kept.search_pruned(self.dim_major(), query_vecs, self.num_results,
+                                        one_pass=plan.path == 'one pass')
+        # the path of each call, for a reader of the log (the scale benchmark reports it)
+        logger.info('%s: %d queries, %.1f %% of the dimensions kept on average, path %r, %.3f s',
+                    type(self).__name__, len(query_vecs), 100 * float(np.mean(nonzero_fractions(query_vecs)))
+                    if len(query_vecs) else 0.0, plan.path, time.perf_counter() - start)
+        return result
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)
@@ -186,7 +214,7 @@ class PrunedRetriever(ConfigTransformer):
         if not len(inp):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
-        query_vecs = self.stack_queries(inp, self.dim_major().shape[0], self._layout.abs_max(), type(self).__name__)
+        query_vecs = self.stack_queries(inp, self.shape[0], self._layout.abs_max(), type(self).__name__)
         scores, docids = self.search(query_vecs)
         counts = np.array([len(d) for d in docids])
         flat_ids = np.concatenate(docids).astype(np.int64)
