@@ -42,7 +42,7 @@ import pandas as pd
 from common import fmt_ratio, interleaved, log, ratio_stats, table, timed
 
 from pyterrier_rdime import PrfDime, PrunedRetriever, Rdime, TopK
-from pyterrier_rdime.pruned import calibration, compressed, cost, dense, kept
+from pyterrier_rdime.pruned import calibration, compressed, cost, dense, int8_copy, kept
 from pyterrier_rdime.pruned.plan import Plan
 
 K = 100
@@ -90,7 +90,7 @@ def plan_of(matrix: np.ndarray, queries: np.ndarray, strategy: str = 'auto') -> 
 @dataclasses.dataclass(frozen=True)
 class Compressed:
     """What the compressed path reads: the int8 copy, and the document rows it re-scores from (the index's)."""
-    codes: compressed.Codes
+    codes: int8_copy.Codes
     doc_rows: np.ndarray
 
 
@@ -300,13 +300,13 @@ def cost_model(args) -> dict:
     return {'seconds': seconds, **dataclasses.asdict(model)}
 
 
-def compressed_copy(retriever, matrix: np.ndarray, copy: compressed.Codes, open_s: float) -> dict:
+def compressed_copy(retriever, matrix: np.ndarray, copy: int8_copy.Codes, open_s: float) -> dict:
     """The int8 copy of the index: its size, and the time to build it again (into a temporary file beside it, removed
     after: the build of ``strategy='compressed'``'s first use, streamed from ``vecs.f4``, timed whether or not the
     copy existed)."""
-    path = compressed.compressed_path(Path(matrix.filename))
+    path = int8_copy.compressed_path(Path(matrix.filename))
     scratch = path.with_name('bench-' + path.name)
-    build_s, _ = timed(lambda: compressed.build_compressed(retriever._layout.doc_rows(), scratch,
+    build_s, _ = timed(lambda: int8_copy.build_compressed(retriever._layout.doc_rows(), scratch,
                                                            retriever._layout.abs_max()))
     scratch.unlink()
     log(f'int8 copy {path}: {copy.codes.nbytes / 2 ** 20:.0f} MiB ({copy.codes.nbytes / matrix.nbytes:.0%} of the '

@@ -92,10 +92,20 @@ def stat_fields(source: Path) -> dict:
     return dict(zip(STAT_FIELDS, (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)))
 
 
+#: Fingerprints taken in this process, by resolved path: a file whose stat fields are unchanged is not hashed twice
+#: (two derived files built one after the other from MS MARCO's 27 GB of vectors share one hash).
+_HASHED: Dict[Path, dict] = {}
+
+
 def fingerprint(source: Path) -> dict:
-    """Size, modification time, inode change time, inode number and SHA-256 of a file. The hash reads the whole file;
-    the stat is taken first, so a change while hashing shows as a changed ctime on the next check."""
+    """Size, modification time, inode change time, inode number and SHA-256 of a file. The hash reads the whole file,
+    once per process while the stat fields stay the same; the stat is taken first, so a change while hashing shows as
+    a changed ctime on the next check."""
     fields = stat_fields(source)
+    key = Path(source).resolve()
+    known = _HASHED.get(key)
+    if known is not None and all(known[name] == fields[name] for name in STAT_FIELDS):
+        return dict(known)
     digest = hashlib.sha256()
     buffer = bytearray(HASH_CHUNK)
     view = memoryview(buffer)
@@ -105,7 +115,8 @@ def fingerprint(source: Path) -> dict:
             if not read:
                 break
             digest.update(view[:read])
-    return {**fields, 'sha256': digest.hexdigest()}
+    _HASHED[key] = {**fields, 'sha256': digest.hexdigest()}
+    return dict(_HASHED[key])
 
 
 def sources_problem(recorded: Dict[str, dict], folder: Path, *, verify: bool) -> Tuple[Optional[str], Dict[str, dict]]:

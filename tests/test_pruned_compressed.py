@@ -19,7 +19,7 @@ import pytest
 from pruned_data import DIMS, K, flex_index, full_topk, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever
-from pyterrier_rdime.pruned import compressed, kept
+from pyterrier_rdime.pruned import compressed, int8_copy, kept
 
 NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                                  reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -66,7 +66,7 @@ def search(request, small_blocks, monkeypatch):
 def search_with(docs, query_vecs, k, use_numba, one_pass=False, rows=True):
     """The compressed path over ``docs``, re-scoring from their rows (``rows``) or from the dimension-major matrix."""
     dim_major = np.ascontiguousarray(docs.T)
-    return compressed.search_compressed(compressed.quantise(dim_major), dim_major, query_vecs, k,
+    return compressed.search_compressed(int8_copy.quantise(dim_major), dim_major, query_vecs, k,
                                         use_numba=use_numba, one_pass=one_pass,
                                         doc_rows=np.ascontiguousarray(docs) if rows else None)
 
@@ -80,14 +80,14 @@ def assert_reference(docs, query_vecs, result, k):
 
 def test_quantisation_by_hand():
     rows = np.array([[0.5, -1.27, 0.0], [0, 0, 0], [2, 2, 2], [0.01, 0.015, -0.0149]], dtype=np.float32)
-    codes, scale, error = compressed.quantise_rows(rows)
+    codes, scale, error = int8_copy.quantise_rows(rows)
     assert scale[0] == np.float32(1.27) / 127 and scale[1] == 1 and scale[2] == np.float32(2) / 127
     assert codes.dtype == np.int8 and codes[:3].tolist() == [[50, -127, 0], [0, 0, 0], [127, 127, 127]]
     # 0.01 / (0.015 / 127) = 84.67 -> 85, error 0.33 steps; -0.0149 -> -126.2 -> -126, error 0.15 steps
     assert codes[3].tolist() == [85, 127, -126]
     assert error[3] == pytest.approx(abs(np.float32(0.01) - 85 * np.float64(scale[3])), rel=1e-6)
     assert error[3] <= scale[3] / 2 and error[1] == 0 and error[2] < 1e-7
-    copy = compressed.quantise(np.ascontiguousarray(rows))
+    copy = int8_copy.quantise(np.ascontiguousarray(rows))
     assert copy.codes.tolist() == codes.tolist() and copy.scale.tolist() == scale.tolist()
 
 
@@ -106,7 +106,7 @@ def test_the_bound_holds_for_every_document(corpus, small_blocks, use_numba):
     halfway = (steps * 0.01).astype(np.float32)
     halfway[0] = 1.27  # the largest value: scale 0.01
     for matrix in (docs, halfway):
-        copy = compressed.quantise(np.ascontiguousarray(matrix.T))
+        copy = int8_copy.quantise(np.ascontiguousarray(matrix.T))
         for query_vec in query_vecs:
             approx, best, bound = compressed.first_pass(copy, query_vec, K, use_numba=use_numba)
             exact = matrix.astype(np.float64) @ query_vec.astype(np.float64)
@@ -119,14 +119,14 @@ def test_the_bound_holds_for_every_document(corpus, small_blocks, use_numba):
 
 def test_integer_weights_by_hand():
     scale = np.array([0.5, 0.25, 2.0], dtype=np.float32)
-    copy = compressed.Codes(np.zeros((3, 2), dtype=np.int8), scale, np.zeros(3))
+    copy = int8_copy.Codes(np.zeros((3, 2), dtype=np.int8), scale, np.zeros(3))
     queries = np.array([[1, 0, -1], [0, 0, 0], [0, 1e-3, 0]], dtype=np.float32)
     steps, weights = compressed.integer_weights(copy, queries)
     # the largest |value x scale| is the largest weight, 127 x 128 = 16256; the others to the nearest step
     assert steps.tolist() == [2 / 16256, 1, np.float64(np.float32(1e-3)) * 0.25 / 16256]
     assert weights.tolist() == [[4064, 0, -16256], [0, 0, 0], [0, 16256, 0]]
     # so many dimensions that 16256 x 127 x dims would overflow an int32: smaller weights
-    wide = compressed.Codes(np.zeros((20000, 1), dtype=np.int8), np.ones(20000, dtype=np.float32), np.zeros(20000))
+    wide = int8_copy.Codes(np.zeros((20000, 1), dtype=np.int8), np.ones(20000, dtype=np.float32), np.zeros(20000))
     _, weights = compressed.integer_weights(wide, np.ones((1, 20000), dtype=np.float32))
     assert weights.max() == (2 ** 31 - 1) // (127 * 20000) == 845
 
@@ -206,7 +206,7 @@ def test_the_integer_bound_holds_for_every_document(corpus):
     halfway = (steps_ * 0.01).astype(np.float32)
     halfway[0] = 1.27
     for matrix in (docs, halfway):
-        copy = compressed.quantise(np.ascontiguousarray(matrix.T))
+        copy = int8_copy.quantise(np.ascontiguousarray(matrix.T))
         steps, weights = compressed.integer_weights(copy, query_vecs)
         totals = weights @ copy.codes.astype(np.int64)
         for query_vec, step, w, total in zip(query_vecs, steps, weights, totals):
@@ -314,10 +314,10 @@ def test_a_child_forked_after_the_one_pass_alone_ran(tmp_path):
         import numpy as np
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from pruned_data import make_corpus
-        from pyterrier_rdime.pruned import compressed
+        from pyterrier_rdime.pruned import compressed, int8_copy
         docs, queries = make_corpus()
         matrix = np.ascontiguousarray(docs.T)
-        copy = compressed.quantise(matrix)
+        copy = int8_copy.quantise(matrix)
         compressed.INT8_PRODUCT = 'float64'
 
         def run(_):
@@ -352,12 +352,12 @@ def test_the_stage_on_an_array_index(corpus):
 @pytest.fixture
 def count_builds(monkeypatch):
     built = []
-    original = compressed.build_compressed
+    original = int8_copy.build_compressed
 
     def counting(*args, **kwargs):
         built.append(args[1])
         return original(*args, **kwargs)
-    monkeypatch.setattr(compressed, 'build_compressed', counting)
+    monkeypatch.setattr(int8_copy, 'build_compressed', counting)
     return built
 
 
@@ -377,8 +377,8 @@ def test_one_copy_per_flex_index_rebuilt_when_stale_or_damaged(corpus, tmp_path,
     # streamed from vecs.f4: no float32 dimension-major copy is written for the compressed path
     assert not (folder / 'rdime.dim_major.npy').exists() and not list(folder.glob('.rdime.dim_major.npy.*'))
     assert count_builds == [path] and np.load(path).shape == (DIMS, len(docs))
-    np.testing.assert_array_equal(np.load(path), compressed.quantise(np.ascontiguousarray(docs.T)).codes)
-    assert compressed.record_path(path).is_file() and path.stat().st_size < docs.nbytes / 3
+    np.testing.assert_array_equal(np.load(path), int8_copy.quantise(np.ascontiguousarray(docs.T)).codes)
+    assert int8_copy.record_path(path).is_file() and path.stat().st_size < docs.nbytes / 3
     PrunedRetriever(index=FlexIndex(str(folder)), num_results=K, strategy='compressed')(frame)
     assert len(count_builds) == 1  # opened, not rebuilt
 
@@ -387,12 +387,12 @@ def test_one_copy_per_flex_index_rebuilt_when_stale_or_damaged(corpus, tmp_path,
         with pytest.warns(UserWarning, match=match):
             again = PrunedRetriever(index=FlexIndex(str(folder)), num_results=K, strategy='compressed')(frame)
         assert len(count_builds) == before + 1 and again['docid'].tolist() == expected['docid'].tolist()
-        assert compressed._check(path, folder, (DIMS, len(docs))) is None
+        assert int8_copy._check(path, folder, (DIMS, len(docs))) is None
 
     with open(path, 'r+b') as f:  # damaged: cut short
         f.truncate(path.stat().st_size - 10)
     rebuilt('incomplete')
-    compressed.record_path(path).write_text('{"scale": [1.0]}')  # damaged record
+    int8_copy.record_path(path).write_text('{"scale": [1.0]}')  # damaged record
     rebuilt('record')
     with open(path, 'r+b') as f:  # damaged in place, same size: the record no longer describes the file
         f.seek(200)
@@ -404,7 +404,7 @@ def test_one_copy_per_flex_index_rebuilt_when_stale_or_damaged(corpus, tmp_path,
     with open(source, 'r+b') as f:
         f.write(docs[::-1].tobytes())
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    compressed._OPEN.clear()  # a new process: nothing opened yet
+    int8_copy._OPEN.clear()  # a new process: nothing opened yet
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         moved = PrunedRetriever(index=FlexIndex(str(folder)), num_results=K, strategy='compressed')(frame)

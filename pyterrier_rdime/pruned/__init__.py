@@ -1,7 +1,9 @@
 """Exact dense retrieval that scores only the dimensions a pruned query keeps: the transformer (``stage``), its
 exact scoring paths (``kept``: only the kept dimensions, compiled in ``_numba`` or numpy; ``dense``: BLAS over every
 dimension; ``compressed``: the kept rows of an int8 copy, then an exact re-scoring of what its error bound cannot rule
-out; all select with ``topk``), the on-disk dimension-major copy of an index (``layout``), the plan of each call
+out; all select with ``topk``), the on-disk copies of an index (``layout``: the float32 dimension-major one;
+``int8_copy``: the int8 codes of the compressed path; both below the shared files of ``pyterrier_rdime._index_files``),
+the plan of each call
 (``plan``, decided once by ``cost`` and carried out below), the calibration of the cost model on this machine
 (``calibration``, re-run with ``python -m pyterrier_rdime.pruned``), and the same search over a sharded index on Ray
 (``sharded``). Imports go one way: ``stage`` → ``calibration`` → ``cost`` → ``plan``; ``kept`` → ``_numba`` →

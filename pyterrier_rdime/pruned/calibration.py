@@ -18,7 +18,7 @@ import numpy as np
 
 from .._config import default_cache_dir
 from .._io import atomic_open
-from . import compressed, dense
+from . import compressed, dense, int8_copy
 from .cost import RESCORED_PER_RESULT, CostModel
 from .plan import batch_features, nonzero_fractions
 
@@ -133,10 +133,10 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     rng = np.random.default_rng(0)
     matrix = rng.random((CALIBRATION_DIMS, docs), dtype=np.float32)
     matrix -= 0.5
-    copy = compressed.quantise(matrix)
+    copy = int8_copy.quantise(matrix)
     rows = np.ascontiguousarray(matrix.T)  # the document rows the compressed path re-scores from, as a FlexIndex's
     tiny = np.ascontiguousarray(matrix[:, :CALLS_DOCS])
-    tiny_copy, one_dim = compressed.quantise(tiny), np.eye(1, CALIBRATION_DIMS, dtype=np.float32)
+    tiny_copy, one_dim = int8_copy.quantise(tiny), np.eye(1, CALIBRATION_DIMS, dtype=np.float32)
     rescored = np.sort(rng.choice(docs, min(docs, round(RESCORED_PER_RESULT * CALIBRATION_K)), replace=False))
 
     def queries(n: int, kept: float, shared: bool = False) -> np.ndarray:

@@ -18,14 +18,7 @@ A query ``q`` with kept dimensions ``K`` is scored in two steps:
 The re-scored documents are few when the bound is small against the gaps between the top scores (about ``k`` to
 ``2.5 k`` on sentence-embedding-like data); exact ties at the k-th score (duplicate documents) are all re-scored.
 
-For a FlexIndex the copy is one file per index (``rdime.dim_major.i8.npy`` beside where the float32 layout is or
-would be, a quarter of its size), built on first use by streaming the index's own vectors (``vecs.f4``) a block of
-documents at a time, with the scales from the index's cached vector statistics: no float32 dimension-major copy is
-needed for it, and the exact re-scoring reads the documents' rows from ``vecs.f4``. It follows the layout's
-protocol: a temporary file renamed into place when complete and flushed, a JSON record written after it with the
-fingerprints of the files it was built from (checked by ``stat`` on every open, hashed only where a time moved) and
-the identity of the copy itself; a copy whose record is missing or does not match is rebuilt with a warning;
-concurrent builds are serialised by a lock. An array index gets an in-memory copy.
+The copy and its codes are :mod:`.int8_copy`'s.
 
 A batch can instead be scored in one pass (``one_pass``): each query's weights ``q_j scale[j]`` rounded to integers
 times a step of the query (:func:`integer_weights`), the integer scores of every query and document from one int8
@@ -33,44 +26,21 @@ matrix product per slab of documents (exact int32 sums; torch's product runs on 
 slab pushed at once into each query's ``k`` best and the documents near them (:func:`integer_candidates`), then the
 same two steps with the bound of :func:`integer_bound` (the quantisation error plus the weights' rounding).
 
-Over ~250 lines: the bounds, the scans and the copy they read are one guarantee (exact top-k), kept together.
+The bounds and the scans are one guarantee (exact top-k), kept together; the copy they read is :mod:`.int8_copy`.
 """
-import contextlib
-import dataclasses
 import importlib.util
 import os
-import threading
 import warnings
-from pathlib import Path
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
-import pyterrier as pt
 
-from .._index_files import (
-    SOURCES,
-    check_finite,
-    exclusive,
-    fingerprint,
-    flex_layout_path,
-    identity,
-    read_json,
-    row_reader,
-    sources_problem,
-    write_json,
-)
-from .._io import atomic_open
-from .layout import BUILD_BLOCK, Layout, npy_problem
+from .int8_copy import CODE_MAX, Codes
 from .plan import kept_dims
 from .topk import Result, best_k, top_k
 
-#: The largest code: int8 values are in ``[-CODE_MAX, CODE_MAX]`` (-128 unused, so that the scale is symmetric).
-CODE_MAX = 127
 #: Unit roundoff of float32: each float32 operation is exact to within this relative error.
 UNIT_ROUNDOFF = 2.0 ** -24
-#: Dimensions quantised per step of a build: ``ROWS_PER_STEP x docs x 8`` bytes of temporary memory (64 MiB per
-#: million documents).
-ROWS_PER_STEP = 8
 #: The one pass of a batch scores with integers: each query's weights become integers ``w`` (times a step of the
 #: query) written as two int8 parts, ``w = WEIGHT_BASE * high + low`` with ``low`` in ``[-64, 63]``, so that one int8
 #: matrix product (int32 sums, exact) of both parts of every query with the codes gives ``sum_j w_j code_j``.
@@ -78,40 +48,6 @@ WEIGHT_BASE = 128
 #: Documents per int8 matrix product of the one pass: the products of a slab (``2 x queries x SLAB_DOCS`` int32, 8 MiB
 #: for 64 queries) are pushed into the queries' best and candidates while they are still in the cache.
 SLAB_DOCS = 16384
-
-_REGISTRY_LOCK = threading.Lock()
-_BUILD_LOCKS: Dict[Path, threading.Lock] = {}
-_OPEN: Dict[Path, Tuple[tuple, 'Codes']] = {}
-
-
-@dataclasses.dataclass(frozen=True)
-class Codes:
-    """An int8 copy of a dimension-major matrix: ``codes`` ``(dims, docs)`` int8 C-contiguous, with ``scale``
-    (float32) and the largest quantisation ``error`` (float64) of each dimension."""
-    codes: np.ndarray
-    scale: np.ndarray
-    error: np.ndarray
-
-
-def quantise_rows(rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(codes, scale, error)`` of float32 rows ``(n, docs)``, one scale per row; a row of zeros gets scale 1."""
-    rows = np.asarray(rows, dtype=np.float32)
-    scale = (np.abs(rows).max(axis=1, initial=0) / CODE_MAX).astype(np.float32)
-    scale[scale == 0] = 1
-    codes = np.clip(np.rint(rows / scale[:, None]), -CODE_MAX, CODE_MAX).astype(np.int8)
-    error = np.abs(rows.astype(np.float64) - scale.astype(np.float64)[:, None] * codes).max(axis=1, initial=0)
-    return codes, scale, error
-
-
-def quantise(dim_major: np.ndarray) -> Codes:
-    """The in-memory int8 copy of a ``(dims, docs)`` float32 matrix, ``ROWS_PER_STEP`` dimensions at a time."""
-    dims, docs = dim_major.shape
-    codes = np.empty((dims, docs), dtype=np.int8)
-    scale, error = np.empty(dims, dtype=np.float32), np.empty(dims)
-    for j in range(0, dims, ROWS_PER_STEP):
-        codes[j:j + ROWS_PER_STEP], scale[j:j + ROWS_PER_STEP], error[j:j + ROWS_PER_STEP] = \
-            quantise_rows(dim_major[j:j + ROWS_PER_STEP])
-    return Codes(codes, scale, error)
 
 
 def query_weights(copy: Codes, query_vec: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -366,160 +302,3 @@ def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray
     candidates = [(np.concatenate([ids for ids, _ in kept]), np.concatenate([scores for _, scores in kept]))
                   for kept in near]
     return best_i, candidates, np.zeros(n_queries, dtype=bool)
-
-
-class CompressedCopy:
-    """The int8 copy of one :class:`.layout.Layout`'s index, opened (or built) on first use. Thread-safe; pickles
-    without the copy (the other side reopens the file, or quantises its own matrix again)."""
-
-    def __init__(self, layout: Layout):
-        self.layout = layout
-        self._lock = threading.Lock()
-        self._codes: Optional[Codes] = None
-
-    def __getstate__(self) -> dict:
-        return {'layout': self.layout}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state['layout'])
-
-    def codes(self) -> Codes:
-        if self._codes is None:
-            with self._lock:
-                if self._codes is None:
-                    if self.layout.is_array:
-                        self._codes = quantise(self.layout.matrix())
-                    else:
-                        self._codes = open_flex_compressed(self.layout)
-        return self._codes
-
-
-def compressed_path(layout_path: Path) -> Path:
-    """Where the int8 copy belonging to the float32 layout path ``layout_path`` is stored: beside it, ``.i8`` added
-    to its name (``rdime.dim_major.i8.npy`` in an index folder)."""
-    layout_path = Path(layout_path)
-    return layout_path.with_name(f'{layout_path.stem}.i8{layout_path.suffix}')
-
-
-def open_flex_compressed(layout: Layout) -> Codes:
-    """The memory-mapped int8 copy of a FlexIndex, built first from its vectors (with a warning when one was there)
-    if it is missing, incomplete, damaged or was built from other vectors or docnos. No float32 layout is opened."""
-    index, stage = layout.index, layout.stage
-    folder = Path(index.index_path)
-    dims, docs = layout.shape
-    path = compressed_path(flex_layout_path(index))
-    with _REGISTRY_LOCK:
-        build_lock = _BUILD_LOCKS.setdefault(path, threading.Lock())
-    with build_lock:
-        with _REGISTRY_LOCK:
-            opened = _OPEN.get(path)
-        if opened is not None and opened[0] == identity(path) and _check(path, folder, (dims, docs)) is None:
-            return opened[1]
-        if _check(path, folder, (dims, docs)) is not None:
-            with exclusive(folder / 'vecs.f4'):  # another process may be building it: wait, then look again
-                reason = _check(path, folder, (dims, docs), verify=True)
-                if reason is not None:
-                    if path.exists() or record_path(path).exists():
-                        warnings.warn(f'{stage}: rebuilding the compressed copy {path}: {reason}', stacklevel=4)
-                    for stale in path.parent.glob(f'.{path.name}.*.tmp'):  # from a killed build: no one writes it now
-                        stale.unlink(missing_ok=True)
-                    record_path(path).unlink(missing_ok=True)
-                    abs_max = layout.abs_max()  # the vectors' statistics; docnos checked for repeats
-                    docnos, vecs, _ = index.payload()
-                    # hashed before the build: vectors changed during it show as a changed ctime on the next open
-                    sources = {name: fingerprint(folder / name) for name in SOURCES}
-                    scale, error = build_compressed(vecs, path, abs_max, docnos=docnos.fwd, stage=stage,
-                                                    source=str(folder), verbose=layout.verbose)
-                    _write_record(path, sources, scale, error)
-        record = _read_record(path)
-        copy = Codes(np.load(path, mmap_mode='r'), np.asarray(record['scale'], dtype=np.float32),
-                     np.asarray(record['error'], dtype=np.float64))
-        with _REGISTRY_LOCK:
-            _OPEN[path] = (identity(path), copy)
-        return copy
-
-
-def scales(abs_max: np.ndarray) -> np.ndarray:
-    """The float32 scale of each dimension from its largest absolute value, as :func:`quantise_rows` computes it
-    (1 for a dimension of zeros)."""
-    scale = (np.asarray(abs_max, dtype=np.float32) / CODE_MAX).astype(np.float32)
-    scale[scale == 0] = 1
-    return scale
-
-
-def build_compressed(vecs: np.ndarray, path: Path, abs_max: np.ndarray, *, docnos: Optional[object] = None,
-                     stage: str = 'PrunedRetriever', source: str = 'the index', block: Optional[int] = None,
-                     verbose: bool = False) -> Tuple[np.ndarray, np.ndarray]:
-    """Write the int8 ``(dims, docs)`` ``.npy`` copy of ``(docs, dims)`` float32 vectors to ``path``, streaming
-    ``block`` documents at a time (plain file reads of a memory map, so its pages do not pile up here) and writing
-    each block's codes into every dimension's row; the scales come from ``abs_max`` (the largest absolute value of
-    each dimension), so the codes equal :func:`quantise`'s. The file appears under its name only once complete and
-    flushed. Returns ``(scale, error)`` of each dimension; a document with NaN or inf is an error naming it."""
-    docs, dims = vecs.shape
-    block = block or BUILD_BLOCK
-    scale = scales(abs_max)
-    error = np.zeros(dims)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(path, 'wb') as out:
-        np.lib.format.write_array_header_1_0(out, {'descr': '|i1', 'fortran_order': False, 'shape': (dims, docs)})
-        header = out.tell()
-        out.truncate(header + dims * docs)
-        out.flush()
-        with row_reader(vecs) as read_rows, pt.tqdm(total=docs, desc=f'{stage} int8 copy', unit='doc',
-                                                    disable=not verbose or not docs) as progress:
-            for start in range(0, docs, block):
-                rows = read_rows(start, min(docs, start + block))
-                check_finite(rows, start, docnos, stage, source)
-                codes = np.clip(np.rint(rows / scale), -CODE_MAX, CODE_MAX).astype(np.int8)
-                # in float64, as quantise_rows: the error enters the exact bound, so it must not be rounded down
-                wide = np.abs(rows.astype(np.float64) - scale.astype(np.float64) * codes)
-                np.maximum(error, wide.max(axis=0, initial=0), out=error)
-                columns = np.ascontiguousarray(codes.T)
-                for dim in range(dims):
-                    os.pwrite(out.fileno(), columns[dim], header + dim * docs + start)
-                progress.update(len(rows))
-        os.fsync(out.fileno())
-    return scale, error
-
-
-def record_path(path: Path) -> Path:
-    """The JSON record that describes the int8 copy at ``path``."""
-    return path.with_suffix('.json')
-
-
-def _write_record(path: Path, sources: Dict[str, dict], scale: np.ndarray, error: np.ndarray) -> None:
-    """The copy's record, written (atomically) after the copy is in place: a build killed before this leaves a copy
-    without a record, which is rebuilt."""
-    write_json(record_path(path), {'sources': sources, 'codes': list(identity(path)),
-                                   'scale': [float(x) for x in scale], 'error': [float(x) for x in error]})
-
-
-def _read_record(path: Path) -> dict:
-    record = read_json(record_path(path))
-    if record is None:
-        raise OSError(f'{record_path(path)} is missing or unreadable')
-    return record
-
-
-def _check(path: Path, folder: Path, shape: Tuple[int, int], *, verify: bool = False) -> Optional[str]:
-    """None for a complete int8 copy of this shape whose record matches both it and the ``SOURCES`` files of the
-    index in ``folder`` (:func:`~pyterrier_rdime._index_files.sources_problem`); else why not."""
-    problem = npy_problem(path, shape, np.dtype('i1'))
-    if problem is not None:
-        return problem + ' (damaged, or a build was interrupted)'
-    record = read_json(record_path(path))
-    try:
-        if len(record['scale']) != shape[0] or len(record['error']) != shape[0] or \
-                sorted(record['sources']) != sorted(SOURCES):
-            raise ValueError('scale')
-    except (ValueError, KeyError, TypeError):
-        return f'its record {record_path(path).name} is missing or unreadable (a build was interrupted)'
-    if tuple(record['codes']) != identity(path):
-        return f'its record {record_path(path).name} describes another file (damaged, or a build was interrupted)'
-    problem, refreshed = sources_problem(record['sources'], folder, verify=verify)
-    if problem is not None:
-        return problem.replace('since it was built', 'since the copy was built')
-    if refreshed:  # the same content: record the new times, so the next open need not hash again
-        with contextlib.suppress(OSError):
-            _write_record(path, {**record['sources'], **refreshed}, record['scale'], record['error'])
-    return None

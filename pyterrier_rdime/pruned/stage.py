@@ -12,7 +12,8 @@ from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
 from .._index_files import portable_index
 from . import calibration, cost, dense, kept
-from .compressed import CompressedCopy, search_compressed
+from .compressed import search_compressed
+from .int8_copy import CompressedCopy
 from .layout import Layout
 from .plan import Plan, nonzero_fractions
 from .topk import Result
