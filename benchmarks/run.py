@@ -14,6 +14,10 @@ One script per question, each printing ratios measured side by side in one run:
 - ``shards``: ShardedPrunedRetriever over 1, 2 and 4 shards on a local multi-node Ray cluster against one
   PrunedRetriever, its scatter/gather overhead, and the cost of 100M x 768 over N nodes on paper (the first run also
   writes the 2- and 4-shard copies of the 1M index and their layouts, 11.4 GiB of disk, ~2 min);
+- ``shard_checks``: what ShardedPrunedRetriever's refusal of docnos shared by two shards and its plan on the driver
+  cost at 8.8M docnos (seconds, no cluster);
+- ``node_loss``: ShardedPrunedRetriever when the node of a pinned shard is lost, on a ``ray start`` cluster on this
+  machine: the error without a replacement node, the same ranking with one (~1.5 min);
 - ``scale``: the paper's protocol at MS MARCO's scale (8.8M passages): a FlexIndex of the DL19 pool among synthetic
   distractors, the runner's whole retrieve-mode cell over it, its time, memory, disk, paths, exactness and the
   effectiveness/latency frontier (not in ``all``: ~27 GB of disk and an hour or more; ``--docs 1000000`` for less);
@@ -30,16 +34,18 @@ import batches
 import bounds
 import estimators
 import layout
+import node_loss
 import overhead
 import pipelines
 import scale
 import search
+import shard_checks
 import shards
 import switch
 
 SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout,
            'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards,
-           'bounds': bounds, 'scale': scale}
+           'shard_checks': shard_checks, 'node_loss': node_loss, 'bounds': bounds, 'scale': scale}
 
 
 def main(argv=None) -> int:

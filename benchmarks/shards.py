@@ -150,23 +150,26 @@ def main(argv=None) -> int:
     noop = interleaved({'round trip': lambda: ray.get([h.__ray_call__.remote(lambda server: None) for h in handles])},
                        args.rounds * 4)['round trip']
 
-    def in_actor(server, batch):  # defined here: Ray ships it by value to the actor
+    def in_actor(server, batch, plan):  # defined here: Ray ships it by value to the actor
         start = time.perf_counter()
-        server.search(batch, K)
+        server.search(batch, K, plan)
         return time.perf_counter() - start
 
     one_shard = retrievers[1]._actors.handles[0]
     rows, overhead = [], {}
     for b in batch_sizes:
         one, base = results['sides'][f'1 shard(s), batch {b}'], results['sides'][f'single, batch {b}']
-        batches = [ray.put(queries[i:i + 1]) for i in range(args.single)] if b == 1 else [ray.put(queries[:b])]
-        # the same search timed inside the 1-shard actor: what the stage's call adds to it is the overhead
-        compute = min(sum(ray.get([one_shard.__ray_call__.remote(in_actor, ref) for ref in batches]))
+        parts = [queries[i:i + 1] for i in range(args.single)] if b == 1 else [queries[:b]]
+        # the same search, on the plan the stage decides on the driver, timed inside the 1-shard actor: what the
+        # stage's call adds to it is the overhead
+        batches = [(ray.put(part), retrievers[1].plan(part)) for part in parts]
+        compute = min(sum(ray.get([one_shard.__ray_call__.remote(in_actor, ref, plan) for ref, plan in batches]))
                       for _ in range(args.rounds)) / len(batches)
         extra = one['min'] - compute
-        reply = ray.get(handles[0].search.remote(ray.put(queries[:b]), K))
-        bounds = np.concatenate([[0], np.cumsum(reply[1])])
-        parts = [(bounds, reply[2], reply[3], reply[4])] * max(counts)
+        _, _, found, scores, docids, docnos = ray.get(handles[0].search.remote(
+            ray.put(queries[:b]), K, retrievers[max(counts)].plan(queries[:b])))
+        bounds = np.concatenate([[0], np.cumsum(found)])
+        parts = [(bounds, scores, docids, docnos)] * max(counts)
         merge = min(timed(lambda: sharded.merge_shards(parts, b, K))[0] for _ in range(5))
         overhead[b] = {'per_batch': extra, 'per_query': extra / b, 'in_actor': compute, 'merge': merge}
         rows.append([b, ms(base['min']), ms(compute), ms(one['min']), ms(extra), ms(extra / b),

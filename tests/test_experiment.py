@@ -286,6 +286,8 @@ def test_oracle_correlates_over_every_judged_document(tmp_path, model):
     (['--retriever', 'torch'], '--retriever \'torch\' applies to --mode retrieve'),
     (['--first-stage', '/no/such.run'], "is not 'auto', 'bm25' or an existing TREC run file"),
     (['--workers', '0'], '--workers must be an integer >= 1'),
+    (['--mode', 'retrieve', '--shards', '2'], '--shards applies to --retriever sharded'),
+    (['--mode', 'retrieve', '--retriever', 'sharded', '--shards', '0'], '--shards must be an integer >= 1, got 0'),
 ])
 def test_cli_rejects_bad_options_before_any_work(argv, message, mini, tmp_path, capsys):
     start = time.time()
@@ -449,6 +451,25 @@ def test_retrieval_backends_give_the_same_ranking(mini, small_index, tmp_path):
         pd.testing.assert_frame_equal(table, tables['numpy'], atol=1e-6, obj=backend)
     approximate = run_experiment(mini, retriever='faiss-hnsw', **settings)
     assert approximate.table['value'].between(0, 1).all()
+
+
+def test_sharded_retriever_on_a_local_ray_cluster_gives_the_numbers_of_pruned(mini, small_index, tmp_path, capsys):
+    ray = pytest.importorskip('ray', reason='ray is not installed: pip install pyterrier-rdime[ray]')
+    import pyterrier_dr
+    # a small cell: one DIME, one Top-k, no controls, no sweep (each system is one call of the retriever)
+    common = [str(mini), '--mode', 'retrieve', '--dimes', 'prf', '--ks', '0.5', '--num-results', '5', '--index',
+              str(small_index), '--controls', '', '--no-sweep', '--quiet', '--cache', str(tmp_path / 'cache')]
+    assert main(common + ['--out', str(tmp_path / 'pruned'), '--retriever', 'pruned']) == 0
+    try:
+        assert main(common + ['--out', str(tmp_path / 'sharded'), '--retriever', 'sharded', '--shards', '2',
+                              '--ray-address', 'local']) == 0
+    finally:
+        ray.shutdown()
+    capsys.readouterr()
+    cell = 'mini/minilm/perquery.csv'
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / 'sharded' / cell), pd.read_csv(tmp_path / 'pruned' / cell))
+    shards = sorted((tmp_path / 'cache' / 'shards').glob('*/shard-*-of-2.flex'))
+    assert [len(pyterrier_dr.FlexIndex(str(s))) for s in shards] == [3, 4]  # the 7 documents, cut by the runner
 
 
 def test_workers_give_the_serial_numbers(mini, tmp_path):

@@ -1,10 +1,14 @@
 """ShardedPrunedRetriever on a real local Ray cluster of three nodes (started once for the module): the same ranking as
 one PrunedRetriever over the whole collection for every query and every k, ties across shards included, an empty shard
-and shards smaller than k, FlexIndex shards cut by split_flex_index and placed on nodes by custom resources, an actor
-killed mid-batch recovered and then, its restarts spent, reported, a shard changed under its actor refused,
+and shards smaller than k, every shard on the plan of the whole collection, FlexIndex shards cut by split_flex_index
+and placed on nodes by custom resources, an actor killed mid-batch recovered and then, its restarts spent, reported, a
+node lost (a pinned shard reported within the timeout, an unpinned one recovered elsewhere), docnos shared by two
+shards refused, a wrong address, close() and what num_cpus holds, a shard changed under its actor refused,
 pickling / repr / equality, and bad inputs."""
 import os
 import pickle
+import socket
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,26 +17,37 @@ import pytest
 from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
-from pyterrier_rdime.pruned import sharded
+from pyterrier_rdime.pruned import calibration, cost, sharded
+from pyterrier_rdime.pruned.plan import Plan
 
 pytestmark = pytest.mark.filterwarnings('ignore::DeprecationWarning')
 
 
+SMALL_NODE = {'num_cpus': 1, 'object_store_memory': 80 * 2 ** 20}
+
+
 @pytest.fixture(scope='module')
-def cluster():
-    """A head node and two worker nodes, each offering a custom resource that names it."""
+def local_cluster():
+    """A head node and two worker nodes, each offering a custom resource that names it (the Cluster, to add and
+    remove nodes)."""
     ray = pytest.importorskip('ray', reason='ray is not installed: pip install pyterrier-rdime[ray]')
     from ray.cluster_utils import Cluster
     os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
-    small = {'num_cpus': 1, 'object_store_memory': 80 * 2 ** 20}
-    local = Cluster(initialize_head=True, head_node_args={**small, 'include_dashboard': False,
+    local = Cluster(initialize_head=True, head_node_args={**SMALL_NODE, 'include_dashboard': False,
                                                           'resources': {'node-head': 1}})
     for name in ('node-a', 'node-b'):
-        local.add_node(**small, resources={name: 1})
+        local.add_node(**SMALL_NODE, resources={name: 1})
     ray.init(address=local.address, log_to_driver=False, configure_logging=False)
-    yield ray
+    yield local
     ray.shutdown()
     local.shutdown()
+
+
+@pytest.fixture(scope='module')
+def cluster(local_cluster):
+    """Ray, connected to the local cluster."""
+    import ray
+    return ray
 
 
 @pytest.fixture(scope='module')
@@ -162,6 +177,119 @@ def test_killed_actor_recovered_then_reported(cluster, corpus, tmp_path):
         retriever(query_frame(query_vecs))
 
 
+def test_every_shard_takes_the_plan_of_the_whole_collection(cluster, uneven, corpus, monkeypatch):
+    docs, query_vecs = corpus
+    # a model under which the pruned paths are far cheaper than dense, planned even for these small matrices: each
+    # shard alone would be dense (under MIN_PRUNED_BYTES), whose BLAS sums would round scores otherwise
+    cheap_pruned = cost.CostModel(dense_gemm_fixed=100, dense_gemm_per_query=100, pruned_fixed=0.1, pruned_slope=0.5,
+                                  batch_per_query=0.05, batch_union=2, batch_per_kept=0.2, compressed_fixed=100,
+                                  compressed_slope=1, compressed_call_seconds=1, compressed_pass_fixed=100,
+                                  compressed_pass_per_query=1, compressed_pass_call_seconds=1, rescore_seconds=1,
+                                  gemv_seconds_per_byte=1e-9)
+    monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', docs[:1000].nbytes)  # above every shard, below the collection
+    monkeypatch.setattr(calibration, 'model', lambda: cheap_pruned)  # the single index's model
+    retriever = ShardedPrunedRetriever(shards=uneven, num_results=K)
+    retriever._actors.model = cheap_pruned  # the model the first shard's node would give
+    single = PrunedRetriever(index=docs, num_results=K)
+    for queries in (query_vecs[:1], query_vecs):
+        assert retriever.plan(queries) == single.plan(queries) != Plan('dense')
+        assert_same_ranking(retriever(query_frame(queries)), single(query_frame(queries)), exact=True)
+    retriever.close()
+
+
+def test_node_lost_pinned_shard_reported_within_timeout_unpinned_recovered(cluster, local_cluster, corpus):
+    docs, query_vecs = corpus
+    queries = query_frame(query_vecs)
+    expected = PrunedRetriever(index=docs, num_results=K)(queries)
+    lost = local_cluster.add_node(**SMALL_NODE, resources={'only-here': 1, 'anywhere': 1})
+    pinned = ShardedPrunedRetriever(shards=[docs[:1500], docs[1500:]], num_results=K, timeout=60,
+                                    resources=[{'only-here': 0.1}, {'node-a': 0.1}])
+    unpinned = ShardedPrunedRetriever(shards=[docs[:1500], docs[1500:]], num_results=K, timeout=30,
+                                      resources=[{'anywhere': 0.1}, {'node-b': 0.1}])
+    for retriever in (pinned, unpinned):
+        assert_same_ranking(retriever(queries), expected, exact=False)
+        assert retriever._actors.nodes[0][0] == lost.node_id
+    pinned.timeout = 3  # started within 60 s (a loaded machine starts actors slowly); the bound under test is 3 s
+    spare = local_cluster.add_node(**SMALL_NODE, resources={'anywhere': 1})
+    local_cluster.remove_node(lost)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=(
+            rf"the actor of shard 0 \(an array of 1500 x 48\) has had no node for timeout=3 s; it was last on node "
+            rf"{lost.node_id[:12]} \(.*\), which is lost, and no live node offers \{{'CPU': 0, 'only-here': 0.1\}}\. "
+            r"Start a node that offers them")):
+        pinned(queries)
+    assert time.monotonic() - started < 3 + 20  # the timeout, the probe's period and a loaded machine's slack
+    assert_same_ranking(unpinned(queries), expected, exact=False)  # restarted on the spare node, the batch re-sent
+    assert unpinned._actors.nodes[0][0] == spare.node_id
+    pinned.close()
+    unpinned.close()
+    local_cluster.remove_node(spare)
+
+
+@pytest.mark.parametrize('flex', [False, True])
+def test_docnos_shared_by_two_shards_refused(cluster, tmp_path, flex):
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(size=(4, 8)).astype('f4'), rng.normal(size=(4, 8)).astype('f4')
+    if flex:
+        shards = [flex_index(tmp_path / 'a.flex', a, list('abcd')), flex_index(tmp_path / 'b.flex', b, list('cdef'))]
+        kwargs = {'shards': shards}
+        where = rf'shard 0 \({tmp_path}/a.flex\) and in shard 1 \({tmp_path}/b.flex\)'
+    else:
+        kwargs = {'shards': [a, b], 'docnos': ['a', 'b', 'c', 'd', 'c', 'd', 'e', 'f']}
+        where = r'shard 0 \(an array of 4 x 8\) and in shard 1 \(an array of 4 x 8\)'
+    retriever = ShardedPrunedRetriever(**kwargs, num_results=8)
+    with pytest.raises(ValueError, match=f"docno 'c' is in {where}, so a ranking could hold it twice; put each "
+                                         'document in one shard only'):
+        retriever(query_frame(a[:1]))
+    assert retriever._actors.handles is None  # nothing left running
+
+
+def test_shared_hashes():
+    found = sharded.shared_hashes([np.array([1, 5, 9], dtype=np.uint64), np.array([2, 5, 9, 11], dtype=np.uint64),
+                                   np.array([], dtype=np.uint64), np.array([3, 3, 12], dtype=np.uint64)])
+    assert found.tolist() == [3, 5, 9]
+
+
+def test_unreachable_address_fails_within_its_bound(cluster, corpus, monkeypatch):
+    with socket.socket() as unused:  # a port nothing listens on once closed
+        unused.bind(('127.0.0.1', 0))
+        port = unused.getsockname()[1]
+    monkeypatch.setattr(cluster, 'is_initialized', lambda: False)  # as a process not connected yet
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=rf"ray_address: no Ray cluster answers at '127.0.0.1:{port}' \(.*"
+                                              r"timeout=5 s\): start one there"):
+        ShardedPrunedRetriever(shards=[corpus[0]], ray_address=f'127.0.0.1:{port}', timeout=5)(
+            query_frame(corpus[1]))
+    assert time.monotonic() - started < 5 + 10
+
+
+def test_close_releases_the_actors_and_their_cpus(cluster, corpus):
+    docs, query_vecs = corpus
+    queries = query_frame(query_vecs)
+    # node-a's one CPU: a second retriever's actor cannot have it while the first's lives
+    with ShardedPrunedRetriever(shards=[docs], num_results=K, num_cpus=1, resources=[{'node-a': 0.1}],
+                                timeout=30) as first:
+        expected = first(queries)
+        handles = first._actors.handles
+
+        def numba_threads(server):
+            import numba
+            return numba.get_num_threads()
+        # the one CPU reserved is the one thread it scored with (numba's setting is per thread: the search's)
+        assert cluster.get(handles[0].__ray_call__.remote(numba_threads)) == 1
+        with pytest.raises(RuntimeError, match=r"shard 0 .* found no node with \{'CPU': 1, 'node-a': 0.1\} free"):
+            ShardedPrunedRetriever(shards=[docs], num_results=K, num_cpus=1, resources=[{'node-a': 0.1}],
+                                   timeout=2)(queries)
+    assert first._actors.handles is None
+    with pytest.raises(cluster.exceptions.RayActorError):
+        cluster.get(handles[0].where.remote(), timeout=30)
+    second = ShardedPrunedRetriever(shards=[docs], num_results=K, num_cpus=1, resources=[{'node-a': 0.1}], timeout=30)
+    pd.testing.assert_frame_equal(second(queries), expected)
+    second.close()
+    pd.testing.assert_frame_equal(second(queries), expected)  # a call after close() starts new actors
+    second.close()
+
+
 def test_pickle_repr_equality_and_empty_input(cluster, corpus, tmp_path):
     docs, query_vecs = corpus
     retriever = ShardedPrunedRetriever(shards=[docs[:10], docs[10:]], num_results=5, strategy='dense')
@@ -197,6 +325,7 @@ def test_pickle_repr_equality_and_empty_input(cluster, corpus, tmp_path):
     ({'shards': [np.ones((3, 4))], 'drop_query_vec': 1}, 'drop_query_vec must be True or False'),
     ({'shards': [np.ones((3, 4))], 'num_cpus': 0}, 'num_cpus must be a positive number'),
     ({'shards': [np.ones((3, 4))], 'max_restarts': -1}, 'max_restarts must be an integer >= 0'),
+    ({'shards': [np.ones((3, 4))], 'timeout': 0}, 'timeout must be a positive number'),
     ({'shards': [np.ones((3, 4))], 'resources': [{'a': 1}, {'b': 1}]}, 'one dict of Ray resources per shard'),
     ({'shards': [np.ones((3, 4))], 'ray_address': 6379}, "ray_address must be None, 'auto' or 'host:port'"),
 ])
@@ -205,7 +334,7 @@ def test_bad_arguments(kwargs, message):
         ShardedPrunedRetriever(**kwargs)
 
 
-def test_bad_queries_and_shards(cluster, corpus, pruned_shards, tmp_path, monkeypatch):
+def test_bad_queries_and_shards(cluster, corpus, pruned_shards, tmp_path):
     docs, query_vecs = corpus
     retriever = pruned_shards
     frame = query_frame(query_vecs)
@@ -224,6 +353,6 @@ def test_bad_queries_and_shards(cluster, corpus, pruned_shards, tmp_path, monkey
     with pytest.raises(ValueError, match=r"shard 1 \(an array of 100 x 48\) failed to open: PrunedRetriever: "
                                          r"document '105' .* has NaN or infinite values"):
         ShardedPrunedRetriever(shards=[broken[:100], broken[100:]])(query_frame(query_vecs))
-    monkeypatch.setattr(sharded, 'START_TIMEOUT', 1)
-    with pytest.raises(RuntimeError, match=r"shard 0 .* found no node with \{'CPU': 0, 'node-c': 1\} free in 1 s"):
-        ShardedPrunedRetriever(shards=[docs], resources=[{'node-c': 1}])(query_frame(query_vecs))
+    with pytest.raises(RuntimeError, match=r"shard 0 .* found no node with \{'CPU': 0, 'node-c': 1\} free in "
+                                           r"timeout=1 s"):
+        ShardedPrunedRetriever(shards=[docs], resources=[{'node-c': 1}], timeout=1)(query_frame(query_vecs))

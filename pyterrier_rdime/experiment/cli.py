@@ -10,6 +10,10 @@ from typing import List, Optional, Sequence
 
 from . import arguments
 
+#: Seconds ``--ray-address`` may take to accept a connection before the command fails (``ray.init`` alone retries
+#: for minutes).
+RAY_CONNECT_TIMEOUT = 60
+
 
 def _parser() -> argparse.ArgumentParser:
     from .indexes import RETRIEVERS
@@ -45,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
                         'macavaney/msmarco-passage.tasb.flex) instead of encoding the corpus')
     p.add_argument('--retriever', default='numpy', help=f'retrieve mode backend: {", ".join(RETRIEVERS)} '
                                                        '(default: %(default)s)')
+    p.add_argument('--shards', type=int, default=1,
+                   help='--retriever sharded: shards to cut the index into, one Ray actor each (default: %(default)s)')
     p.add_argument('--dimes', default=','.join(DEFAULT_DIMES),
                    help=f'comma-separated, among {",".join(DIME_NAMES)} (default: %(default)s)')
     p.add_argument('--ks', default=','.join(map(str, DEFAULT_KS)),
@@ -92,8 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--max-queries', type=int, default=None, help='only the first N queries (smoke runs)')
     p.add_argument('--workers', type=int, default=1,
                    help='processes for the query-level work, at most 4 x the CPU cores (default: 1)')
-    p.add_argument('--ray-address', default=None, help="spread --workers over a Ray cluster ('auto' or host:port); "
-                                                       'needs the ray extra')
+    p.add_argument('--ray-address', default=None,
+                   help="spread --workers, or the shards of --retriever sharded, over a Ray cluster ('auto' or "
+                        'host:port); needs the ray extra')
     p.add_argument('--quiet', action='store_true', help='no progress bars')
     return p
 
@@ -129,7 +136,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     num_results=args.num_results, dimes=_split(args.dimes), ks=ks, modulators=_split(args.modulators),
                     test=args.test, retriever=args.retriever, max_queries=args.max_queries, sweep=args.sweep,
                     folds=args.folds, margin=args.margin, alternative=args.alternative,
-                    masses=masses, controls=_split(args.controls), control_seeds=args.control_seeds)
+                    masses=masses, controls=_split(args.controls), control_seeds=args.control_seeds,
+                    shards=args.shards)
     encoders = _split(args.encoder)
     try:
         arguments.check_arguments(args)
@@ -137,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         arguments.check_writable('--out', out)
         arguments.check_writable('--cache', cache)
         arguments.check_workers(args.workers)
-        backend = _parallel_backend(args.workers, args.ray_address)
+        backend = _parallel_backend(args.workers, args.ray_address, args.retriever)
         return _run(args, encoders, settings, out, cache, backend, start)
     except KeyboardInterrupt:
         return _error('interrupted; every cache holds only what was complete, so the same command carries on', 130)
@@ -189,18 +197,24 @@ def _failure(error: Exception) -> int:
     return 70
 
 
-def _parallel_backend(workers: int, ray_address: Optional[str]) -> str:
+def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str) -> str:
+    """``'ray'`` when ``--ray-address`` spreads ``--workers``, else ``'joblib'``; connected to the cluster (within
+    :data:`RAY_CONNECT_TIMEOUT` seconds, or one line of error) for the workers or the shards of ``--retriever
+    sharded``."""
     if ray_address is None:
         return 'joblib'
     try:
         import ray
     except ImportError:
         raise ImportError('--ray-address needs Ray: ' + arguments.install_extra('ray').replace('\n', ' ')) from None
-    if workers < 2:
-        raise ValueError('--ray-address spreads --workers over the cluster; pass --workers 2 or more')
+    if workers < 2 and retriever != 'sharded':
+        raise ValueError('--ray-address spreads --workers, or the shards of --retriever sharded, over the cluster; '
+                         'pass --workers 2 or more, or --retriever sharded')
     if not ray.is_initialized():
+        from ..pruned.sharded import check_ray_address
+        check_ray_address(ray_address, RAY_CONNECT_TIMEOUT, '--ray-address')
         ray.init(address=ray_address)
-    return 'ray'
+    return 'ray' if workers > 1 else 'joblib'
 
 
 def _quiet_libraries(verbose: bool) -> None:

@@ -1,13 +1,16 @@
 """An existing FlexIndex (a folder or a Hugging Face repository), checked against the encoder and the ranking, and
 the full-retrieval backends over a dense index."""
+import hashlib
 import re
+import shutil
 from pathlib import Path
-from typing import Sequence
+from typing import List, Optional, Sequence, Union
 
 import pyterrier as pt
 
 from .._config import hub_offline
 from ..flex_index import flex_index_problem
+from .fingerprint import cache_entry, read_fingerprint, slug, write_fingerprint
 
 #: ``--retriever`` choices for full dense retrieval: name -> what it is.
 RETRIEVERS = {
@@ -17,7 +20,12 @@ RETRIEVERS = {
     'faiss-hnsw': 'FAISS HNSW graph, approximate (pip install faiss-cpu)',
     'faiss-ivf': 'FAISS IVF, approximate (pip install faiss-cpu)',
     'pruned': "this package's PrunedRetriever: exact, scores only the kept dimensions",
+    'sharded': "this package's ShardedPrunedRetriever: PrunedRetriever over --shards shards of the index, one Ray "
+               'actor each (on the cluster of --ray-address; the ray extra): the same ranking as pruned',
 }
+
+#: The files of a FlexIndex that its shards are cut from (a layout written beside them is not one).
+FLEX_FILES = ('pt_meta.json', 'vecs.f4', 'docnos.npids')
 
 
 def check_index_spec(spec: str) -> None:
@@ -76,8 +84,13 @@ def check_docnos_in_index(index, docnos: Sequence[str], spec: str) -> None:
                          'match')
 
 
-def retriever(index, backend: str, num_results: int) -> pt.Transformer:
-    """The full-retrieval backend ``backend`` (see :data:`RETRIEVERS`) over ``index``, ``num_results`` per query."""
+def retriever(index, backend: str, num_results: int, *, shards: int = 1,
+              cache_dir: Optional[Union[str, Path]] = None) -> pt.Transformer:
+    """The full-retrieval backend ``backend`` (see :data:`RETRIEVERS`) over ``index``, ``num_results`` per query;
+    ``'sharded'`` over ``index`` cut into ``shards`` shards, cached under ``cache_dir`` (:func:`index_shards`)."""
+    if backend == 'sharded':
+        from ..pruned import ShardedPrunedRetriever
+        return ShardedPrunedRetriever(shards=index_shards(index, shards, cache_dir), num_results=num_results)
     if backend == 'numpy':
         return index.np_retriever(num_results=num_results)
     if backend == 'torch':
@@ -93,6 +106,28 @@ def retriever(index, backend: str, num_results: int) -> pt.Transformer:
             return index.faiss_hnsw_retriever(num_results=num_results)
         return index.faiss_ivf_retriever(num_results=num_results)
     raise ValueError(f'--retriever {backend!r}: choose among {", ".join(RETRIEVERS)}')
+
+
+def index_shards(index, count: int, cache_dir: Union[str, Path]) -> List[object]:
+    """``index`` cut by :func:`~pyterrier_rdime.split_flex_index` into ``count`` FlexIndexes of consecutive documents,
+    in ``cache_dir/shards/<index folder>-<count>-<digest of its path>/``, and reused while the index's files are the
+    ones they were cut from (the size and modification time of each of :data:`FLEX_FILES`, recorded beside the
+    shards); else cut again.
+    For a cluster, ``cache_dir`` must be a folder every node reads (or each shard copied to its node)."""
+    from ..pruned import split_flex_index
+    source = Path(index.index_path).resolve()
+    folder = Path(cache_dir) / 'shards' / slug(f'{source.name}-{count}',
+                                                key=hashlib.sha256(str(source).encode()).hexdigest()[:12])
+    files = [source / name for name in FLEX_FILES]
+    cut_from = {'source': str(source), 'files': {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}}
+    with cache_entry(folder):
+        recorded = read_fingerprint(folder)
+        if recorded is None or any(recorded.get(k) != v for k, v in cut_from.items()):
+            shutil.rmtree(folder, ignore_errors=True)
+            split_flex_index(index, folder, count)
+            write_fingerprint(folder, **cut_from)
+    return [type(index)(str(folder / f'shard-{i}-of-{count}.flex'), sim_fn=index.sim_fn, verbose=False)
+            for i in range(count)]
 
 
 def require_faiss() -> None:

@@ -71,6 +71,7 @@ class Options:
     sweep: bool = True
     folds: int = sw.CV_FOLDS
     retriever: str = 'numpy'
+    shards: int = 1
     max_queries: Optional[int] = None
 
     def __post_init__(self):
@@ -124,6 +125,9 @@ class Options:
                              'run file')
         if self.retriever.startswith('faiss-'):
             require_faiss()
+        check_int(STAGE, '--shards', self.shards, 1)
+        if self.shards != 1 and self.retriever != 'sharded':
+            raise ValueError(f'{STAGE}: --shards applies to --retriever sharded; pass both, or leave --shards out')
 
     @property
     def fractions(self) -> List[float]:
@@ -211,7 +215,8 @@ def run_experiment(
         folds: folds of queries of the cross-validated Top-k (fixed seed :data:`~.sweep.CV_SEED`).
         index: an existing FlexIndex (folder or Hugging Face repository) instead of encoding the corpus.
         retriever: retrieve mode's backend: ``numpy``, ``torch``, ``faiss-flat``, ``faiss-hnsw``, ``faiss-ivf``,
-            ``pruned``.
+            ``pruned``, ``sharded`` (``pruned`` over ``shards`` shards on Ray: the same ranking).
+        shards: with ``retriever='sharded'``, the shards the index is cut into (cached under ``cache_dir``).
         answers: a ``qid<TAB>answer`` file of LLM answers (default: the collection's ``llm_answers.tsv``).
         cache_dir: indexes and generated answers (default: ``$PYTERRIER_RDIME_CACHE``, else the XDG cache folder).
         max_queries: keep only the first queries (smoke runs).
@@ -351,7 +356,8 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
                            options.control_seeds, records)
         grid.source = source
         return grid
-    return retrieve_grid(topics, model, dense, retriever(dense, options.retriever, options.num_results),
+    return retrieve_grid(topics, model, dense, retriever(dense, options.retriever, options.num_results,
+                                                         shards=options.shards, cache_dir=cache_dir),
                          options.retriever, answers,
                          options.dimes, stages, collection.qrels, judged, options.num_results, run, options.fractions,
                          options.controls, options.control_seeds, records)

@@ -2,13 +2,16 @@
 actor (on the node that holds the shard), queried at once; their exact top-k merged into the exact global top-k.
 Also :func:`split_flex_index`, which cuts a FlexIndex into shards by document range.
 
-Over ~250 lines on purpose: the stage's checks, the actors' start-up and placement, and the retry on a dead actor are
-one protocol (no partial result ever leaves it), and read best in one place."""
+Over ~250 lines on purpose: the stage's checks, the actors' start-up and placement, the bounded wait for an actor
+that lost its node and the refusal of docnos that two shards share are one protocol (no partial result ever leaves
+it), and read best in one place."""
 import json
 import os
+import socket
 import threading
+import time
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -16,65 +19,112 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool, check_int, check_positive
 from .._frames import empty_frame
-from . import kept
+from . import calibration, cost, kept
+from .layout import DOCNO_BLOCK
+from .plan import Plan
 from .stage import PrunedRetriever
 from .topk import best_k
 
 #: Documents copied per block by :func:`split_flex_index` (``block x dims x 4`` bytes of memory).
 SPLIT_BLOCK = 65536
-#: Seconds to wait for every shard's actor to be placed on a node: longer means the cluster lacks the CPUs or
-#: resources asked for, which Ray would wait for forever.
-START_TIMEOUT = 120
+#: Seconds between two checks that the actor of a shard whose reply is late still answers (from a thread of its own,
+#: while it searches): a call that is answered sooner pays no check at all.
+PROBE_EVERY = 1.0
+#: Candidate pairs of shared docno hashes whose docnos are fetched and compared at a time.
+DOCNO_PAIRS = 1024
 
 
 class ShardServer:
-    """What a Ray actor of :class:`ShardedPrunedRetriever` runs: the ``PrunedRetriever`` of one shard, its layout
-    memory-mapped (or built) on the actor's node and its ``strategy='auto'`` calibrated there, on ``threads`` threads
-    for numba and BLAS alike (the CPUs Ray gave the actor; None: every core of the node)."""
+    """What a Ray actor of :class:`ShardedPrunedRetriever` runs: the ``PrunedRetriever`` of one shard, its files
+    opened (or built) on the actor's node, on ``threads`` threads for numba and BLAS alike (the CPUs Ray gave
+    the actor; None: every core of the node). Its replies to :meth:`info`, :meth:`where` and :meth:`search` name its
+    node (ID and IP address), so that an error after a restart names the node the shard was last on."""
 
     def __init__(self, retriever: PrunedRetriever, threads: Optional[int]):
+        import ray
         self.retriever = retriever
+        self.node = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
         self._limits = None
-        threads = threads or os.cpu_count()
+        self.threads = threads or os.cpu_count()
         if kept.NUMBA_AVAILABLE:
             import numba
-            threads = min(threads, numba.config.NUMBA_NUM_THREADS)
-            numba.set_num_threads(threads)
+            self.threads = min(self.threads, numba.config.NUMBA_NUM_THREADS)
         try:  # BLAS on as many threads as the kernel, not on the one thread Ray's OMP_NUM_THREADS gives an actor
             from threadpoolctl import threadpool_limits
-            self._limits = threadpool_limits(threads, user_api='blas')
+            self._limits = threadpool_limits(self.threads, user_api='blas')
         except ImportError:
             pass
 
-    def info(self) -> Tuple[int, np.ndarray]:
-        """``(documents, largest |value| of each dimension)``, opening (or building) the shard's layout."""
-        return self.retriever.shape[1], self.retriever._layout.abs_max()
+    def _use_threads(self) -> None:
+        """numba's threads for this call: its setting belongs to the calling thread, and Ray runs the methods of an
+        actor with concurrency groups on a thread other than the constructor's (BLAS's limit is process-wide)."""
+        if kept.NUMBA_AVAILABLE:
+            import numba
+            numba.set_num_threads(self.threads)
 
-    def search(self, query_vecs: np.ndarray, k: int) -> Tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The exact top-``k`` (at most the retriever's ``num_results``) of each query in this shard, flat:
-        ``(documents, counts, scores, local docids, docnos)``, the documents so that the caller can tell a shard that
-        changed under it."""
+    def where(self) -> Tuple[str, str]:
+        """``(node ID, IP address)``: asked from the actor's own thread (concurrency group ``'probe'``) while it
+        searches, to tell a slow shard from one whose actor has no node."""
+        return self.node
+
+    def info(self) -> Tuple[Tuple[str, str], int, np.ndarray, bool, bool]:
+        """``(node, documents, largest |value| of each dimension, whether the compiled kernels run here, whether the
+        float32 pruned paths may be planned)``: the latter as ``PrunedRetriever.plan`` decides it (a forced strategy,
+        or a float32 layout at hand: ``'auto'`` never builds one)."""
+        self._use_threads()
+        retriever = self.retriever
+        return (self.node, retriever.shape[1], retriever._layout.abs_max(), kept.NUMBA_AVAILABLE,
+                retriever.strategy != 'auto' or retriever._layout.has_matrix())
+
+    def cost_model(self) -> cost.CostModel:
+        """The cost model of this node (calibrated on first use), from which the driver plans every call."""
+        self._use_threads()  # the model is calibrated, and cached, for the threads the searches use
+        return calibration.model()
+
+    def docno_hashes(self) -> np.ndarray:
+        """The hashes of the shard's docnos, sorted: what the driver compares across shards (kept in docid order for
+        :meth:`docnos_hashed`)."""
+        self._hashes = docno_hashes(self.retriever._layout.lookup_docnos, self.retriever.shape[1])
+        return np.sort(self._hashes)
+
+    def docnos_hashed(self, values: np.ndarray) -> List[str]:
+        """The docnos of the documents whose docno hash (by :meth:`docno_hashes`) is one of ``values``."""
+        return [str(d) for d in self.retriever._layout.lookup_docnos(np.flatnonzero(np.isin(self._hashes, values)))]
+
+    def search(self, query_vecs: np.ndarray, k: int, plan: Plan) -> Tuple[Tuple[str, str], int, np.ndarray,
+                                                                          np.ndarray, np.ndarray, np.ndarray]:
+        """The exact top-``k`` (at most the retriever's ``num_results``) of each query in this shard, scored as
+        ``plan`` says, flat: ``(node, documents, counts, scores, local docids, docnos)``, the documents so that the
+        caller can tell a shard that changed under it."""
+        self._use_threads()
         retriever = self.retriever.fuse_rank_cutoff(k) or self.retriever
-        scores, docids = retriever.search(query_vecs)
+        scores, docids = retriever.search(query_vecs, plan)
         flat = np.concatenate(docids).astype(np.int64)
         docnos = np.asarray(self.retriever._layout.lookup_docnos(flat), dtype=str)
-        return (self.retriever.shape[1], np.array([len(d) for d in docids]), np.concatenate(scores),
+        return (self.node, self.retriever.shape[1], np.array([len(d) for d in docids]), np.concatenate(scores),
                 flat, docnos)
 
 
 class _Actors:
-    """The running actors of a retriever and its ``% k`` variants (started on first use), with what the merge needs:
-    the shards served, their first global docid, documents, dimensions and the largest |value| of each dimension."""
+    """The running actors of a retriever and its ``% k`` variants (started on first use), with what the plan and the
+    merge need: the shards served, the node each actor last answered from, their first global docid, documents,
+    dimensions, the largest |value| of each dimension, whether every node runs the compiled kernels and every shard
+    may take the float32 pruned paths (when the actors started), and the cost model (asked from the first actor when a
+    plan first needs it)."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.handles: Optional[list] = None
         self.retrievers: list = []  # each actor's retriever in the object store, held so that a restart can read it
         self.served: List[int] = []
+        self.nodes: List[Tuple[str, str]] = []
         self.offsets = np.zeros(0, dtype=np.int64)
         self.docs = np.zeros(0, dtype=np.int64)
         self.dims = 0
         self.abs_max = np.zeros(0)
+        self.compiled = False
+        self.float32_ready = False
+        self.model: Optional[cost.CostModel] = None
 
 
 class ShardedPrunedRetriever(ConfigTransformer):
@@ -82,16 +132,21 @@ class ShardedPrunedRetriever(ConfigTransformer):
     same output as one ``PrunedRetriever`` over the whole collection (the shards' documents in the order given, a
     document's ``docid`` its position in that order), for an index larger than one machine.
 
-    Every shard is a pyterrier-dr ``FlexIndex`` (built by you, or cut from one index by :func:`split_flex_index`) or
-    a ``(docs, dims)`` array. On first use, one actor per non-empty shard is started (``ray.init(address=ray_address)``
-    first if this process is not connected to Ray yet); each opens its shard's dimension-major layout on its own node
-    (building it there on first use, or rebuilding it with a warning when the shard's vectors changed, as
-    ``PrunedRetriever`` does) and calibrates its own ``strategy='auto'``. A batch of queries is checked once, here,
-    against every shard, then sent to every shard at once; each returns its exact top ``num_results``, and the merge
-    keeps the best ``num_results`` over all, exact ties to the lower global docid, as one index breaks them. A score
-    is its shard's: on the pruned path the same float32 value as one index's; on the dense path (BLAS sums blocks of
-    documents in an order that depends on the matrix's width), or when a shard's ``'auto'`` takes another path than
-    one index would, equal up to float32 summation order (~1e-6 relative), as between ``PrunedRetriever``'s paths.
+    Every shard is a pyterrier-dr ``FlexIndex`` (built by you, or cut from one index by :func:`split_flex_index`) or a
+    ``(docs, dims)`` array. On first use, one actor per non-empty shard is started (``ray.init(address=ray_address)``
+    first if this process is not connected to Ray yet); each opens its shard on its own node as ``PrunedRetriever`` does
+    (the shard's vector statistics, and the copy its path needs, built there on first use, rebuilt with a warning when
+    the shard's vectors changed). A docno held by two shards is refused then, naming it and both shards (each shard's
+    docnos are hashed on its node, the sorted hashes merged here: its cost at 8.8M docnos is in the docs). A batch of
+    queries is checked once, here, against every shard, its plan (:func:`~pyterrier_rdime.pruned.cost.plan` for the
+    whole collection, with the cost model of the first shard's node; under ``'auto'`` the float32 pruned paths only if
+    every shard had its float32 layout at hand when the actors started) decided once, here, and the batch sent to every
+    shard at once with that plan: every shard takes the path one index over the whole collection would. Each returns its
+    exact top ``num_results``, and the merge keeps the best ``num_results`` over all, exact ties to the lower global
+    docid, as one index breaks them. A score is its shard's: on the pruned and compressed paths the same float32 value
+    as one index's; on the dense path equal up to float32 summation order (~1e-6 relative: BLAS sums blocks of documents
+    in an order that depends on the matrix's width), so documents whose scores differ by less than that may swap ranks,
+    as between ``PrunedRetriever``'s paths.
 
     Placement: with a FlexIndex shard its path is opened on the node where its actor runs, so either every node sees
     the same path (a shared file system) or shard ``i`` goes to the node that holds it, by ``resources[i]``, custom
@@ -99,11 +154,20 @@ class ShardedPrunedRetriever(ConfigTransformer):
     to its actor through Ray's object store.
 
     Faults: an actor that dies (its node lost, its process killed) is restarted by Ray up to ``max_restarts`` times
-    and the batch it was serving is sent to it again; past that, or when a shard fails, the call raises an error
-    naming the shard, never a ranking from the shards that answered. A shard whose document count changed since its
-    actor started (a restarted actor that found another index) is refused: build a new retriever.
+    and the batch it was serving is sent to it again (also while Ray has not yet declared a lost node dead, when the
+    actor is only unavailable). An actor without a node, one not yet placed at the start or not placed again after
+    its node was lost (its pinned resource gone with that node), is waited for up to ``timeout`` seconds, then the
+    call raises an error naming the shard, the node it was last on and the fix; past ``max_restarts``, or when a
+    shard fails, the call raises an error naming the shard. Never a ranking from the shards that answered. A shard
+    whose document count changed since its actor started (a restarted actor that found another index) is refused:
+    build a new retriever.
 
-    The retriever pickles without its actors (a copy starts its own) and is safe to call from several threads.
+    Lifecycle: the actors, and what they reserve (``num_cpus``), live until :meth:`close` (or the end of a ``with``
+    block, or of this process's Ray connection); the retriever and its ``% k`` variants share them, and a call after
+    ``close()`` starts new ones. Another retriever over the same shards, or a pickled copy (which travels without its
+    actors), starts its own: with ``num_cpus`` set, each node must have the CPUs for both.
+
+    The retriever is safe to call from several threads.
 
     Args:
         shards: the shards, in global document order: FlexIndexes, or ``(docs, dims)`` arrays of one dimensionality
@@ -115,12 +179,17 @@ class ShardedPrunedRetriever(ConfigTransformer):
         batch_size: queries per matrix product on the dense path.
         drop_query_vec: drop ``query_vec`` from the output.
         ray_address: the Ray cluster to connect to when this process is not connected yet: ``None`` starts Ray on
-            this machine, ``'auto'`` joins the cluster this machine belongs to (``ray start``), or ``'host:port'``.
-        num_cpus: CPUs each actor reserves from Ray, and the threads it scores with; ``None``: none reserved (any
-            number of actors per node, as Ray does by default), every core of its node used.
+            this machine, ``'auto'`` joins the cluster this machine belongs to (``ray start``), or ``'host:port'``
+            (an address where nothing answers within ``timeout`` is an error).
+        num_cpus: logical CPUs each actor reserves from Ray for as long as it lives (no other task or actor gets
+            them), and the threads it scores with; ``None``: none reserved (any number of actors per node, as Ray
+            does by default), every core of its node used.
         resources: per shard, the custom Ray resources its actor needs (places it on a node that offers them).
         max_restarts: restarts of a dead actor (each re-sends the batch it was serving) before the call fails.
-        verbose: show a progress bar while a shard's layout is built (in the actor's log).
+        timeout: seconds a call waits for a shard's actor to be placed on a node (at the start, or again after its
+            node was lost) before it fails; the time an actor spends searching or building its shard's copies is not
+            bounded by it.
+        verbose: show a progress bar while a shard's copies are built (in the actor's log).
 
     Input columns: ``qid, query_vec``. Output columns: the input's plus ``docno, docid, score, rank``, ``num_results``
     rows per query (fewer when the shards hold fewer documents), sorted by query and descending score.
@@ -128,9 +197,10 @@ class ShardedPrunedRetriever(ConfigTransformer):
     Example::
 
         shards = split_flex_index(pyterrier_dr.FlexIndex('msmarco.flex'), 'msmarco-shards', 4)
-        retriever = ShardedPrunedRetriever(shards=shards, num_results=1000)   # or ray_address='auto' on a cluster
-        pipe = bm25 % 10 >> model.query_encoder() >> index.vec_loader() >> PrfDime(keep_ranking=False) \\
-            >> Rdime() >> retriever
+        with ShardedPrunedRetriever(shards=shards, num_results=1000) as retriever:  # ray_address='auto' on a cluster
+            pipe = bm25 % 10 >> model.query_encoder() >> index.vec_loader() >> PrfDime(keep_ranking=False) \\
+                >> Rdime() >> retriever
+            results = pipe(dataset.get_topics())
     """
     schematic = {'label': 'ShardedPruned'}
 
@@ -138,7 +208,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
                  strategy: str = 'auto', batch_size: int = 64, drop_query_vec: bool = False,
                  ray_address: Optional[str] = None, num_cpus: Optional[float] = None,
                  resources: Optional[Sequence[Mapping[str, float]]] = None, max_restarts: int = 3,
-                 verbose: bool = False):
+                 timeout: float = 60, verbose: bool = False):
         name = type(self).__name__
         if isinstance(shards, (np.ndarray, str)) or not isinstance(shards, Sequence) or not len(shards):
             raise ValueError(f'{name}: shards must be a non-empty list of FlexIndexes or (docs, dims) arrays, got '
@@ -148,6 +218,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         if num_cpus is not None:
             check_positive(name, 'num_cpus', num_cpus, "the CPUs (and threads) of each shard's actor, or None")
         check_int(name, 'max_restarts', max_restarts, 0)
+        check_positive(name, 'timeout', timeout, 'the seconds a call waits for a shard without a node')
         if ray_address is not None and not isinstance(ray_address, str):
             raise ValueError(f"{name}: ray_address must be None, 'auto' or 'host:port', got {ray_address!r}")
         if resources is not None and (len(resources) != len(shards)
@@ -178,6 +249,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         self.num_cpus = num_cpus
         self.resources = resources
         self.max_restarts = max_restarts
+        self.timeout = timeout
         self.verbose = verbose
         self._retrievers = self._shard_retrievers()
         self._actors = _Actors()
@@ -240,12 +312,14 @@ class ShardedPrunedRetriever(ConfigTransformer):
         inp = inp.reset_index(drop=True)
         ray, actors = self._start()
         query_vecs = PrunedRetriever.stack_queries(inp, actors.dims, actors.abs_max, type(self).__name__)
+        plan = self.plan(query_vecs)
         batch = ray.put(query_vecs)  # sent once, read by every shard from the object store
-        replies = self._gather(ray, [handle.search.remote(batch, self.num_results) for handle in actors.handles],
-                               'search', actors.served)
+        replies = self._gather(ray, actors, lambda handle: handle.search.remote(batch, self.num_results, plan),
+                               'search')
         per_shard = []
-        for shard, docs, offset, (now, counts, scores, docids, docnos) in zip(actors.served, actors.docs,
-                                                                             actors.offsets, replies):
+        for position, (shard, docs, offset, (node, now, counts, scores, docids, docnos)) in enumerate(zip(
+                actors.served, actors.docs, actors.offsets, replies)):
+            actors.nodes[position] = node  # where it answered from: another node after a restart
             if now != docs:
                 raise RuntimeError(f'{type(self).__name__}: shard {shard} ({self._where(shard)}) now holds {now} '
                                    f'documents, {docs} when it started (its actor restarted on a changed index): '
@@ -260,8 +334,42 @@ class ShardedPrunedRetriever(ConfigTransformer):
                          rank=np.concatenate([np.arange(c) for c in counts]))
         return out[columns]
 
+    def plan(self, query_vecs: np.ndarray) -> Plan:
+        """How every shard scores these (already pruned) query vectors: the plan of one ``PrunedRetriever`` over the
+        whole collection (starting the actors if need be)."""
+        ray, actors = self._start()
+        total = int(np.sum(actors.docs))
+
+        def model() -> cost.CostModel:
+            if actors.model is None:  # calibrated on the first shard's node, where the shards run, not here
+                actors.model = self._gather(ray, actors, lambda handle: handle.cost_model.remote(), 'calibrate',
+                                            first_only=True)[0]
+            return actors.model
+        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=total * actors.dims * 4,
+                         compiled=actors.compiled, model=model, k=min(self.num_results, total),
+                         float32_ready=actors.float32_ready)
+
+    def close(self) -> None:
+        """Release the actors (and what they reserve) of this retriever and its ``% k`` variants; a later call starts
+        new ones."""
+        actors = self._actors
+        with actors.lock:
+            if actors.handles is not None:
+                import ray
+                for handle in actors.handles:
+                    ray.kill(handle, no_restart=True)
+                actors.handles = None
+                actors.retrievers = []
+                actors.model = None
+
+    def __enter__(self) -> 'ShardedPrunedRetriever':
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def _start(self):
-        """Ray and the running actors (started, and their shards opened, on first use)."""
+        """Ray and the running actors (started, their shards opened and their docnos compared, on first use)."""
         name = type(self).__name__
         try:
             import ray
@@ -272,40 +380,55 @@ class ShardedPrunedRetriever(ConfigTransformer):
         with actors.lock:
             if actors.handles is None:
                 if not ray.is_initialized():
+                    check_ray_address(self.ray_address, self.timeout, f'{name}: ray_address')
                     ray.init(address=self.ray_address)
                 served = [i for i, r in enumerate(self._retrievers) if r is not None]
-                server = ray.remote(ShardServer)
+                # a thread of its own answers where the actor is while it searches
+                server = ray.remote(concurrency_groups={'probe': 1})(ShardServer)
                 threads = None if self.num_cpus is None else max(1, int(self.num_cpus))
                 # Ray lets go of an actor's arguments once it has started: a restart would not find them
-                actors.retrievers = [ray.put(self._retrievers[i]) for i in served]
+                retrievers = [ray.put(self._retrievers[i]) for i in served]
                 handles = [server.options(num_cpus=self.num_cpus or 0, max_restarts=self.max_restarts,
                                           max_task_retries=self.max_restarts,
                                           resources=dict(self.resources[i]) if self.resources else None,
                                           ).remote(ref, threads)
-                           for i, ref in zip(served, actors.retrievers)]
-                self._wait_placed(ray, served, handles)
-                infos = self._gather(ray, [h.info.remote() for h in handles], 'open', served)
-                self._check_dims(served, [abs_max for _, abs_max in infos])
+                           for i, ref in zip(served, retrievers)]
+                starting = _Actors()
+                starting.handles, starting.served, starting.retrievers = handles, served, retrievers
+                starting.nodes = [('', '')] * len(served)
+                try:
+                    self._wait_placed(ray, starting)
+                    infos = self._gather(ray, starting, lambda handle: handle.info.remote(), 'open')
+                    self._check_dims(served, [abs_max for _, _, abs_max, _, _ in infos])
+                    self._refuse_shared_docnos(ray, starting)
+                except BaseException:
+                    for handle in handles:  # a retriever that failed to start holds nothing
+                        ray.kill(handle, no_restart=True)
+                    raise
                 sizes = np.array([len(s) if r is None else 0 for s, r in zip(self.shards, self._retrievers)])
-                sizes[served] = [docs for docs, _ in infos]
+                sizes[served] = [docs for _, docs, _, _, _ in infos]
                 actors.docs = sizes[served]
                 actors.offsets = (np.cumsum(sizes) - sizes)[served]
-                actors.dims = len(infos[0][1])
-                actors.abs_max = np.max([abs_max for _, abs_max in infos], axis=0)
-                actors.served = served
+                actors.dims = len(infos[0][2])
+                actors.abs_max = np.max([abs_max for _, _, abs_max, _, _ in infos], axis=0)
+                actors.compiled = all(compiled for _, _, _, compiled, _ in infos)
+                actors.float32_ready = all(ready for _, _, _, _, ready in infos)
+                actors.served, actors.retrievers = served, retrievers
+                actors.nodes = [node for node, _, _, _, _ in infos]
                 actors.handles = handles
         return ray, actors
 
-    def _wait_placed(self, ray, served: List[int], handles: list) -> None:
-        """Every actor running, or an error naming a shard whose actor found no node within ``START_TIMEOUT``."""
-        ready = [h.__ray_ready__.remote() for h in handles]
-        done, _ = ray.wait(ready, num_returns=len(ready), timeout=START_TIMEOUT)
-        self._gather(ray, done, 'start', [shard for shard, r in zip(served, ready) if r in done])
+    def _wait_placed(self, ray, actors: _Actors) -> None:
+        """Every actor running, or an error naming a shard whose actor found no node within ``timeout``."""
+        ready = [h.__ray_ready__.remote() for h in actors.handles]
+        done, _ = ray.wait(ready, num_returns=len(ready), timeout=self.timeout)
+        for shard, future in zip(actors.served, ready):
+            if future in done:
+                self._reply(ray, shard, future, 'start')
         if len(done) < len(ready):
-            shard = next(shard for shard, r in zip(served, ready) if r not in done)
-            wanted = {'CPU': self.num_cpus or 0, **(self.resources[shard] if self.resources else {})}
+            shard = next(shard for shard, r in zip(actors.served, ready) if r not in done)
             raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) found no '
-                               f'node with {wanted} free in {START_TIMEOUT} s (the cluster has '
+                               f'node with {self._wanted(shard)} free in timeout={self.timeout} s (the cluster has '
                                f'{ray.available_resources()} free): lower num_cpus, start nodes with those '
                                "resources (ray start --resources='{...}'), or fix resources=")
 
@@ -317,28 +440,148 @@ class ShardedPrunedRetriever(ConfigTransformer):
                              f'dimensional vectors but shard {other} ({self._where(other)}) holds '
                              f'{len(abs_maxes[served.index(other)])}; every shard needs vectors of the same model')
 
-    def _gather(self, ray, futures: list, what: str, served: List[int]) -> list:
-        """Every shard's reply (``served``: the shard of each future), or an error naming the first shard that failed
-        (never the replies of the others)."""
-        replies = []
-        for shard, future in zip(served, futures):
-            try:
-                replies.append(ray.get(future))
-            except ray.exceptions.RayTaskError as e:
-                cause = e.cause if isinstance(e.cause, Exception) else e
-                kind = ValueError if isinstance(cause, ValueError) else RuntimeError
-                raise kind(f'{type(self).__name__}: shard {shard} ({self._where(shard)}) failed to {what}: '
-                           f'{cause}') from e
-            except ray.exceptions.RayError as e:
-                raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) died '
-                                   f'and could not be recovered (max_restarts={self.max_restarts}): {e}') from e
+    def _refuse_shared_docnos(self, ray, actors: _Actors) -> None:
+        """A ValueError naming a docno that two shards hold, and both shards (a ranking could hold it twice): the
+        shards' sorted docno hashes are merged here, and only the docnos of hashes that two shards share are fetched
+        and compared (64-bit hashes of distinct docnos rarely collide, so that is ~none unless docnos repeat)."""
+        hashes = self._gather(ray, actors, lambda handle: handle.docno_hashes.remote(), 'hash its docnos')
+        shared = shared_hashes(hashes)
+        for start in range(0, len(shared), DOCNO_PAIRS):
+            values = shared[start:start + DOCNO_PAIRS]
+            docnos = self._gather(ray, actors, lambda handle: handle.docnos_hashed.remote(values), 'look up docnos')
+            first = {}
+            for shard, names in zip(actors.served, docnos):
+                for docno in names:
+                    if docno in first:
+                        raise ValueError(
+                            f'{type(self).__name__}: docno {docno!r} is in shard {first[docno]} '
+                            f'({self._where(first[docno])}) and in shard {shard} ({self._where(shard)}), so a '
+                            'ranking could hold it twice; put each document in one shard only (split_flex_index '
+                            'cuts one index into shards that share none)')
+                    first[docno] = shard
+
+    def _gather(self, ray, actors: _Actors, send: Callable[[object], object], what: str,
+                first_only: bool = False) -> list:
+        """Every actor's reply to ``send(handle)`` (only the first actor's with ``first_only``), or an error naming
+        the first shard that failed (never the replies of the others).
+
+        A reply late by ``PROBE_EVERY`` has its actor asked where it is, from the actor's own thread: an actor that
+        answers is working (its wait is not bounded); one that does not answer has no node (its node is lost, Ray
+        has not placed it again) and is waited for up to ``timeout`` seconds in all. A call that finds its actor
+        unavailable (a lost node that Ray has not declared dead yet) is sent again."""
+        count = 1 if first_only else len(actors.handles)
+        futures = [send(handle) for handle in actors.handles[:count]]
+        sent = [time.monotonic()] * count
+        replies: list = [None] * count
+        pending = set(range(count))
+        probes: dict = {}  # position -> (probe future, when it was sent)
+        silent_since: dict = {}  # position -> when its actor was first found without a node
+        while pending:
+            done, _ = ray.wait([futures[i] for i in pending], num_returns=len(pending), timeout=PROBE_EVERY)
+            for i in [i for i in pending if futures[i] in done]:
+                try:
+                    replies[i] = self._reply(ray, actors.served[i], futures[i], what)
+                    pending.discard(i)
+                except ray.exceptions.ActorUnavailableError:
+                    silent_since.setdefault(i, sent[i])
+                    # no faster than Ray's own retries, which come first (max_task_retries)
+                    time.sleep(max(0.0, sent[i] + PROBE_EVERY - time.monotonic()))
+                    futures[i], sent[i] = send(actors.handles[i]), time.monotonic()
+            now = time.monotonic()
+            for i in pending:
+                probe, asked = probes.pop(i, (None, now))
+                if probe is None:
+                    probes[i] = (actors.handles[i].where.options(concurrency_group='probe').remote(), now)
+                elif ray.wait([probe], timeout=0)[0]:
+                    try:
+                        actors.nodes[i] = ray.get(probe)
+                        silent_since.pop(i, None)  # it answers: it is working, however long it takes
+                    except ray.exceptions.ActorUnavailableError:
+                        silent_since.setdefault(i, asked)
+                    except ray.exceptions.RayError:
+                        pass  # the actor died: the reply of its call says so
+                else:
+                    silent_since.setdefault(i, asked)
+                    probes[i] = (probe, asked)
+                if i in silent_since and now - silent_since[i] > self.timeout:
+                    self._no_node(ray, actors, i)
         return replies
+
+    def _reply(self, ray, shard: int, future: object, what: str) -> object:
+        """The reply of one shard's actor, or the error that names the shard; an unavailable actor's error is
+        passed on for the caller to send the call again."""
+        try:
+            return ray.get(future)
+        except ray.exceptions.RayTaskError as e:
+            cause = e.cause if isinstance(e.cause, Exception) else e
+            kind = ValueError if isinstance(cause, ValueError) else RuntimeError
+            raise kind(f'{type(self).__name__}: shard {shard} ({self._where(shard)}) failed to {what}: '
+                       f'{cause}') from e
+        except ray.exceptions.ActorUnavailableError:
+            raise
+        except ray.exceptions.RayError as e:
+            raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) died '
+                               f'and could not be recovered (max_restarts={self.max_restarts}): {e}') from e
+
+    def _no_node(self, ray, actors: _Actors, position: int) -> None:
+        """The error of a shard whose actor has had no node for ``timeout`` seconds: the node it was last on, whether
+        that node is alive, whether any live node offers what the actor needs, and the fix."""
+        shard = actors.served[position]
+        node_id, address = actors.nodes[position]
+        wanted = self._wanted(shard)
+        nodes = [n for n in ray.nodes() if n.get('Alive')]
+        lost = not any(n['NodeID'] == node_id for n in nodes)
+        offered = any(all(n.get('Resources', {}).get(r, 0) >= v for r, v in wanted.items()) for n in nodes)
+        last = f'node {node_id[:12]} ({address})' if node_id else 'its node'
+        state = 'lost' if lost else 'alive but does not answer'
+        raise RuntimeError(
+            f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) has had no node for '
+            f'timeout={self.timeout} s; it was last on {last}, which is {state}, and '
+            f'{"some" if offered else "no"} live node offers {wanted}. Start a node that offers them (ray start '
+            f"--address=HEAD:PORT --resources='{{...}}') with the shard's files, or put the shard on a file system "
+            'every node reads and leave its resources out; then call again (or build a new retriever)')
+
+    def _wanted(self, shard: int) -> dict:
+        """What the actor of ``shard`` asks of a node."""
+        return {'CPU': self.num_cpus or 0, **(self.resources[shard] if self.resources else {})}
 
     def _where(self, shard: int) -> str:
         index = self.shards[shard]
         if isinstance(index, np.ndarray):
             return f'an array of {index.shape[0]} x {index.shape[1]}'
         return str(index.index_path)
+
+
+def docno_hashes(lookup: Callable[[np.ndarray], np.ndarray], count: int) -> np.ndarray:
+    """The 64-bit hash of each of ``count`` documents' docnos (``lookup(docids)`` gives them), in docid order: pandas'
+    ``hash_array``, a block at a time."""
+    return np.concatenate([
+        pd.util.hash_array(np.asarray(lookup(np.arange(start, min(count, start + DOCNO_BLOCK))), dtype=object),
+                           categorize=False)
+        for start in range(0, count, DOCNO_BLOCK)])
+
+
+def shared_hashes(per_shard: List[np.ndarray]) -> np.ndarray:
+    """The values that occur more than once in the shards' sorted hash arrays together (a value two shards share, or,
+    rarely, one shard's hash collision): the merge of sorted runs is one stable sort."""
+    merged = np.sort(np.concatenate(per_shard), kind='stable')
+    return np.unique(merged[1:][merged[1:] == merged[:-1]])
+
+
+def check_ray_address(address: Optional[str], timeout: float, option: str) -> None:
+    """A ``'host:port'`` (or ``'ray://host:port'``) Ray address must accept a connection within ``timeout`` seconds,
+    else a ConnectionError of one line naming ``option`` and the address: ``ray.init`` would retry, logging warnings,
+    for minutes. ``None``, ``'auto'`` and ``'local'`` are Ray's to resolve (``'auto'`` with no cluster fails at
+    once)."""
+    if address in (None, 'auto', 'local'):
+        return
+    host, _, port = address.split('://')[-1].rpartition(':')
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        raise ConnectionError(f'{option}: no Ray cluster answers at {address!r} ({e or type(e).__name__}, timeout='
+                              f'{timeout} s): start one there (ray start --head), or pass the head node\'s '
+                              "'host:port', or 'auto' on a node of the cluster") from None
 
 
 def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], queries: int,
