@@ -35,8 +35,9 @@ import scale_index
 from common import DEFAULT_CACHE, DEFAULT_COLLECTION, describe_machine, log, machine
 
 MSMARCO_PASSAGES = 8_841_823
-#: Queries of each retrieval call checked against brute force, and their total cap (one brute-force pass).
-CHECKED_PER_CALL, CHECKED_MAX = 2, 256
+#: The share of each retrieval call's queries checked against brute force (at least 2 per call; the runner stacks
+#: several systems' queries in one call), and their total cap (one brute-force pass).
+CHECKED_SHARE, CHECKED_MAX = 0.05, 256
 #: Extra documents of the brute-force top-k: a document of the exact top-k that float32 rounding pushed just below it
 #: is still among the candidates re-scored in float64.
 BRUTE_MARGIN = 20
@@ -164,7 +165,8 @@ class Recorder:
             scores, docids = search(retriever, query_vecs, plan)
             recorder.calls.append({'path': plan.path, 'queries': len(query_vecs),
                                    'seconds': time.perf_counter() - start, 'query_vecs': np.array(query_vecs)})
-            for q in recorder._rng.choice(len(query_vecs), min(CHECKED_PER_CALL, len(query_vecs)), replace=False):
+            sampled = min(len(query_vecs), max(2, int(np.ceil(CHECKED_SHARE * len(query_vecs)))))
+            for q in recorder._rng.choice(len(query_vecs), sampled, replace=False):
                 recorder.samples.append((np.array(query_vecs[q]), np.array(docids[q]), np.array(scores[q])))
             return scores, docids
 
