@@ -99,7 +99,7 @@ def test_a_retrieve_cell_has_the_frames_of_one_call_per_system(tmp_path, monkeyp
     build = runner.build_systems
     monkeypatch.setattr(runner, 'build_systems', lambda *a: grids.append(build(*a)) or grids[-1])
 
-    def compressed(index, backend, num_results):
+    def compressed(index, backend, num_results, **sharding):
         counting = CountingRetriever(PrunedRetriever(index=index, num_results=num_results, strategy='compressed'))
         calls.append(counting.calls)
         return counting

@@ -41,7 +41,7 @@ def mini(tmp_path_factory):
 
 
 def _counting(monkeypatch, calls, crash_at=None):
-    monkeypatch.setattr(runner, 'retriever', lambda *a: CountingRetriever(retriever(*a), calls, crash_at))
+    monkeypatch.setattr(runner, 'retriever', lambda *a, **k: CountingRetriever(retriever(*a, **k), calls, crash_at))
     monkeypatch.setattr(systems, 'BATCH_QUERIES', 4)  # two systems of the 2 judged queries per call: many calls
 
 
