@@ -187,7 +187,7 @@ def test_every_shard_takes_the_plan_of_the_whole_collection(cluster, uneven, cor
                                   compressed_pass_per_query=1, compressed_pass_call_seconds=1, rescore_seconds=1,
                                   gemv_seconds_per_byte=1e-9)
     monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', docs[:1000].nbytes)  # above every shard, below the collection
-    monkeypatch.setattr(calibration, 'model', lambda: cheap_pruned)  # the single index's model
+    monkeypatch.setattr(calibration, 'model', lambda **_: cheap_pruned)  # the single index's model
     retriever = ShardedPrunedRetriever(shards=uneven, num_results=K)
     retriever._actors.model = cheap_pruned  # the model the first shard's node would give
     single = PrunedRetriever(index=docs, num_results=K)
