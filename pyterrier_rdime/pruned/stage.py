@@ -11,7 +11,7 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
-from .._index_files import portable_index
+from .._index_files import RowFile, portable_index
 from . import calibration, cost, dense, kept
 from .compressed import search_compressed
 from .int8_copy import CompressedCopy
@@ -200,7 +200,8 @@ class PrunedRetriever(ConfigTransformer):
             result = dense.search_dense(self.dim_major() if rows is None else rows, query_vecs, self.num_results,
                                         batch_size=self.batch_size, rows=rows is not None)
         elif plan.strategy == 'compressed':
-            rows = self._layout.doc_rows()
+            # a FlexIndex's few re-scored rows by pread: through the memory map, read-ahead reads far more
+            rows = self._layout.doc_rows() if rows is None else RowFile(rows)
             result = search_compressed(self._compressed.codes(), self.dim_major() if rows is None else None,
                                        query_vecs, self.num_results, use_numba=kept.NUMBA_AVAILABLE,
                                        one_pass=plan.path == 'compressed one pass', doc_rows=rows)
