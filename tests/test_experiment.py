@@ -21,9 +21,10 @@ from pyterrier_rdime.experiment.encoders import load_encoder, resolve_encoder
 from pyterrier_rdime.experiment.fingerprint import read_fingerprint
 from pyterrier_rdime.experiment.first_stage import first_stage_results
 from pyterrier_rdime.experiment.indexes import existing_index
+from pyterrier_rdime.experiment.options import Options
 from pyterrier_rdime.experiment.parity import significance
 from pyterrier_rdime.experiment.report import ExperimentResult
-from pyterrier_rdime.experiment.runner import Options, run_experiment
+from pyterrier_rdime.experiment.runner import run_experiment
 
 NUM_QUERIES = 4
 DEPTH = 12

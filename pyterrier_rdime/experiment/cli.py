@@ -17,8 +17,8 @@ RAY_CONNECT_TIMEOUT = 60
 
 def _parser() -> argparse.ArgumentParser:
     from .indexes import RETRIEVERS
+    from .options import DEFAULT_DIMES, DEFAULT_KS
     from .parity import ALTERNATIVES, DEFAULT_MARGIN
-    from .runner import DEFAULT_DIMES, DEFAULT_KS
     from .sweep import CV_FOLDS, CV_SEED
     from .systems import CONTROLS, DEFAULT_CONTROLS, DIME_NAMES, MODULATORS
     p = argparse.ArgumentParser(
@@ -120,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     _quiet_libraries(verbose=not args.quiet)
     from .._config import default_cache_dir
-    from .runner import Options
+    from .options import Options
     start = time.time()
     out = Path(args.out)
     cache = Path(args.cache) if args.cache else default_cache_dir()

@@ -21,9 +21,10 @@ from . import evaluate as ev
 from .collection import Collection, load_collection
 from .encoders import encoder_fingerprint
 from .fingerprint import slug
+from .options import OPTION_NAMES, Options
 from .progress import PROGRESS, SystemRecords
 from .report import ExperimentResult
-from .runner import OPTION_NAMES, Options, run_experiment
+from .runner import run_experiment
 from .tables import write_combined
 
 logger = logging.getLogger(__name__)

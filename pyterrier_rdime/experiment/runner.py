@@ -1,17 +1,17 @@
 """The paper's comparison as one call: Baseline, and for each DIME each Top-k and RDIME, through pt.Experiment,
 in the reference implementations' protocol.
 
-Over ~250 lines on purpose: the options' checks, the one-cell pipeline (load, index, systems, evaluate, comparators)
-and the assembly of its result are the data flow the CLI and the grid share, and read best as one sequence."""
+The one-cell pipeline (load, index, systems, evaluate, comparators) and the assembly of its result are the data flow
+the CLI and the grid share, and read best as one sequence; the options it checks first live in :mod:`.options`."""
 import logging
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import pandas as pd
 
-from .._config import check_bool, check_choice, check_fraction, check_int, default_cache_dir
+from .._config import default_cache_dir
 from ..llm import LlmGenerator, read_answers_tsv
 from . import evaluate as ev
 from . import parity
@@ -20,15 +20,11 @@ from .collection import Collection, load_collection
 from .dense_cache import dense_index
 from .encoders import DEFAULT_ENCODER, load_encoder
 from .first_stage import first_stage_results
-from .indexes import RETRIEVERS, check_docnos_in_index, check_index_matches, existing_index, require_faiss, retriever
+from .indexes import check_docnos_in_index, check_index_matches, existing_index, retriever
+from .options import OPTION_NAMES, Options
 from .progress import SystemRecords
 from .report import SEED_COLUMNS, ExperimentResult, kept_fractions
 from .systems import (
-    CONTROLS,
-    DEFAULT_CONTROLS,
-    DIME_NAMES,
-    FEEDBACKS,
-    MODULATORS,
     NEEDS_ANSWERS,
     Grid,
     Runner,
@@ -38,110 +34,6 @@ from .systems import (
 )
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_DIMES = ('prf', 'swc', 'llm')
-DEFAULT_KS = (0.4, 0.6, 0.8)
-MODES = ('rerank', 'retrieve')
-STAGE = 'rdime-experiment'
-
-
-@dataclass(frozen=True)
-class Options:
-    """The run's protocol options, checked when built: each error names the option (as the command spells it) and
-    the fix. The one list of them: :func:`run_experiment` takes them by keyword, the command builds them from its
-    parser, and the grid's cell key and the recorded settings derive from the fields (:data:`OPTION_NAMES`), so that
-    a new option is one field here and one line in the parser.
-
-    Lists are normalised to tuples without repeats, fractions to floats; ``sweep`` is ``True`` for the Top-k sweep
-    (:data:`~.sweep.SWEEP`) and its cross-validated Top-k."""
-    mode: str = 'rerank'
-    first_stage: str = 'auto'
-    feedback: str = 'dense'
-    depth: int = 100
-    num_results: int = 1000
-    dimes: Tuple[str, ...] = DEFAULT_DIMES
-    ks: Tuple[float, ...] = DEFAULT_KS
-    modulators: Tuple[str, ...] = ()
-    masses: Tuple[float, ...] = ()
-    controls: Tuple[str, ...] = DEFAULT_CONTROLS
-    control_seeds: int = 10
-    test: str = 't'
-    alternative: str = 'two-sided'
-    margin: float = parity.DEFAULT_MARGIN
-    sweep: bool = True
-    folds: int = sw.CV_FOLDS
-    retriever: str = 'numpy'
-    shards: int = 1
-    max_queries: Optional[int] = None
-
-    def __post_init__(self):
-        normalised = {'first_stage': str(self.first_stage), 'dimes': tuple(dict.fromkeys(self.dimes)),
-                      'ks': tuple(self.ks), 'modulators': tuple(dict.fromkeys(self.modulators)),
-                      'masses': tuple(dict.fromkeys(self.masses)),
-                      'controls': tuple(dict.fromkeys(self.controls))}
-        for name, value in normalised.items():
-            object.__setattr__(self, name, value)
-        self._check()
-        object.__setattr__(self, 'ks', tuple(float(k) for k in self.ks))
-        object.__setattr__(self, 'masses', tuple(float(m) for m in self.masses))
-
-    def _check(self) -> None:
-        for option, value, choices in (('--mode', self.mode, MODES), ('--feedback', self.feedback, FEEDBACKS),
-                                       ('--retriever', self.retriever, tuple(RETRIEVERS)),
-                                       ('--test', self.test, parity.TESTS),
-                                       ('--alternative', self.alternative, parity.ALTERNATIVES)):
-            check_choice(STAGE, option, value, choices)
-        if not self.dimes:
-            raise ValueError(f'{STAGE}: --dimes is empty; choose among {", ".join(DIME_NAMES)}')
-        for dime in self.dimes:
-            check_choice(STAGE, '--dimes', dime, DIME_NAMES)
-        for modulator in self.modulators:
-            check_choice(STAGE, '--modulators', modulator, tuple(MODULATORS))
-        for mass in self.masses:
-            check_fraction(STAGE, '--score-mass', mass, hint='shares of the positive importance mass, e.g. 0.8')
-        for control in self.controls:
-            check_choice(STAGE, '--controls', control, CONTROLS)
-        check_int(STAGE, '--control-seeds', self.control_seeds, 1)
-        for k in self.ks:
-            check_fraction(STAGE, '--ks', k, hint='Top-k values are fractions of the dimensions, e.g. 0.4,0.6,0.8')
-        check_int(STAGE, '--depth', self.depth, 1)
-        check_int(STAGE, '--num-results', self.num_results, 1)
-        if self.max_queries is not None:
-            check_int(STAGE, '--max-queries', self.max_queries, 1)
-        check_int(STAGE, '--folds', self.folds, 2, 'cross-validation needs at least 2 folds of queries')
-        check_bool(STAGE, '--sweep', self.sweep)
-        margin = self.margin
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
-            raise ValueError(f'{STAGE}: --margin must be a fraction of the Baseline in (0, 1), got {margin!r}; e.g. '
-                             f'{parity.DEFAULT_MARGIN} (±{100 * parity.DEFAULT_MARGIN:g} % of the Baseline)')
-        if self.mode == 'retrieve' and self.feedback == 'first-stage':
-            raise ValueError(f'{STAGE}: --feedback first-stage applies to --mode rerank; --mode retrieve has no first '
-                             'stage (its feedback documents come from the dense ranking): leave --feedback out')
-        if self.mode == 'rerank' and self.retriever != 'numpy':
-            raise ValueError(f'{STAGE}: --retriever {self.retriever!r} applies to --mode retrieve; re-ranking '
-                             're-scores the candidates with the vectors of the index')
-        if self.first_stage not in ('auto', 'bm25') and not Path(self.first_stage).is_file():
-            raise ValueError(f"{STAGE}: --first-stage {self.first_stage!r} is not 'auto', 'bm25' or an existing TREC "
-                             'run file')
-        if self.retriever.startswith('faiss-'):
-            require_faiss()
-        check_int(STAGE, '--shards', self.shards, 1)
-        if self.shards != 1 and self.retriever != 'sharded':
-            raise ValueError(f'{STAGE}: --shards applies to --retriever sharded; pass both, or leave --shards out')
-
-    @property
-    def fractions(self) -> List[float]:
-        """The Top-k sweep's fractions (none without ``sweep``)."""
-        return list(sw.SWEEP) if self.sweep else []
-
-    def settings(self) -> Dict[str, object]:
-        """The options as recorded in a result and keyed in a grid cell (lists as lists)."""
-        return {name: list(value) if isinstance(value, tuple) else value for name, value in asdict(self).items()}
-
-
-#: The options' names: the keyword arguments of :func:`run_experiment` that :class:`Options` checks.
-OPTION_NAMES = tuple(f.name for f in fields(Options))
-
 
 class Stopwatch:
     """Seconds per phase of a run, the phases back to back: each :meth:`lap` charges the time since the previous lap
