@@ -270,6 +270,24 @@ def test_exact_ties_go_to_the_lower_docid(search):
     assert docids[3].tolist() == list(range(3, 500, 4)) + [0, 1, 2, 4, 5]  # one kept dimension of codes 0 and 127
 
 
+@pytest.mark.parametrize('rows', [True, False])
+def test_identical_rows_with_real_valued_scores_come_in_docid_order(search, rows):
+    # 2,000 copies of one real-valued vector among others: summed by a BLAS product, identical rows of one call may
+    # score an ulp apart by their position in it; each row summed on its own, they tie exactly, lower docid first
+    rng = np.random.default_rng(5)
+    twin = rng.standard_normal(96).astype(np.float32)
+    docs = rng.standard_normal((3000, 96)).astype(np.float32) * 0.1
+    docs[::3] = docs[1::3] = twin
+    query = rng.standard_normal((2, 96)).astype(np.float32)
+    query[1, ::2] = 0
+    query *= np.sign(query @ twin)[:, None]  # the twins score highest
+    scores, docids = search(docs, query, 150) if rows else \
+        search_with(docs, query, 150, kept.NUMBA_AVAILABLE, rows=False)
+    twins = [i for i in range(3000) if i % 3 in (0, 1)]
+    for q in range(2):
+        assert docids[q].tolist() == twins[:150] and len(set(scores[q].tolist())) == 1
+
+
 def test_documents_the_first_pass_cannot_tell_apart(search):
     # column 0 rises by 1e-5 from document to document, less than a step (1/127): the first pass sees the same
     # code for runs of ~800 documents and its k best are the lowest docids of the highest run, not the best ones;

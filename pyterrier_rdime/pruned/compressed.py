@@ -94,13 +94,17 @@ def exact_scores(dim_major: np.ndarray, query_vec: np.ndarray, docids: np.ndarra
                  doc_rows: Optional[np.ndarray] = None) -> np.ndarray:
     """The float64 scores of these documents on the query's kept dimensions: from their rows in ``doc_rows``, the
     ``(docs, dims)`` float32 vectors the matrix was made from, where given (one contiguous read per document), else
-    from the float32 matrix (one read per document and kept dimension)."""
+    from the float32 matrix (one read per document and kept dimension). Each document's products are summed along its
+    own contiguous row, so two identical documents get the same score bit for bit wherever they sit among the docids
+    (a BLAS product may sum rows of one call in different orders), and exact ties keep the lower docid."""
     dims = np.flatnonzero(query_vec)
     if not len(dims) or not len(docids):
         return np.zeros(len(docids))
     if doc_rows is not None:
-        return np.asarray(doc_rows[docids], dtype=np.float64)[:, dims] @ query_vec[dims].astype(np.float64)
-    return query_vec[dims].astype(np.float64) @ np.asarray(dim_major[np.ix_(dims, docids)], dtype=np.float64)
+        values = np.asarray(doc_rows[docids], dtype=np.float64)[:, dims]
+    else:
+        values = np.ascontiguousarray(np.asarray(dim_major[np.ix_(dims, docids)], dtype=np.float64).T)
+    return (values * query_vec[dims].astype(np.float64)).sum(axis=1)
 
 
 def float32_below(value: float) -> np.float32:
