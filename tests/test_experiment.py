@@ -493,3 +493,10 @@ def test_workers_on_a_local_ray_cluster_give_the_serial_numbers(mini, tmp_path, 
     cell = 'mini/minilm/perquery.csv'  # the one cell of the one-cell grid
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / 'ray' / cell), pd.read_csv(tmp_path / 'serial' / cell),
                                   atol=1e-6)
+
+
+def test_quiet_reaches_the_pruned_retrievers_progress_bars():
+    from pyterrier_rdime.experiment.indexes import retriever
+    vectors = np.eye(4, dtype=np.float32)
+    assert retriever(vectors, 'pruned', 2, verbose=False).verbose is False
+    assert retriever(vectors, 'pruned', 2).verbose is True

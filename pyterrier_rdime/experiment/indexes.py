@@ -85,9 +85,10 @@ def check_docnos_in_index(index, docnos: Sequence[str], spec: str) -> None:
 
 
 def retriever(index, backend: str, num_results: int, *, shards: int = 1,
-              cache_dir: Optional[Union[str, Path]] = None) -> pt.Transformer:
+              cache_dir: Optional[Union[str, Path]] = None, verbose: bool = True) -> pt.Transformer:
     """The full-retrieval backend ``backend`` (see :data:`RETRIEVERS`) over ``index``, ``num_results`` per query;
-    ``'sharded'`` over ``index`` cut into ``shards`` shards, cached under ``cache_dir`` (:func:`index_shards`)."""
+    ``'sharded'`` over ``index`` cut into ``shards`` shards, cached under ``cache_dir`` (:func:`index_shards`);
+    ``verbose`` shows ``PrunedRetriever``'s progress bars (building its files, calibrating), off with ``--quiet``."""
     if backend == 'sharded':
         from ..pruned import ShardedPrunedRetriever
         return ShardedPrunedRetriever(shards=index_shards(index, shards, cache_dir), num_results=num_results)
@@ -97,7 +98,7 @@ def retriever(index, backend: str, num_results: int, *, shards: int = 1,
         return index.torch_retriever(num_results=num_results)
     if backend == 'pruned':
         from ..pruned import PrunedRetriever
-        return PrunedRetriever(index=index, num_results=num_results)
+        return PrunedRetriever(index=index, num_results=num_results, verbose=verbose)
     if backend.startswith('faiss-'):
         require_faiss()
         if backend == 'faiss-flat':

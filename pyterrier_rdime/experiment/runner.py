@@ -249,7 +249,8 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
         grid.source = source
         return grid
     return retrieve_grid(topics, model, dense, retriever(dense, options.retriever, options.num_results,
-                                                         shards=options.shards, cache_dir=cache_dir),
+                                                         shards=options.shards, cache_dir=cache_dir,
+                                                         verbose=verbose),
                          options.retriever, answers,
                          options.dimes, stages, collection.qrels, judged, options.num_results, run, options.fractions,
                          options.controls, options.control_seeds, records)
