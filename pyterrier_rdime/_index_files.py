@@ -24,7 +24,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -147,6 +147,21 @@ def sources_problem(recorded: Dict[str, dict], folder: Path, *, verify: bool) ->
         if moved[name]['sha256'] != recorded[name].get('sha256'):
             return f'{folder / name} changed since it was built (its content: SHA-256)', {}
     return None, moved
+
+
+def current_sources(recorded: Dict[str, dict], folder: Path, *, verify: bool, built: str,
+                    save: Callable[[Dict[str, dict]], None]) -> Optional[str]:
+    """None while the sources a derived file recorded are unchanged (:func:`sources_problem`), else why not, naming
+    what was built from them (``built``, e.g. 'the layout'). Where only a time or the inode moved and the content is
+    the same, ``save(sources)`` records the new fingerprints, so that the next use need not hash again (a folder no
+    longer writable: the next use hashes again)."""
+    problem, refreshed = sources_problem(recorded, folder, verify=verify)
+    if problem is not None:
+        return problem.replace('since it was built', f'since {built} was built')
+    if refreshed:
+        with contextlib.suppress(OSError):
+            save({**recorded, **refreshed})
+    return None
 
 
 def read_json(path: Path) -> Optional[dict]:

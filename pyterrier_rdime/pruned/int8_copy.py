@@ -12,7 +12,6 @@ by ``stat`` on every open, hashed only where a time moved) and the identity of t
 missing or does not match is rebuilt with a warning; concurrent builds are serialised by a lock. An array index gets
 an in-memory copy.
 """
-import contextlib
 import dataclasses
 import os
 import threading
@@ -26,13 +25,13 @@ import pyterrier as pt
 from .._index_files import (
     SOURCES,
     check_finite,
+    current_sources,
     exclusive,
     fingerprint,
     flex_layout_path,
     identity,
     read_json,
     row_reader,
-    sources_problem,
     write_json,
 )
 from .._io import atomic_open
@@ -213,7 +212,7 @@ def _read_record(path: Path) -> dict:
 
 def _check(path: Path, folder: Path, shape: Tuple[int, int], *, verify: bool = False) -> Optional[str]:
     """None for a complete int8 copy of this shape whose record matches both it and the ``SOURCES`` files of the
-    index in ``folder`` (:func:`~pyterrier_rdime._index_files.sources_problem`); else why not."""
+    index in ``folder`` (:func:`~pyterrier_rdime._index_files.current_sources`); else why not."""
     problem = npy_problem(path, shape, np.dtype('i1'))
     if problem is not None:
         return problem + ' (damaged, or a build was interrupted)'
@@ -226,10 +225,5 @@ def _check(path: Path, folder: Path, shape: Tuple[int, int], *, verify: bool = F
         return f'its record {record_path(path).name} is missing or unreadable (a build was interrupted)'
     if tuple(record['codes']) != identity(path):
         return f'its record {record_path(path).name} describes another file (damaged, or a build was interrupted)'
-    problem, refreshed = sources_problem(record['sources'], folder, verify=verify)
-    if problem is not None:
-        return problem.replace('since it was built', 'since the copy was built')
-    if refreshed:  # the same content: record the new times, so the next open need not hash again
-        with contextlib.suppress(OSError):
-            _write_record(path, {**record['sources'], **refreshed}, record['scale'], record['error'])
-    return None
+    return current_sources(record['sources'], folder, verify=verify, built='the copy',
+                           save=lambda sources: _write_record(path, sources, record['scale'], record['error']))

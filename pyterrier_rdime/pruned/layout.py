@@ -8,7 +8,7 @@ place only when complete and flushed: an interrupted build leaves nothing that a
 small JSON record (``rdime.dim_major.json``) holds the fingerprint of each file it was built from (``vecs.f4``,
 and ``docnos.npids``, checked then for a repeated docno), the identity of the layout file it describes and the
 largest absolute value of each dimension, and is written after the layout is renamed into place. On open, each
-source is checked by :func:`pyterrier_rdime._index_files.sources_problem`: a ``stat`` while nothing changed, a full
+source is checked by :func:`pyterrier_rdime._index_files.current_sources`: a ``stat`` while nothing changed, a full
 hash where a time or the inode moved, a rebuild where the size or the content differs.
 
 A rebuild warns, naming the reason. An array index gets an in-memory copy instead (its docnos checked once, there).
@@ -31,6 +31,7 @@ from .._index_files import (
     SOURCES,
     check_built,
     check_finite,
+    current_sources,
     exclusive,
     fingerprint,
     flex_layout_path,
@@ -38,7 +39,6 @@ from .._index_files import (
     portable_index,
     read_json,
     row_reader,
-    sources_problem,
     vector_stats,
     write_json,
 )
@@ -177,11 +177,8 @@ def check_flex_docnos(index: object, stage: str) -> None:
     record = read_json(path)
     sources = record.get('sources') if record is not None else None
     if isinstance(sources, dict) and set(sources) == {'docnos.npids'}:
-        problem, refreshed = sources_problem(sources, folder, verify=True)
-        if problem is None:
-            if refreshed:
-                with contextlib.suppress(OSError):  # a read-only cache: the next use hashes again
-                    write_json(path, {'sources': refreshed})
+        if current_sources(sources, folder, verify=True, built='the docno check',
+                           save=lambda current: write_json(path, {'sources': current})) is None:
             return
     checked = {'docnos.npids': fingerprint(folder / 'docnos.npids')}  # before the check: a change shows later
     docnos = index.payload(return_dvecs=False)[0]
@@ -376,10 +373,5 @@ def _check(path: Path, shape: Tuple[int, int], folder: Path, *, verify: bool = F
                 'layout predates these records)')
     if tuple(record['layout']) != identity(path):
         return f'its record {record_path(path).name} describes another file (a build was interrupted)'
-    problem, refreshed = sources_problem(record['sources'], folder, verify=verify)
-    if problem is not None:
-        return problem.replace('since it was built', 'since the layout was built')
-    if refreshed:  # the same content: record the new times, so the next open need not hash again
-        with contextlib.suppress(OSError):  # a folder no longer writable: the next open hashes again
-            _write_record(path, {**record['sources'], **refreshed}, record['abs_max'])
-    return None
+    return current_sources(record['sources'], folder, verify=verify, built='the layout',
+                           save=lambda sources: _write_record(path, sources, record['abs_max']))
