@@ -3,7 +3,8 @@ import functools
 import logging
 import numbers
 import time
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,7 @@ import pyterrier as pt
 from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
 from .._index_files import RowFile, portable_index
-from . import calibration, cost, dense, kept
+from . import calibration, cost, dense, kept, measured
 from .compressed import search_compressed
 from .int8_copy import CompressedCopy
 from .layout import Layout
@@ -69,13 +70,16 @@ class PrunedRetriever(ConfigTransformer):
       (:mod:`pyterrier_rdime.pruned.compressed`). A batch is scored query after query, or in one pass: one exact
       int8 matrix product per slab of documents for every query (torch's, on the CPU's VNNI / AMX units), whichever
       the cost model finds cheaper.
-    - ``'auto'`` (default): per call, the path of least estimated cost: dense, pruned (query after query or in
-      one pass) or compressed (:mod:`pyterrier_rdime.pruned.cost`, calibrated on this machine on first use: a few
-      seconds, cached per CPU model and thread counts), and ``'dense'`` without numba or for a matrix under 16 MiB
-      (it sits in the CPU caches). The call's plan is decided once, by :func:`pyterrier_rdime.pruned.cost.plan`. The
-      first time it chooses the compressed path, the int8 copy is built; ``strategy='pruned'`` never builds it. For
-      a FlexIndex, ``'auto'`` takes the float32 pruned paths only where their layout is already on disk: it never
-      writes a second float32 copy of the vectors.
+    - ``'auto'`` (default): per call, the fastest path, measured: a cost model (:mod:`pyterrier_rdime.pruned.cost`,
+      calibrated on this machine on first use: a few seconds, cached per CPU model and thread counts) estimates
+      dense, pruned (query after query or in one pass) and compressed (likewise); the paths within twice the least
+      estimate are timed on the first calls of each shape of call (batch size, kept fraction) on this index, and
+      the fastest is taken from then on, re-checked now and then; the timings are kept per index and machine for
+      later runs (:mod:`pyterrier_rdime.pruned.measured`). ``'dense'`` without numba or for a matrix under 16 MiB (it
+      sits in the CPU caches). The call's plan is decided once. The first time it takes the compressed path, the
+      int8 copy is built; ``strategy='pruned'`` never builds it. For a FlexIndex, ``'auto'`` takes the float32
+      pruned paths only where their layout is already on disk: it never writes a second float32 copy of the
+      vectors.
 
     Every path returns the same documents up to floating-point ties: scores agree to float32 summation-order
     precision (~1e-6 relative; the compressed path's are float64 scores rounded to float32), so documents whose
@@ -149,6 +153,9 @@ class PrunedRetriever(ConfigTransformer):
         self.verbose = verbose
         self._layout = Layout(index, docnos=docnos, stage=name, verbose=verbose)
         self._compressed = CompressedCopy(self._layout)
+        self._measured = measured.MeasuredChoice(
+            None if isinstance(index, np.ndarray)
+            else functools.partial(measured.record_path, Path(index.index_path) / 'vecs.f4'))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -163,6 +170,7 @@ class PrunedRetriever(ConfigTransformer):
         fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
         fused._layout = self._layout
         fused._compressed = self._compressed
+        fused._measured = self._measured
         return fused
 
     def dim_major(self) -> np.ndarray:
@@ -175,14 +183,31 @@ class PrunedRetriever(ConfigTransformer):
         return self._layout.shape
 
     def plan(self, query_vecs: np.ndarray) -> Plan:
-        """How this retriever scores these (already pruned) query vectors (n, dims): decided once per call. For a
-        FlexIndex, ``'auto'`` considers the float32 pruned paths only once their layout is on disk."""
+        """How this retriever scores these (already pruned) query vectors (n, dims): decided once per call. For
+        ``'auto'``, the measured choice (:mod:`pyterrier_rdime.pruned.measured`) among the paths the cost model puts
+        near the cheapest, as the next call would take it; for a FlexIndex, the float32 pruned paths only once their
+        layout is on disk."""
+        choice = self._choice(query_vecs)
+        return Plan(choice.path) if choice is not None else self._model_plan(query_vecs)
+
+    def _model_plan(self, query_vecs: np.ndarray) -> Plan:
         dims, docs = self.shape
         return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
-                         compiled=kept.NUMBA_AVAILABLE,
-                         model=functools.partial(calibration.model, verbose=self.verbose),
-                         k=min(self.num_results, docs),
-                         float32_ready=self.strategy != 'auto' or self._layout.has_matrix())
+                         compiled=kept.NUMBA_AVAILABLE, model=self._model, k=min(self.num_results, docs))
+
+    def _model(self) -> cost.CostModel:
+        return calibration.model(verbose=self.verbose)
+
+    def _choice(self, query_vecs: np.ndarray) -> Optional[measured.Choice]:
+        """The measured choice of ``'auto'`` for these queries; None for another strategy, or where ``'auto'``
+        scores densely without asking the model (no numba, a matrix in the CPU caches, no queries)."""
+        if self.strategy != 'auto':
+            return None
+        dims, docs = self.shape
+        k = min(self.num_results, docs)
+        costs = cost.auto_costs(query_vecs, matrix_bytes=4 * dims * docs, compiled=kept.NUMBA_AVAILABLE,
+                                model=self._model, k=k, float32_ready=self._layout.has_matrix())
+        return None if costs is None else self._measured.choose(costs, measured.bucket(query_vecs, k))
 
     def choose_strategy(self, query_vecs: np.ndarray) -> str:
         """The path this retriever takes for these (already pruned) query vectors (n, dims): ``'pruned'``,
@@ -191,28 +216,40 @@ class PrunedRetriever(ConfigTransformer):
 
     def search(self, query_vecs: np.ndarray, plan: Optional[Plan] = None) -> Result:
         """The top ``num_results`` ``(scores, docids)`` of each query vector (n, dims), already checked by
-        :meth:`stack_queries`, scored as ``plan`` says (default: :meth:`plan`): the search of one index, which
-        :class:`~pyterrier_rdime.pruned.sharded.ShardedPrunedRetriever` runs on every shard."""
-        plan = plan or self.plan(query_vecs)
+        :meth:`stack_queries`, scored as ``plan`` says (default: :meth:`plan`, and for ``'auto'`` the call is timed
+        for its measured choice): the search of one index, which
+        :class:`~pyterrier_rdime.pruned.sharded.ShardedPrunedRetriever` runs on every shard with the plan of its
+        driver."""
+        choice = self._choice(query_vecs) if plan is None else None
+        if plan is None:
+            plan = Plan(choice.path) if choice is not None else self._model_plan(query_vecs)
         start = time.perf_counter()
+        score = self._scorer(plan, query_vecs)
+        result = score() if choice is None else self._measured.timed(choice, score, len(query_vecs))
+        # the path of each call, for a reader of the log (the scale benchmark reports it)
+        logger.info('%s: %d queries, %.1f %% of the dimensions kept on average, path %r%s, %.3f s',
+                    type(self).__name__, len(query_vecs), 100 * float(np.mean(nonzero_fractions(query_vecs)))
+                    if len(query_vecs) else 0.0, plan.path, f' ({choice.reason})' if choice is not None else '',
+                    time.perf_counter() - start)
+        return result
+
+    def _scorer(self, plan: Plan, query_vecs: np.ndarray) -> Callable[[], Result]:
+        """The scoring of these queries on ``plan``'s path, with the files it reads opened (or built) first: what the
+        measured choice times."""
         rows = None if self._layout.is_array else self._layout.doc_rows()
         if plan.path == 'dense':
-            result = dense.search_dense(self.dim_major() if rows is None else rows, query_vecs, self.num_results,
-                                        batch_size=self.batch_size, rows=rows is not None)
-        elif plan.strategy == 'compressed':
+            matrix = self.dim_major() if rows is None else rows
+            return functools.partial(dense.search_dense, matrix, query_vecs, self.num_results,
+                                     batch_size=self.batch_size, rows=rows is not None)
+        if plan.strategy == 'compressed':
             # a FlexIndex's few re-scored rows by pread: through the memory map, read-ahead reads far more
             rows = self._layout.doc_rows() if rows is None else RowFile(rows)
-            result = search_compressed(self._compressed.codes(), self.dim_major() if rows is None else None,
-                                       query_vecs, self.num_results, use_numba=kept.NUMBA_AVAILABLE,
-                                       one_pass=plan.path == 'compressed one pass', doc_rows=rows)
-        else:
-            result = kept.search_pruned(self.dim_major(), query_vecs, self.num_results,
-                                        one_pass=plan.path == 'one pass')
-        # the path of each call, for a reader of the log (the scale benchmark reports it)
-        logger.info('%s: %d queries, %.1f %% of the dimensions kept on average, path %r, %.3f s',
-                    type(self).__name__, len(query_vecs), 100 * float(np.mean(nonzero_fractions(query_vecs)))
-                    if len(query_vecs) else 0.0, plan.path, time.perf_counter() - start)
-        return result
+            return functools.partial(search_compressed, self._compressed.codes(),
+                                     self.dim_major() if rows is None else None, query_vecs, self.num_results,
+                                     use_numba=kept.NUMBA_AVAILABLE, one_pass=plan.path == 'compressed one pass',
+                                     doc_rows=rows)
+        return functools.partial(kept.search_pruned, self.dim_major(), query_vecs, self.num_results,
+                                 one_pass=plan.path == 'one pass')
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)

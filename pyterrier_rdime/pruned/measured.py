@@ -1,0 +1,168 @@
+"""The measured choice of ``PrunedRetriever(strategy='auto')``: the cost model (:mod:`.cost`) is the prior, and the
+paths it cannot rank apart are timed on the index itself, as cuDNN's benchmark mode and FFTW's planner do. A model
+fitted on a small calibration matrix ranks paths whose costs differ by a factor reliably, but not near-equal ones on
+every CPU and cache size (on an AMD Zen 4 it took the compressed path query after query for batches where the one
+pass was 1.6x faster).
+
+- The calls of an index are grouped in **buckets** of like shape (:func:`bucket`): ``k``, the batch size rounded
+  down to a power of two, the mean kept fraction to the nearest 0.05.
+- The **candidates** of a call are the paths whose estimated cost is within ``EXPLORE_MARGIN`` of the least; a path
+  the model puts further away is never run. With one candidate, it is taken and nothing is timed.
+- **Exploring**: the first calls of a bucket take each candidate not yet timed in turn, the model's best first, so
+  a call is never run twice and exploring costs only the extra time of the slower candidates on those calls. A
+  path's first run in a process is not recorded (it loads its compiled kernel and faults its data in), so it is
+  explored once more.
+- From then the candidate with the least **seconds per query** is taken (the least of its last ``RECENT`` timings:
+  one disturbed timing does not decide), and every run's time joins its record; every ``RECHECK_EVERY``-th call of
+  a bucket takes the runner-up once more, so that a change of the machine's state is followed.
+- The **record** of an index is kept beside the calibration (``default_cache_dir()/cost/measured``), keyed by the
+  machine (CPU model, numba's and BLAS's thread counts: :func:`.calibration.machine_key`) and the index's file (size,
+  times and inode of a FlexIndex's ``vecs.f4``: rewriting the index starts a new record); it is written after each
+  exploring or re-checking call, so later processes start from it. An array index's record lives in memory, with its
+  retriever.
+"""
+import dataclasses
+import hashlib
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from .._config import default_cache_dir
+from .._index_files import read_json, stat_fields, write_json
+from .calibration import machine_key
+from .plan import nonzero_fractions
+
+#: Paths estimated to cost up to this factor of the cheapest are timed: the model's misses measured so far were up to
+#: 1.6x (a batch of 64 at RDIME's fraction with one thread on an AMD Zen 4: 1,023 ms chosen against 632 ms).
+EXPLORE_MARGIN = 2.0
+#: The timings kept per path and bucket; a path's time is the least of them.
+RECENT = 3
+#: Every this many calls of a bucket on its winner, the runner-up is timed once more.
+RECHECK_EVERY = 64
+#: Why a path was taken: the only candidate; exploring (not yet timed); re-checking the runner-up; the fastest timed.
+REASONS = ('only', 'explore', 'recheck', 'measured')
+
+_log = logging.getLogger(__name__)
+
+
+def bucket(query_vecs: np.ndarray, k: int) -> str:
+    """The bucket of a call: ``k``, the batch size rounded down to a power of two and the mean kept fraction to the
+    nearest 0.05, e.g. ``'k100 n8 kept0.35'``."""
+    batch = 1 << (len(query_vecs).bit_length() - 1)
+    kept = round(float(np.mean(nonzero_fractions(query_vecs))) * 20) / 20
+    return f'k{k} n{batch} kept{kept:.2f}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The path of one call, its bucket and why it was taken (one of :data:`REASONS`)."""
+    path: str
+    bucket: str
+    reason: str
+
+
+def candidates(costs: Dict[str, float]) -> List[str]:
+    """The paths within ``EXPLORE_MARGIN`` of the least estimated cost, cheapest first (an exact tie in the order
+    listed)."""
+    least = min(costs.values())
+    return sorted((path for path, cost in costs.items() if cost <= EXPLORE_MARGIN * least), key=costs.get)
+
+
+class MeasuredChoice:
+    """The timings of the paths of one index on this machine, and the choice they make (see the module). Shared by a
+    retriever and its ``% k`` variants; thread-safe; pickles without its timings (the other side reads the record).
+
+    Args:
+        record: gives the JSON file of the record, called when the record is first needed (None: in memory only).
+        clock: the clock that times a call (seconds).
+    """
+
+    def __init__(self, record: Optional[Callable[[], Path]], clock: Callable[[], float] = time.perf_counter):
+        self.record = record
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._buckets: Optional[Dict[str, dict]] = None
+        self._path: Optional[Path] = None
+        self._warm: set = set()
+
+    def __getstate__(self) -> dict:
+        return {'record': self.record, 'clock': self.clock}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    def _state(self, name: str) -> dict:
+        if self._buckets is None:
+            self._path = self.record() if self.record is not None else None
+            saved = (read_json(self._path) or {}).get('buckets') if self._path is not None else None
+            self._buckets = saved if isinstance(saved, dict) else {}
+        state = self._buckets.get(name)
+        if not (isinstance(state, dict) and isinstance(state.get('calls'), int)
+                and isinstance(state.get('seconds_per_query'), dict)):  # new, or a record edited by hand
+            state = self._buckets[name] = {'calls': 0, 'seconds_per_query': {}}
+        return state
+
+    def choose(self, costs: Dict[str, float], name: str) -> Choice:
+        """The path of a call of bucket ``name`` whose paths the model estimates at ``costs`` (nothing is
+        recorded)."""
+        paths = candidates(costs)
+        if len(paths) == 1:
+            return Choice(paths[0], name, 'only')
+        with self._lock:
+            state = self._state(name)
+            timed = {path: min(state['seconds_per_query'][path]) for path in paths
+                     if state['seconds_per_query'].get(path)}
+            untimed = [path for path in paths if path not in timed]
+            if untimed:
+                return Choice(untimed[0], name, 'explore')
+            ranking = sorted(paths, key=timed.get)
+            if state['calls'] and state['calls'] % RECHECK_EVERY == 0:
+                return Choice(ranking[1], name, 'recheck')
+            return Choice(ranking[0], name, 'measured')
+
+    def timed(self, choice: Choice, score: Callable[[], object], queries: int) -> object:
+        """Runs ``score`` (the call, scored on ``choice.path``), records its time and returns its result."""
+        start = self.clock()
+        result = score()
+        seconds = self.clock() - start
+        if choice.reason != 'only':
+            self._record(choice, seconds / queries)
+        return result
+
+    def _record(self, choice: Choice, seconds_per_query: float) -> None:
+        with self._lock:
+            if choice.path not in self._warm:  # its kernel and data were cold: explore it again
+                self._warm.add(choice.path)
+                return
+            state = self._state(choice.bucket)
+            times = state['seconds_per_query'].setdefault(choice.path, [])
+            times[:] = (times + [seconds_per_query])[-RECENT:]
+            if choice.reason in ('measured', 'recheck'):
+                state['calls'] += 1
+            if choice.reason != 'measured':
+                _log.info('strategy=auto, %s: %s %s at %.3g ms per query', choice.bucket, choice.reason, choice.path,
+                          seconds_per_query * 1e3)
+                if self._path is not None:
+                    try:
+                        write_json(self._path, {'buckets': self._buckets})
+                    except OSError as error:  # the choice still holds in this process
+                        _log.warning('strategy=auto: cannot save its timings to %s (%s); set PYTERRIER_RDIME_CACHE '
+                                     'to a writable folder to keep them for later runs', self._path, error)
+
+    def seconds_per_query(self, name: str) -> Dict[str, float]:
+        """The recorded time per query of each path timed in bucket ``name`` (the least of its recent timings)."""
+        with self._lock:
+            return {path: min(times) for path, times in self._state(name)['seconds_per_query'].items() if times}
+
+
+def record_path(vecs: Path) -> Path:
+    """Where the record of the index whose vectors are the file ``vecs`` is kept on this machine: keyed by the
+    machine and by the file's path, size, times and inode."""
+    identity = json.dumps({'path': str(vecs.resolve()), **stat_fields(vecs)}, sort_keys=True)
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return default_cache_dir() / 'cost' / 'measured' / f'{machine_key()}-{vecs.parent.name}-{digest}.json'

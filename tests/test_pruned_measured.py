@@ -1,0 +1,166 @@
+"""The measured choice of strategy='auto' (pyterrier_rdime.pruned.measured): buckets and candidates by hand, and the
+retriever driven by a fake clock, so that which path is faster is the test's to say: a path faster than the model
+says is found and taken, a clock agreeing with the model never runs a path beyond the margin, the record is kept
+for later processes and starts over when the index is rewritten. No timed assertions."""
+import numpy as np
+import pytest
+from pruned_data import flex_index, full_topk, make_corpus
+
+from pyterrier_rdime import PrunedRetriever
+from pyterrier_rdime.pruned import calibration, cost, kept, measured
+
+COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
+                              reason='auto scores densely without numba: pip install pyterrier-rdime[fast]')
+
+
+class Estimates:
+    """A cost model that estimates each path at a fixed cost per query."""
+
+    def __init__(self, **costs):
+        self.costs = {path.replace('_', ' '): value for path, value in costs.items()}
+
+    def path_costs(self, query_vecs, *, k, matrix_bytes, one_pass):
+        return {path: value * len(query_vecs) for path, value in self.costs.items()
+                if one_pass or 'one pass' not in path}
+
+
+class FakeClock:
+    """Each scored call advances the clock by the seconds per query its path takes (the test's ``speeds``)."""
+
+    def __init__(self, speeds):
+        self.speeds, self.now, self.paths = speeds, 0.0, []
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def driven(tmp_path, monkeypatch):
+    """``drive(retriever, speeds)``: the retriever's calls timed by a fake clock; returns the clock, whose ``paths``
+    lists the path each call was scored on."""
+    monkeypatch.setenv('PYTERRIER_RDIME_CACHE', str(tmp_path / 'cache'))
+    monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', 0)  # the small test matrix would otherwise go dense
+
+    def drive(retriever, speeds, estimates):
+        monkeypatch.setattr(calibration, 'model', lambda **kwargs: estimates)
+        clock = FakeClock(speeds)
+        retriever._measured.clock = clock
+        scorer = retriever._scorer
+
+        def timed_scorer(plan, query_vecs):
+            score = scorer(plan, query_vecs)
+
+            def run():
+                clock.paths.append(plan.path)
+                clock.now += speeds[plan.path] * len(query_vecs)
+                return score()
+            return run
+        monkeypatch.setattr(retriever, '_scorer', timed_scorer)
+        return clock
+    return drive
+
+
+def test_buckets_and_candidates_by_hand():
+    half = np.zeros((5, 20), dtype=np.float32)
+    half[:, :7] = 1  # 35 % kept, 5 queries: a batch of 4 to 7
+    assert measured.bucket(half, 100) == 'k100 n4 kept0.35'
+    assert measured.bucket(half[:1], 10) == 'k10 n1 kept0.35'
+    assert measured.bucket(np.ones((64, 20)), 1000) == 'k1000 n64 kept1.00'
+    # within twice the least, cheapest first; a tie in the order given
+    assert measured.candidates({'dense': 2.0, 'pruned': 1.0, 'compressed': 2.5}) == ['pruned', 'dense']
+    assert measured.candidates({'dense': 1.0, 'pruned': 1.0}) == ['dense', 'pruned']
+    assert measured.candidates({'dense': 9.0, 'compressed': 1.0}) == ['compressed']
+
+
+def test_exploring_order_the_cold_run_the_recent_timings_and_the_recheck():
+    speeds = {'a': 3.0, 'b': 2.0}
+    now = [0.0]
+    choice_of = measured.MeasuredChoice(None, clock=lambda: now[0])
+    costs = {'a': 1.0, 'b': 1.5, 'c': 5.0}  # c is beyond the margin
+    taken = []
+    for _ in range(2 * measured.RECHECK_EVERY + 10):
+        choice = choice_of.choose(costs, 'bucket')
+        taken.append((choice.path, choice.reason))
+
+        def score(path=choice.path):
+            now[0] += speeds[path] * 4
+        choice_of.timed(choice, score, 4)
+    # a (the model's best) first, twice: its first run in the process is cold; then b, twice
+    assert taken[:4] == [('a', 'explore'), ('a', 'explore'), ('b', 'explore'), ('b', 'explore')]
+    assert {path for path, reason in taken[4:] if reason == 'measured'} == {'b'}
+    assert [i for i, (path, reason) in enumerate(taken) if reason == 'recheck'] == [
+        4 + measured.RECHECK_EVERY, 4 + 2 * measured.RECHECK_EVERY]  # the re-check counts as a call
+    assert all(path == 'a' for path, reason in taken if reason == 'recheck')
+    assert choice_of.seconds_per_query('bucket') == {'a': 3.0, 'b': 2.0}
+    # the least of the recent timings: one slow timing does not move the record, RECENT slow ones do
+    speeds['b'] = 10.0
+    for _ in range(measured.RECENT - 1):
+        choice_of.timed(measured.Choice('b', 'bucket', 'measured'), lambda: now.__setitem__(0, now[0] + 40), 4)
+    assert choice_of.seconds_per_query('bucket')['b'] == 2.0
+    choice_of.timed(measured.Choice('b', 'bucket', 'measured'), lambda: now.__setitem__(0, now[0] + 40), 4)
+    assert choice_of.seconds_per_query('bucket')['b'] == 10.0
+    assert choice_of.choose(costs, 'bucket').path == 'a'
+    # one candidate: taken, nothing timed
+    assert choice_of.choose({'a': 1.0, 'c': 5.0}, 'other') == measured.Choice('a', 'other', 'only')
+
+
+@COMPILED
+def test_auto_switches_to_a_path_faster_than_the_model_says(driven):
+    docs, query_vecs = make_corpus()
+    retriever = PrunedRetriever(index=docs, num_results=10, verbose=False)
+    # the model: compressed cheapest, pruned within the margin, dense far off; the clock: pruned is faster
+    clock = driven(retriever, {'dense': 1.0, 'pruned': 0.2, 'compressed': 0.5},
+                   Estimates(dense=10.0, pruned=1.5, compressed=1.0))
+    query = query_vecs[2:3]
+    for _ in range(8):
+        scores, docids = retriever.search(query)
+        ref_scores, ref_ids = full_topk(docs, query[0], 10)
+        assert docids[0].tolist() == ref_ids.tolist()
+        np.testing.assert_allclose(scores[0], ref_scores, rtol=1e-5)
+    assert clock.paths == ['compressed', 'compressed', 'pruned', 'pruned'] + ['pruned'] * 4
+    assert retriever.plan(query).path == 'pruned' and retriever.choose_strategy(query) == 'pruned'
+    # a % k variant shares the timings: its k is another bucket, explored on its own
+    assert (retriever % 5).compile()._measured is retriever._measured
+
+
+@COMPILED
+def test_a_clock_agreeing_with_the_model_never_runs_a_path_beyond_the_margin(driven):
+    docs, query_vecs = make_corpus()
+    retriever = PrunedRetriever(index=docs, num_results=10, verbose=False)
+    speeds = {'dense': 10.0, 'pruned': 1.5, 'one pass': 2.5, 'compressed': 1.0, 'compressed one pass': 1.8}
+    clock = driven(retriever, speeds, Estimates(**{path.replace(' ', '_'): value for path, value in speeds.items()}))
+    for _ in range(20):
+        retriever.search(query_vecs[2:3])  # one query: compressed, pruned
+        retriever.search(query_vecs[2:6])  # a batch of 4: compressed, pruned, compressed one pass
+    assert 'dense' not in clock.paths and 'one pass' not in clock.paths
+    assert set(clock.paths) == {'compressed', 'pruned', 'compressed one pass'}
+    assert clock.paths[-10:] == ['compressed'] * 10
+
+
+@COMPILED
+def test_the_record_is_kept_for_later_processes_and_starts_over_with_a_rewritten_index(driven, tmp_path):
+    docs, query_vecs = make_corpus()
+    index = flex_index(tmp_path / 'docs.flex', docs)
+    # no float32 layout on disk: auto leaves the float32 pruned paths out, and times compressed against dense
+    speeds, estimates = {'dense': 1.0, 'compressed': 0.5}, Estimates(dense=1.5, pruned=0.1, compressed=1.0)
+    query = query_vecs[2:3]
+    bucket = measured.bucket(query, 10)
+    first = PrunedRetriever(index=index, num_results=10, verbose=False)
+    clock = driven(first, speeds, estimates)
+    for _ in range(5):
+        first.search(query)
+    assert clock.paths == ['compressed', 'compressed', 'dense', 'dense', 'compressed']
+    # a later process (a new retriever): the record is read and decides without exploring
+    later = PrunedRetriever(index=index, num_results=10, verbose=False)
+    later_clock = driven(later, speeds, estimates)
+    assert later._measured.seconds_per_query(bucket) == {'compressed': 0.5, 'dense': 1.0}
+    later.search(query)
+    assert later_clock.paths == ['compressed']
+    # the index rewritten: a new record, explored again
+    rewritten = flex_index(tmp_path / 'docs.flex', docs[::-1].copy())
+    again = PrunedRetriever(index=rewritten, num_results=10, verbose=False)
+    again_clock = driven(again, speeds, estimates)
+    assert again._measured.seconds_per_query(bucket) == {}
+    again.search(query)
+    assert again_clock.paths == ['compressed']
+    assert again._measured.choose({'dense': 1.5, 'compressed': 1.0}, bucket).reason == 'explore'
