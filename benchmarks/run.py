@@ -6,6 +6,8 @@ One script per question, each printing ratios measured side by side in one run:
 - ``overhead``: what RDIME adds to a re-ranking pipeline on the DL19 pool;
 - ``estimators``: queries/s of the vectorised DIME + RDIME stages against a per-query loop;
 - ``search``: exact retrieval scoring only the kept dimensions (PrunedRetriever) against every dimension;
+- ``auto``: whether ``strategy='auto'`` takes the fastest path in every row of ``search``, and what its measuring
+  (exploring) costs;
 - ``layout``: time and memory to build the on-disk dimension-major layout, projected to MS MARCO;
 - ``batches``: ways of scoring a batch of pruned queries (tile and cache sizes, one by one, grouping);
 - ``pipelines``: per-query latency of the retrieve-mode pipelines end to end (encoder, BM25, feedback, pruning);
@@ -30,6 +32,7 @@ layout, ~2 min, and encodes the DL19 pool, ~2.5 min).
 """
 import sys
 
+import auto
 import batches
 import bounds
 import estimators
@@ -43,7 +46,7 @@ import shard_checks
 import shards
 import switch
 
-SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout,
+SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'auto': auto, 'layout': layout,
            'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards,
            'shard_checks': shard_checks, 'node_loss': node_loss, 'bounds': bounds, 'scale': scale}
 

@@ -57,6 +57,14 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument('--frontier-queries', type=int, default=3, help='queries timed one by one per kept fraction')
     p.add_argument('--delete-index', action='store_true', help='delete the index and its copies at the end')
     p.add_argument('--seed', type=int, default=0, help='seed of the distractors')
+    p.add_argument('--retriever', choices=('pruned', 'sharded'), default='pruned',
+                   help="the runner's --retriever: sharded runs the shards in Ray actors (no call is recorded or "
+                        'checked in this process then: compare with a pruned run by --same-as)')
+    p.add_argument('--shards', type=int, default=2, help='--retriever sharded: shards (default: %(default)s)')
+    p.add_argument('--ray-address', default=None, help="--retriever sharded: the cluster ('auto', host:port)")
+    p.add_argument('--same-as', default=None,
+                   help="the --out of an earlier run on the same index: this run's per-query measures and kept "
+                        'fractions must equal its')
     args = p.parse_args(argv)
     if args.encoder is None:
         if args.dims != 384:
@@ -160,10 +168,10 @@ class Recorder:
         recorder = self
 
         def recorded_search(retriever, query_vecs, plan=None):
-            plan = plan or retriever.plan(query_vecs)
+            path = (plan or retriever.plan(query_vecs)).path  # the path the call takes (strategy='auto': measured)
             start = time.perf_counter()
             scores, docids = search(retriever, query_vecs, plan)
-            recorder.calls.append({'path': plan.path, 'queries': len(query_vecs),
+            recorder.calls.append({'path': path, 'queries': len(query_vecs),
                                    'seconds': time.perf_counter() - start, 'query_vecs': np.array(query_vecs)})
             sampled = min(len(query_vecs), max(2, int(np.ceil(CHECKED_SHARE * len(query_vecs)))))
             for q in recorder._rng.choice(len(query_vecs), sampled, replace=False):
@@ -198,6 +206,8 @@ def check_exact(index, samples: List[tuple], k: int) -> dict:
     in one pass, its candidates and the returned documents re-scored in float64; a result is exact when its scores,
     rank by rank, are the exact top-k scores (documents within ``TIE`` of each other may come in either order)."""
     from pyterrier_rdime.pruned.dense import search_dense
+    if not samples:  # --retriever sharded: the calls ran in the actors
+        return {'checked': 0, 'wrong': 0, 'worst_gap': 0.0}
     samples = samples[:CHECKED_MAX] if len(samples) <= CHECKED_MAX else \
         [samples[i] for i in np.linspace(0, len(samples) - 1, CHECKED_MAX).astype(int)]
     rows = vecs_of(index)
@@ -317,8 +327,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     shutil.rmtree(out, ignore_errors=True)  # a fresh run: the grid would read a finished cell back
     recorder = Recorder(memory)
     command = [args.collection, '--mode', 'retrieve', '--index', str(folder), '--encoder', args.encoder,
-               '--retriever', 'pruned', '--out', str(out), '--cache', str(cache / 'runner')]
+               '--retriever', args.retriever, '--out', str(out), '--cache', str(cache / 'runner')]
     command += ['--max-queries', str(args.max_queries)] if args.max_queries else []
+    if args.retriever == 'sharded':
+        command += ['--shards', str(args.shards)] + (['--ray-address', args.ray_address] if args.ray_address else [])
     log('rdime-experiment ' + ' '.join(command))
     from pyterrier_rdime.experiment import cli
     with phases('run', folder, out, cache / 'runner'), recorder.installed():
@@ -331,7 +343,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     result = ExperimentResult.load(cell)
     with phases('checks'):
         checks = check_exact(index, recorder.samples, int(result.settings['num_results']))
-    log(f'exact: {checks["checked"] - checks["wrong"]} of {checks["checked"]} sampled results')
+        if args.same_as:
+            checks['same_as'] = same_results(Path(args.same_as), out)
+    log(f'exact: {checks["checked"] - checks["wrong"]} of {checks["checked"]} sampled results'
+        + (f'; per-query results against {args.same_as}: {checks["same_as"]}' if args.same_as else ''))
     with phases('frontier'):
         points = frontier(index, result, recorder.calls, args.frontier_queries, out)
     sizes = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
@@ -344,7 +359,32 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.delete_index:
         shutil.rmtree(folder)
     memory.close()
-    return 0 if checks['wrong'] == 0 else 1
+    return 0 if checks['wrong'] == 0 and checks.get('same_as', {'differ': []})['differ'] == [] else 1
+
+
+def same_results(before: Path, after: Path) -> dict:
+    """The per-query measures and kept fractions of every system (``perquery.csv``, ``kept_fraction.csv``) of the
+    cell in ``before`` against this run's in ``after``: equal rankings give equal measures, query by query;
+    ``{'files': n, 'differ': [names]}``."""
+    import pandas as pd
+    differ, files = [], 0
+    for name in ('perquery.csv', 'kept_fraction.csv'):
+        old, new = (pd.read_csv(next(root.rglob(name))) for root in (before, after))
+        files += 1
+        if not (old.shape == new.shape and old.drop(columns=old.select_dtypes('number').columns).equals(
+                new.drop(columns=new.select_dtypes('number').columns))
+                and np.allclose(old.select_dtypes('number'), new.select_dtypes('number'), rtol=0, atol=1e-9,
+                                equal_nan=True)):
+            differ.append(name)
+    return {'files': files, 'differ': differ}
+
+
+def same_as_line(report: dict) -> str:
+    if not report['args'].get('same_as'):
+        return ''
+    differ = report['checks']['same_as']['differ']
+    return (f' Per-query measures and kept fractions against {report["args"]["same_as"]}: '
+            + ('equal.' if not differ else f'differ in {", ".join(differ)}.'))
 
 
 def markdown(report: dict, result) -> str:
@@ -372,7 +412,8 @@ def markdown(report: dict, result) -> str:
               + (f' (derived files: {sum(s for n, s in files.items() if n.startswith("rdime.")) / max(1, vecs):.0%}'
                  ' of vecs.f4)' if vecs else ''), '',
               f'Exactness: {report["checks"]["checked"] - report["checks"]["wrong"]} of '
-              f'{report["checks"]["checked"]} sampled results equal the brute-force exact top-k.', '',
+              f'{report["checks"]["checked"]} sampled results equal the brute-force exact top-k.'
+              + same_as_line(report), '',
               '| system | kept | nDCG@10 | latency per query | path |', '|---|---:|---:|---:|---|']
     for p in sorted(report['frontier'], key=lambda p: (p['dime'], p['kept'])):
         lines.append(f'| {p["system"]} | {p["kept"]:.2f} | {p["nDCG@10"]:.4f} | {p["latency_ms"]:.0f} ms | '

@@ -100,3 +100,14 @@ def test_the_rehearsal_at_a_tiny_size_writes_its_report(tiny_collection, tmp_pat
     # the compressed path's copies only: no float32 dimension-major copy of the index
     index = next((tmp_path / 'cache').glob('*.flex'))
     assert not (index / 'rdime.dim_major.npy').exists()
+
+
+def test_a_run_is_compared_with_another_query_by_query(tmp_path):
+    for name, ndcg in (('a', [0.5, 0.25]), ('b', [0.5, 0.25]), ('c', [0.5, 0.2500001])):
+        cell = tmp_path / name / 'cell'
+        cell.mkdir(parents=True)
+        pd.DataFrame({'qid': ['1', '2'], 'name': 'RDIME', 'nDCG@10': ndcg}).to_csv(cell / 'perquery.csv', index=False)
+        pd.DataFrame({'qid': ['1', '2'], 'kept': [0.3, 0.4]}).to_csv(cell / 'kept_fraction.csv', index=False)
+    assert scale.same_results(tmp_path / 'a', tmp_path / 'b') == {'files': 2, 'differ': []}
+    assert scale.same_results(tmp_path / 'a', tmp_path / 'c') == {'files': 2, 'differ': ['perquery.csv']}
+    assert scale.check_exact(None, [], 10) == {'checked': 0, 'wrong': 0, 'worst_gap': 0.0}

@@ -187,7 +187,7 @@ class PrunedRetriever(ConfigTransformer):
         ``'auto'``, the measured choice (:mod:`pyterrier_rdime.pruned.measured`) among the paths the cost model puts
         near the cheapest, as the next call would take it; for a FlexIndex, the float32 pruned paths only once their
         layout is on disk."""
-        choice = self._choice(query_vecs)
+        choice = self.measured_choice(query_vecs)
         return Plan(choice.path) if choice is not None else self._model_plan(query_vecs)
 
     def _model_plan(self, query_vecs: np.ndarray) -> Plan:
@@ -198,9 +198,10 @@ class PrunedRetriever(ConfigTransformer):
     def _model(self) -> cost.CostModel:
         return calibration.model(verbose=self.verbose)
 
-    def _choice(self, query_vecs: np.ndarray) -> Optional[measured.Choice]:
-        """The measured choice of ``'auto'`` for these queries; None for another strategy, or where ``'auto'``
-        scores densely without asking the model (no numba, a matrix in the CPU caches, no queries)."""
+    def measured_choice(self, query_vecs: np.ndarray) -> Optional[measured.Choice]:
+        """The measured choice of ``'auto'`` for these queries (its path, bucket and why), as the next call takes it;
+        None for another strategy, or where ``'auto'`` scores densely without asking the model (no numba, a matrix in
+        the CPU caches, no queries)."""
         if self.strategy != 'auto':
             return None
         dims, docs = self.shape
@@ -220,7 +221,7 @@ class PrunedRetriever(ConfigTransformer):
         for its measured choice): the search of one index, which
         :class:`~pyterrier_rdime.pruned.sharded.ShardedPrunedRetriever` runs on every shard with the plan of its
         driver."""
-        choice = self._choice(query_vecs) if plan is None else None
+        choice = self.measured_choice(query_vecs) if plan is None else None
         if plan is None:
             plan = Plan(choice.path) if choice is not None else self._model_plan(query_vecs)
         start = time.perf_counter()
