@@ -63,9 +63,10 @@ def driven(tmp_path, monkeypatch):
 def test_buckets_and_candidates_by_hand():
     half = np.zeros((5, 20), dtype=np.float32)
     half[:, :7] = 1  # 35 % kept, 5 queries: a batch of 4 to 7
-    assert measured.bucket(half, 100) == 'k100 n4 kept0.35'
-    assert measured.bucket(half[:1], 10) == 'k10 n1 kept0.35'
-    assert measured.bucket(np.ones((64, 20)), 1000) == 'k1000 n64 kept1.00'
+    assert measured.bucket(half, 100) == 'k100 n4 kept0.25-0.50'
+    assert measured.bucket(half[:1, :4], 10) == 'k10 n1 kept0.75-1.00'
+    assert measured.bucket(np.ones((64, 20)), 1000) == 'k1000 n64 kept0.75-1.00'
+    assert measured.bucket(np.eye(20)[:1], 1000) == 'k1000 n1 kept0.00-0.25'
     # within twice the least, cheapest first; a tie in the order given
     assert measured.candidates({'dense': 2.0, 'pruned': 1.0, 'compressed': 2.5}) == ['pruned', 'dense']
     assert measured.candidates({'dense': 1.0, 'pruned': 1.0}) == ['dense', 'pruned']
@@ -73,35 +74,39 @@ def test_buckets_and_candidates_by_hand():
 
 
 def test_exploring_order_the_cold_run_the_recent_timings_and_the_recheck():
-    speeds = {'a': 3.0, 'b': 2.0}
+    seconds = {'a': 12.0, 'b': 8.0}  # per call; the model says a 1.0, b 1.5: 12 and 5.33 s per unit
     now = [0.0]
     choice_of = measured.MeasuredChoice(None, clock=lambda: now[0])
     costs = {'a': 1.0, 'b': 1.5, 'c': 5.0}  # c is beyond the margin
+
+    def run(choice):
+        choice_of.timed(choice, lambda: now.__setitem__(0, now[0] + seconds[choice.path]))
+
     taken = []
     for _ in range(2 * measured.RECHECK_EVERY + 10):
         choice = choice_of.choose(costs, 'bucket')
         taken.append((choice.path, choice.reason))
-
-        def score(path=choice.path):
-            now[0] += speeds[path] * 4
-        choice_of.timed(choice, score, 4)
+        run(choice)
     # a (the model's best) first, twice: its first run in the process is cold; then b, twice
     assert taken[:4] == [('a', 'explore'), ('a', 'explore'), ('b', 'explore'), ('b', 'explore')]
     assert {path for path, reason in taken[4:] if reason == 'measured'} == {'b'}
     assert [i for i, (path, reason) in enumerate(taken) if reason == 'recheck'] == [
         4 + measured.RECHECK_EVERY, 4 + 2 * measured.RECHECK_EVERY]  # the re-check counts as a call
     assert all(path == 'a' for path, reason in taken if reason == 'recheck')
-    assert choice_of.seconds_per_query('bucket') == {'a': 3.0, 'b': 2.0}
+    assert choice_of.factors('bucket') == pytest.approx({'a': 12.0, 'b': 8.0 / 1.5})
+    # another call of the bucket that the model prices otherwise: the factors correct the estimates (a: 0.5 x 12 = 6
+    # beats b: 1.5 x 5.33 = 8)
+    assert choice_of.choose({'a': 0.5, 'b': 1.5}, 'bucket').path == 'a'
     # the least of the recent timings: one slow timing does not move the record, RECENT slow ones do
-    speeds['b'] = 10.0
+    seconds['b'] = 30.0
     for _ in range(measured.RECENT - 1):
-        choice_of.timed(measured.Choice('b', 'bucket', 'measured'), lambda: now.__setitem__(0, now[0] + 40), 4)
-    assert choice_of.seconds_per_query('bucket')['b'] == 2.0
-    choice_of.timed(measured.Choice('b', 'bucket', 'measured'), lambda: now.__setitem__(0, now[0] + 40), 4)
-    assert choice_of.seconds_per_query('bucket')['b'] == 10.0
+        run(measured.Choice('b', 1.5, 'bucket', 'measured'))
+    assert choice_of.factors('bucket')['b'] == pytest.approx(8.0 / 1.5)
+    run(measured.Choice('b', 1.5, 'bucket', 'measured'))
+    assert choice_of.factors('bucket')['b'] == pytest.approx(20.0)
     assert choice_of.choose(costs, 'bucket').path == 'a'
     # one candidate: taken, nothing timed
-    assert choice_of.choose({'a': 1.0, 'c': 5.0}, 'other') == measured.Choice('a', 'other', 'only')
+    assert choice_of.choose({'a': 1.0, 'c': 5.0}, 'other') == measured.Choice('a', 1.0, 'other', 'only')
 
 
 @COMPILED
@@ -153,14 +158,14 @@ def test_the_record_is_kept_for_later_processes_and_starts_over_with_a_rewritten
     # a later process (a new retriever): the record is read and decides without exploring
     later = PrunedRetriever(index=index, num_results=10, verbose=False)
     later_clock = driven(later, speeds, estimates)
-    assert later._measured.seconds_per_query(bucket) == {'compressed': 0.5, 'dense': 1.0}
+    assert later._measured.factors(bucket) == pytest.approx({'compressed': 0.5, 'dense': 1.0 / 1.5})
     later.search(query)
     assert later_clock.paths == ['compressed']
     # the index rewritten: a new record, explored again
     rewritten = flex_index(tmp_path / 'docs.flex', docs[::-1].copy())
     again = PrunedRetriever(index=rewritten, num_results=10, verbose=False)
     again_clock = driven(again, speeds, estimates)
-    assert again._measured.seconds_per_query(bucket) == {}
+    assert again._measured.factors(bucket) == {}
     again.search(query)
     assert again_clock.paths == ['compressed']
     assert again._measured.choose({'dense': 1.5, 'compressed': 1.0}, bucket).reason == 'explore'

@@ -5,21 +5,25 @@ every CPU and cache size (on an AMD Zen 4 it took the compressed path query afte
 pass was 1.6x faster).
 
 - The calls of an index are grouped in **buckets** of like shape (:func:`bucket`): ``k``, the batch size rounded
-  down to a power of two, the mean kept fraction to the nearest 0.05.
+  down to a power of two, and the mean kept fraction in quarters (0-25 %, 25-50 %, 50-75 %, 75-100 %).
 - The **candidates** of a call are the paths whose estimated cost is within ``EXPLORE_MARGIN`` of the least; a path
   the model puts further away is never run. With one candidate, it is taken and nothing is timed.
+- What is measured is each path's **seconds per unit of its estimate** in the bucket: the model's error for that
+  path at that shape. A call's cost of a path is its estimate times that factor, so the model still tells the calls
+  of a bucket apart (a batch keeping 30 % from one keeping 45 %) while the measurement corrects its level.
 - **Exploring**: the first calls of a bucket take each candidate not yet timed in turn, the model's best first, so
   a call is never run twice and exploring costs only the extra time of the slower candidates on those calls. A
   path's first run in a process is not recorded (it loads its compiled kernel and faults its data in), so it is
   explored once more.
-- From then the candidate with the least **seconds per query** is taken (the least of its last ``RECENT`` timings:
-  one disturbed timing does not decide), and every run's time joins its record; every ``RECHECK_EVERY``-th call of
-  a bucket takes the runner-up once more, so that a change of the machine's state is followed.
+- From then the candidate of least corrected cost is taken (each path's factor is the least of its last ``RECENT``
+  timings: one disturbed timing does not decide), and every run's time joins its record; every
+  ``RECHECK_EVERY``-th call of a bucket takes the runner-up once more, so that a change of the machine's state is
+  followed.
 - The **record** of an index is kept beside the calibration (``default_cache_dir()/cost/measured``), keyed by the
-  machine (CPU model, numba's and BLAS's thread counts: :func:`.calibration.machine_key`) and the index's file (size,
-  times and inode of a FlexIndex's ``vecs.f4``: rewriting the index starts a new record); it is written after each
-  exploring or re-checking call, so later processes start from it. An array index's record lives in memory, with its
-  retriever.
+  machine (CPU model, numba's and BLAS's thread counts: :func:`.calibration.machine_key`) and the index's file (path,
+  size, times and inode of a FlexIndex's ``vecs.f4``: rewriting the index starts a new record); it is written after
+  each exploring or re-checking call, so later processes start from it. An array index's record lives in memory,
+  with its retriever.
 """
 import dataclasses
 import hashlib
@@ -51,17 +55,19 @@ _log = logging.getLogger(__name__)
 
 
 def bucket(query_vecs: np.ndarray, k: int) -> str:
-    """The bucket of a call: ``k``, the batch size rounded down to a power of two and the mean kept fraction to the
-    nearest 0.05, e.g. ``'k100 n8 kept0.35'``."""
+    """The bucket of a call: ``k``, the batch size rounded down to a power of two and the quarter of the mean kept
+    fraction, e.g. ``'k100 n8 kept0.25-0.50'``."""
     batch = 1 << (len(query_vecs).bit_length() - 1)
-    kept = round(float(np.mean(nonzero_fractions(query_vecs))) * 20) / 20
-    return f'k{k} n{batch} kept{kept:.2f}'
+    quarter = min(3, int(float(np.mean(nonzero_fractions(query_vecs))) * 4))
+    return f'k{k} n{batch} kept{quarter / 4:.2f}-{(quarter + 1) / 4:.2f}'
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The path of one call, its bucket and why it was taken (one of :data:`REASONS`)."""
+    """The path of one call, its estimated cost (the model's units), its bucket and why it was taken (one of
+    :data:`REASONS`)."""
     path: str
+    estimate: float
     bucket: str
     reason: str
 
@@ -103,8 +109,8 @@ class MeasuredChoice:
             self._buckets = saved if isinstance(saved, dict) else {}
         state = self._buckets.get(name)
         if not (isinstance(state, dict) and isinstance(state.get('calls'), int)
-                and isinstance(state.get('seconds_per_query'), dict)):  # new, or a record edited by hand
-            state = self._buckets[name] = {'calls': 0, 'seconds_per_query': {}}
+                and isinstance(state.get('seconds_per_unit'), dict)):  # new, or a record edited by hand
+            state = self._buckets[name] = {'calls': 0, 'seconds_per_unit': {}}
         return state
 
     def choose(self, costs: Dict[str, float], name: str) -> Choice:
@@ -112,41 +118,39 @@ class MeasuredChoice:
         recorded)."""
         paths = candidates(costs)
         if len(paths) == 1:
-            return Choice(paths[0], name, 'only')
+            return Choice(paths[0], costs[paths[0]], name, 'only')
         with self._lock:
-            state = self._state(name)
-            timed = {path: min(state['seconds_per_query'][path]) for path in paths
-                     if state['seconds_per_query'].get(path)}
-            untimed = [path for path in paths if path not in timed]
-            if untimed:
-                return Choice(untimed[0], name, 'explore')
-            ranking = sorted(paths, key=timed.get)
-            if state['calls'] and state['calls'] % RECHECK_EVERY == 0:
-                return Choice(ranking[1], name, 'recheck')
-            return Choice(ranking[0], name, 'measured')
+            factors, calls = self._factors(name), self._state(name)['calls']
+        untimed = [path for path in paths if path not in factors]
+        if untimed:
+            return Choice(untimed[0], costs[untimed[0]], name, 'explore')
+        ranking = sorted(paths, key=lambda path: costs[path] * factors[path])
+        if calls and calls % RECHECK_EVERY == 0:
+            return Choice(ranking[1], costs[ranking[1]], name, 'recheck')
+        return Choice(ranking[0], costs[ranking[0]], name, 'measured')
 
-    def timed(self, choice: Choice, score: Callable[[], object], queries: int) -> object:
+    def timed(self, choice: Choice, score: Callable[[], object]) -> object:
         """Runs ``score`` (the call, scored on ``choice.path``), records its time and returns its result."""
         start = self.clock()
         result = score()
         seconds = self.clock() - start
         if choice.reason != 'only':
-            self._record(choice, seconds / queries)
+            self._record(choice, seconds / max(choice.estimate, 1e-12))
         return result
 
-    def _record(self, choice: Choice, seconds_per_query: float) -> None:
+    def _record(self, choice: Choice, seconds_per_unit: float) -> None:
         with self._lock:
             if choice.path not in self._warm:  # its kernel and data were cold: explore it again
                 self._warm.add(choice.path)
                 return
             state = self._state(choice.bucket)
-            times = state['seconds_per_query'].setdefault(choice.path, [])
-            times[:] = (times + [seconds_per_query])[-RECENT:]
+            times = state['seconds_per_unit'].setdefault(choice.path, [])
+            times[:] = (times + [seconds_per_unit])[-RECENT:]
             if choice.reason in ('measured', 'recheck'):
                 state['calls'] += 1
             if choice.reason != 'measured':
-                _log.info('strategy=auto, %s: %s %s at %.3g ms per query', choice.bucket, choice.reason, choice.path,
-                          seconds_per_query * 1e3)
+                _log.info('strategy=auto, %s: %s %s at %.3g s per unit of its estimate', choice.bucket, choice.reason,
+                          choice.path, seconds_per_unit)
                 if self._path is not None:
                     try:
                         write_json(self._path, {'buckets': self._buckets})
@@ -154,10 +158,14 @@ class MeasuredChoice:
                         _log.warning('strategy=auto: cannot save its timings to %s (%s); set PYTERRIER_RDIME_CACHE '
                                      'to a writable folder to keep them for later runs', self._path, error)
 
-    def seconds_per_query(self, name: str) -> Dict[str, float]:
-        """The recorded time per query of each path timed in bucket ``name`` (the least of its recent timings)."""
+    def factors(self, name: str) -> Dict[str, float]:
+        """The measured seconds per unit of estimate of each path timed in bucket ``name`` (the least of its recent
+        timings)."""
         with self._lock:
-            return {path: min(times) for path, times in self._state(name)['seconds_per_query'].items() if times}
+            return self._factors(name)
+
+    def _factors(self, name: str) -> Dict[str, float]:
+        return {path: min(times) for path, times in self._state(name)['seconds_per_unit'].items() if times}
 
 
 def record_path(vecs: Path) -> Path:

@@ -226,7 +226,7 @@ class PrunedRetriever(ConfigTransformer):
             plan = Plan(choice.path) if choice is not None else self._model_plan(query_vecs)
         start = time.perf_counter()
         score = self._scorer(plan, query_vecs)
-        result = score() if choice is None else self._measured.timed(choice, score, len(query_vecs))
+        result = score() if choice is None else self._measured.timed(choice, score)
         # the path of each call, for a reader of the log (the scale benchmark reports it)
         logger.info('%s: %d queries, %.1f %% of the dimensions kept on average, path %r%s, %.3f s',
                     type(self).__name__, len(query_vecs), 100 * float(np.mean(nonzero_fractions(query_vecs)))
