@@ -343,6 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     result = ExperimentResult.load(cell)
     with phases('checks'):
         checks = check_exact(index, recorder.samples, int(result.settings['num_results']))
+        checks['synthetic_in_top10'] = synthetic_share(recorder.samples, args.docs, len(core_docnos))
         if args.same_as:
             checks['same_as'] = same_results(Path(args.same_as), out)
     log(f'exact: {checks["checked"] - checks["wrong"]} of {checks["checked"]} sampled results'
@@ -362,6 +363,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0 if checks['wrong'] == 0 and checks.get('same_as', {'differ': []})['differ'] == [] else 1
 
 
+def synthetic_share(samples: List[tuple], docs: int, core: int, depth: int = 10) -> Optional[float]:
+    """The share of the sampled results' top-``depth`` documents that are synthetic distractors (not a real passage
+    of the core): how much the distractors take part in the rankings (None without samples)."""
+    if not samples:
+        return None
+    real = scale_index.core_positions(docs, core)
+    top = np.concatenate([np.asarray(docids)[:depth] for _, docids, _ in samples])
+    return float(np.mean(~np.isin(top, real)))
+
+
 def same_results(before: Path, after: Path) -> dict:
     """The per-query measures and kept fractions of every system (``perquery.csv``, ``kept_fraction.csv``) of the
     cell in ``before`` against this run's in ``after``: equal rankings give equal measures, query by query;
@@ -377,6 +388,12 @@ def same_results(before: Path, after: Path) -> dict:
                                 equal_nan=True)):
             differ.append(name)
     return {'files': files, 'differ': differ}
+
+
+def synthetic_line(report: dict) -> str:
+    share = report['checks'].get('synthetic_in_top10')
+    return '' if share is None else (f' Synthetic distractors are {share:.1%} of the sampled results\' top-10 '
+                                     'documents (the rest are real passages of the core).')
 
 
 def same_as_line(report: dict) -> str:
@@ -413,7 +430,7 @@ def markdown(report: dict, result) -> str:
                  ' of vecs.f4)' if vecs else ''), '',
               f'Exactness: {report["checks"]["checked"] - report["checks"]["wrong"]} of '
               f'{report["checks"]["checked"]} sampled results equal the brute-force exact top-k.'
-              + same_as_line(report), '',
+              + same_as_line(report) + synthetic_line(report), '',
               '| system | kept | nDCG@10 | latency per query | path |', '|---|---:|---:|---:|---|']
     for p in sorted(report['frontier'], key=lambda p: (p['dime'], p['kept'])):
         lines.append(f'| {p["system"]} | {p["kept"]:.2f} | {p["nDCG@10"]:.4f} | {p["latency_ms"]:.0f} ms | '

@@ -111,3 +111,12 @@ def test_a_run_is_compared_with_another_query_by_query(tmp_path):
     assert scale.same_results(tmp_path / 'a', tmp_path / 'b') == {'files': 2, 'differ': []}
     assert scale.same_results(tmp_path / 'a', tmp_path / 'c') == {'files': 2, 'differ': ['perquery.csv']}
     assert scale.check_exact(None, [], 10) == {'checked': 0, 'wrong': 0, 'worst_gap': 0.0}
+
+
+def test_the_share_of_distractors_in_the_top_10():
+    real = scale_index.core_positions(1000, 10)  # 0, 111, 222, ...
+    samples = [(None, np.array([0, 111, 5, 6, 222, 333, 444, 555, 666, 777, 1]), None),
+               (None, np.array([3, 4]), None)]
+    assert real[:3].tolist() == [0, 111, 222]
+    assert scale.synthetic_share(samples, 1000, 10) == pytest.approx(4 / 12)  # 2 of the first 10, then 2 of 2
+    assert scale.synthetic_share([], 1000, 10) is None
