@@ -20,6 +20,11 @@ dense path. Every top-100 is checked against the dense path.
 
 The 4-bit copy is built once from the float32 layout and cached beside the synthetic index's benchmark cache.
 
+Measured (pyterrier_rdime/pt_docs/speed.rst, "A 4-bit first pass: measured, not kept"): the 4-bit scan is faster than
+the int8 scan, but its exact bound is ~18x looser, so ~9 % of the documents stay candidates; in a dimension-major copy
+their re-check reads nearly every cache line of the kept rows again, and the path loses to the int8 one. No library
+code was built from it.
+
 Usage (from the repository root)::
 
     python benchmarks/run.py four_bit                 # 1M x 768, ~5 min once the caches exist
@@ -63,15 +68,16 @@ def quantise4(rows: np.ndarray):
 
 
 def pack(codes: np.ndarray) -> np.ndarray:
-    """Pack int8 codes ``(n, docs)`` in ``[-8, 7]`` two per byte, block by block (:data:`PACK_DOCS`)."""
+    """Pack int8 codes ``(n, docs)`` in ``[-8, 7]`` two per byte as ``code + 8`` (in ``[0, 15]``), block by block
+    (:data:`PACK_DOCS`)."""
     n, docs = codes.shape
     out = np.zeros((n, (docs + 1) // 2), dtype=np.uint8)
     for b0 in range(0, docs, PACK_DOCS):
         m = min(docs, b0 + PACK_DOCS) - b0
         half = (m + 1) // 2
-        lo = codes[:, b0:b0 + half].astype(np.uint8) & 15
-        hi = np.zeros_like(lo)
-        hi[:, :m - half] = codes[:, b0 + half:b0 + m].astype(np.uint8) & 15
+        lo = (codes[:, b0:b0 + half] + 8).astype(np.uint8)
+        hi = np.full_like(lo, 8)
+        hi[:, :m - half] = codes[:, b0 + half:b0 + m] + 8
         out[:, b0 // 2:b0 // 2 + half] = lo | (hi << 4)
     return out
 
@@ -83,8 +89,8 @@ def unpack(packed: np.ndarray, docs: int) -> np.ndarray:
         m = min(docs, b0 + PACK_DOCS) - b0
         half = (m + 1) // 2
         block = packed[:, b0 // 2:b0 // 2 + half].astype(np.int16)
-        out[:, b0:b0 + half] = ((block & 15) ^ 8) - 8
-        out[:, b0 + half:b0 + m] = (((block >> 4) ^ 8) - 8)[:, :m - half]
+        out[:, b0:b0 + half] = (block & 15) - 8
+        out[:, b0 + half:b0 + m] = ((block >> 4) - 8)[:, :m - half]
     return out
 
 
@@ -106,13 +112,14 @@ def four_bit_copy(matrix: np.ndarray, cache):
     return np.load(path, mmap_mode='r'), scale, error
 
 
-def bound4(scale, error, dims, values, weights, code_max=CODE_MAX4) -> float:
-    """:func:`compressed.error_bound` for codes in ``[-code_max, code_max]``."""
+def bound4(scale, error, dims, values, weights, code_max=CODE_MAX4, summed_max=2 * CODE_MAX4 + 1) -> float:
+    """:func:`compressed.error_bound` for codes in ``[-code_max, code_max]`` summed as ``code + 8`` (at most
+    ``summed_max``; the caller subtracts ``8 sum_j weights_j`` in float64)."""
     values64, weights64 = values.astype(np.float64), weights.astype(np.float64)
     quantisation = float(np.abs(values64) @ error[dims])
     weight_rounding = float(np.abs(values64 * scale[dims].astype(np.float64) - weights64).sum()) * code_max
     m = (len(dims) + 2) * compressed.UNIT_ROUNDOFF
-    sum_rounding = m / (1 - m) * float(np.abs(weights64).sum()) * code_max
+    sum_rounding = m / (1 - m) * float(np.abs(weights64).sum()) * summed_max
     return (quantisation + weight_rounding + sum_rounding) * (1 + 1e-9)
 
 
@@ -123,31 +130,38 @@ _jit = numba.njit(cache=True, nogil=True, fastmath={'contract'})
 
 
 @_jit
-def _nib_lo(b):
-    return np.float32(((np.int32(b) & 15) ^ 8) - 8)
-
-
-@_jit
-def _nib_hi(b):
-    return np.float32(((np.int32(b) >> 4) ^ 8) - 8)
-
-
-@_jit
 def _add_rows4(acc, packed, dims, weights, p0, half):
+    # acc[:half] += weights[r] * low nibbles, acc[half:2 half] += weights[r] * high nibbles of the rows' bytes from
+    # p0, eight rows per pass; the nibbles (code + 8, in [0, 15]) decoded in float32 (byte = 16 high + low, exact),
+    # sixteen lanes wide: the caller subtracts 8 sum_r weights[r]
     j, stop = 0, dims.shape[0]
-    while j + 4 <= stop:
+    sixteenth, sixteen = np.float32(0.0625), np.float32(16)
+    while j + 8 <= stop:
         r0, r1 = packed[dims[j], p0:p0 + half], packed[dims[j + 1], p0:p0 + half]
         r2, r3 = packed[dims[j + 2], p0:p0 + half], packed[dims[j + 3], p0:p0 + half]
+        r4, r5 = packed[dims[j + 4], p0:p0 + half], packed[dims[j + 5], p0:p0 + half]
+        r6, r7 = packed[dims[j + 6], p0:p0 + half], packed[dims[j + 7], p0:p0 + half]
         w0, w1, w2, w3 = weights[j], weights[j + 1], weights[j + 2], weights[j + 3]
+        w4, w5, w6, w7 = weights[j + 4], weights[j + 5], weights[j + 6], weights[j + 7]
         for t in range(half):
-            acc[t] += w0 * _nib_lo(r0[t]) + w1 * _nib_lo(r1[t]) + w2 * _nib_lo(r2[t]) + w3 * _nib_lo(r3[t])
-            acc[half + t] += w0 * _nib_hi(r0[t]) + w1 * _nib_hi(r1[t]) + w2 * _nib_hi(r2[t]) + w3 * _nib_hi(r3[t])
-        j += 4
+            f0, f1, f2, f3 = np.float32(r0[t]), np.float32(r1[t]), np.float32(r2[t]), np.float32(r3[t])
+            f4, f5, f6, f7 = np.float32(r4[t]), np.float32(r5[t]), np.float32(r6[t]), np.float32(r7[t])
+            h0, h1, h2, h3 = (np.floor(f0 * sixteenth), np.floor(f1 * sixteenth), np.floor(f2 * sixteenth),
+                              np.floor(f3 * sixteenth))
+            h4, h5, h6, h7 = (np.floor(f4 * sixteenth), np.floor(f5 * sixteenth), np.floor(f6 * sixteenth),
+                              np.floor(f7 * sixteenth))
+            acc[t] += (w0 * (f0 - sixteen * h0) + w1 * (f1 - sixteen * h1) + w2 * (f2 - sixteen * h2)
+                       + w3 * (f3 - sixteen * h3) + w4 * (f4 - sixteen * h4) + w5 * (f5 - sixteen * h5)
+                       + w6 * (f6 - sixteen * h6) + w7 * (f7 - sixteen * h7))
+            acc[half + t] += w0 * h0 + w1 * h1 + w2 * h2 + w3 * h3 + w4 * h4 + w5 * h5 + w6 * h6 + w7 * h7
+        j += 8
     while j < stop:
         r0, w0 = packed[dims[j], p0:p0 + half], weights[j]
         for t in range(half):
-            acc[t] += w0 * _nib_lo(r0[t])
-            acc[half + t] += w0 * _nib_hi(r0[t])
+            f0 = np.float32(r0[t])
+            h0 = np.floor(f0 * sixteenth)
+            acc[t] += w0 * (f0 - sixteen * h0)
+            acc[half + t] += w0 * h0
         j += 1
 
 
@@ -167,62 +181,7 @@ def _scan4_kernel(packed, dims, weights, k, block, chunks, approx):
             half = (n + 1) // 2
             acc[:2 * half] = 0.0
             _add_rows4(acc, packed, dims, weights, b0 // 2, half)
-            # the block's scores in docid order: the low halves, then the high halves
-            approx[b0:b0 + half] = acc[:half]
-            approx[b0 + half:b0 + n] = acc[half:n]
-            _numba._push_block(heap_s[c, 0], heap_i[c, 0], approx[b0:b0 + n], n, b0)
-    return heap_s, heap_i
-
-
-@_jit
-def _add_rows4_offset(acc, packed, dims, weights, p0, half):
-    # as _add_rows4 with the codes read as code + 8 in [1, 15] (``(byte ^ 0x88)``'s nibbles: one xor per byte for
-    # both), eight rows per pass; the caller subtracts ``8 sum_j weights_j``
-    j, stop = 0, dims.shape[0]
-    while j + 8 <= stop:
-        r0, r1 = packed[dims[j], p0:p0 + half], packed[dims[j + 1], p0:p0 + half]
-        r2, r3 = packed[dims[j + 2], p0:p0 + half], packed[dims[j + 3], p0:p0 + half]
-        r4, r5 = packed[dims[j + 4], p0:p0 + half], packed[dims[j + 5], p0:p0 + half]
-        r6, r7 = packed[dims[j + 6], p0:p0 + half], packed[dims[j + 7], p0:p0 + half]
-        w0, w1, w2, w3 = weights[j], weights[j + 1], weights[j + 2], weights[j + 3]
-        w4, w5, w6, w7 = weights[j + 4], weights[j + 5], weights[j + 6], weights[j + 7]
-        for t in range(half):
-            x0, x1, x2, x3 = r0[t] ^ np.uint8(0x88), r1[t] ^ np.uint8(0x88), r2[t] ^ np.uint8(0x88), r3[t] ^ np.uint8(0x88)
-            x4, x5, x6, x7 = r4[t] ^ np.uint8(0x88), r5[t] ^ np.uint8(0x88), r6[t] ^ np.uint8(0x88), r7[t] ^ np.uint8(0x88)
-            acc[t] += (w0 * np.float32(x0 & np.uint8(15)) + w1 * np.float32(x1 & np.uint8(15))
-                       + w2 * np.float32(x2 & np.uint8(15)) + w3 * np.float32(x3 & np.uint8(15))
-                       + w4 * np.float32(x4 & np.uint8(15)) + w5 * np.float32(x5 & np.uint8(15))
-                       + w6 * np.float32(x6 & np.uint8(15)) + w7 * np.float32(x7 & np.uint8(15)))
-            acc[half + t] += (w0 * np.float32(x0 >> np.uint8(4)) + w1 * np.float32(x1 >> np.uint8(4))
-                              + w2 * np.float32(x2 >> np.uint8(4)) + w3 * np.float32(x3 >> np.uint8(4))
-                              + w4 * np.float32(x4 >> np.uint8(4)) + w5 * np.float32(x5 >> np.uint8(4))
-                              + w6 * np.float32(x6 >> np.uint8(4)) + w7 * np.float32(x7 >> np.uint8(4)))
-        j += 8
-    while j < stop:
-        r0, w0 = packed[dims[j], p0:p0 + half], weights[j]
-        for t in range(half):
-            x0 = r0[t] ^ np.uint8(0x88)
-            acc[t] += w0 * np.float32(x0 & np.uint8(15))
-            acc[half + t] += w0 * np.float32(x0 >> np.uint8(4))
-        j += 1
-
-
-@_pjit
-def _scan4_offset_kernel(packed, dims, weights, k, block, chunks, approx):
-    n_docs = approx.shape[0]
-    heap_s = np.full((chunks, 1, k), -np.inf, dtype=np.float32)
-    heap_i = np.full((chunks, 1, k), -1, dtype=np.int64)
-    per_chunk = (n_docs + chunks - 1) // chunks
-    per_chunk = (per_chunk + block - 1) // block * block
-    for c in numba.prange(chunks):
-        acc = np.empty(block, dtype=np.float32)
-        lo = c * per_chunk
-        hi = min(n_docs, lo + per_chunk)
-        for b0 in range(lo, hi, block):
-            n = min(hi, b0 + block) - b0
-            half = (n + 1) // 2
-            acc[:2 * half] = 0.0
-            _add_rows4_offset(acc, packed, dims, weights, b0 // 2, half)
+            # the block's scores in docid order (the low halves, then the high halves), pushed while in the cache
             approx[b0:b0 + half] = acc[:half]
             approx[b0 + half:b0 + n] = acc[half:n]
             _numba._push_block(heap_s[c, 0], heap_i[c, 0], approx[b0:b0 + n], n, b0)
@@ -262,9 +221,9 @@ def _unpack_slab(packed, p0, half, n, out):
         row = packed[j]
         for t in range(half):
             b = np.int32(row[p0 + t])
-            out[j, t] = ((b & 15) ^ 8) - 8
+            out[j, t] = (b & 15) - 8
             if half + t < n:
-                out[j, half + t] = ((b >> 4) ^ 8) - 8
+                out[j, half + t] = (b >> 4) - 8
 
 
 @_pjit
@@ -315,7 +274,8 @@ class FourBit:
         approx = np.empty(self.docs, dtype=np.float32)
         chunks = max(1, min(math.ceil(self.docs / PACK_DOCS), _numba.CHUNKS_PER_THREAD * numba.get_num_threads()))
         heap_s, heap_i = _scan4_kernel(self.packed, dims, weights, k, PACK_DOCS, chunks, approx)
-        return approx, merge_heaps(heap_s, heap_i, k)[1][0]
+        # approx holds sum_j weights_j (code_j + 8): the shift 8 sum_j weights_j (float64) is added to thresholds
+        return approx, merge_heaps(heap_s, heap_i, k)[1][0], 8 * float(weights.astype(np.float64).sum())
 
     def exact(self, dims, values, ids):
         out = np.empty(len(ids))
@@ -327,13 +287,13 @@ class FourBit:
         t0 = time.perf_counter()
         dims, values, _ = kept_dims(query_vec[None])
         weights = (values * self.scale[dims]).astype(np.float32)
-        approx, best = self.scan(dims, weights, k)
+        approx, best, shift = self.scan(dims, weights, k)
         t1 = time.perf_counter()
         bound = bound4(self.scale, self.error, dims, values, weights)
         best = np.sort(best)
         best_scores = self.exact(dims, values, best)
         floor = best_scores.min()
-        cand = np.flatnonzero(approx >= compressed.float32_below(floor - bound))
+        cand = np.flatnonzero(approx >= compressed.float32_below(floor - bound + shift))
         t2 = time.perf_counter()
         n1 = len(cand)
         if level8:
@@ -415,8 +375,8 @@ def single(matrix, copy8, four, queries, args) -> dict:
         # the fewest candidates any threshold could give: the true k-th best score less the 4-bit bound
         d, v, _ = kept_dims(one)
         w = (v * four.scale[d]).astype(np.float32)
-        approx, _ = four.scan(d, w, K)
-        oracle.append(int(np.sum(approx >= ref[0][0][-1] - bound4(four.scale, four.error, d, v, w))))
+        approx, _, shift = four.scan(d, w, K)
+        oracle.append(int(np.sum(approx >= ref[0][0][-1] - bound4(four.scale, four.error, d, v, w) + shift)))
         atol = 1e-5 * float(np.abs(q).sum())
         from search import check_topk
         for side, fn in fns.items():
@@ -469,8 +429,8 @@ def batch4(four: FourBit, queries: np.ndarray, k: int, *, level8: bool, stages: 
                                                                       - steps[i] * weights[i, d]).sum())
                      * CODE_MAX4) * (1 + 1e-9)
     slack = np.ceil(2 * bounds / steps).astype(np.int64) + 2
-    # room for a tenth of the documents per query: the 4-bit bound leaves ~9 % of them (RDIME, 1M)
-    capacity = max(_numba.CANDIDATES_PER_RESULT * k, four.docs // 8)
+    # room for a quarter of the documents per query: the 4-bit bound leaves ~9 % of them (RDIME, 1M)
+    capacity = max(_numba.CANDIDATES_PER_RESULT * k, four.docs // 4)
     heap_s = np.full((n_q, k), _numba.EMPTY_SCORE, dtype=np.int64)
     heap_i = np.full((n_q, k), -1, dtype=np.int64)
     buf_s = np.empty((n_q, capacity), dtype=np.int64)
@@ -530,8 +490,8 @@ def batch4(four: FourBit, queries: np.ndarray, k: int, *, level8: bool, stages: 
         stages.setdefault('one pass', []).append(t1 - t0)
         stages.setdefault('int8', []).append(t_int8)
         stages.setdefault('rest', []).append(t2 - t1 - t_int8)
-        stages.setdefault('n4', []).append(float(np.mean(n4)))
-        stages.setdefault('n8', []).append(float(np.mean(n8)))
+        stages.setdefault('n4', []).append(float(np.mean(n4)) if n4 else float('nan'))
+        stages.setdefault('n8', []).append(float(np.mean(n8)) if n8 else float('nan'))
         stages.setdefault('overflow', []).append(int(overflow.sum()))
     return out_s, out_i
 
@@ -563,8 +523,10 @@ def batch(matrix, copy8, four, queries, args) -> dict:
              '/'.join(str(status[side].count(s)) for s in ('identical', 'ties', 'MISMATCH'))] for side in fns]
     log(f'load average {load()}\n')
     log(table(rows, ['path', 'time per batch', 'vs dense', 'vs int8 one pass', 'top-100 id./ties/mism.']))
-    rows = [[name, ms(st['one pass']), ms(st['int8']), ms(st['rest']), f'{np.mean(st["n4"]):.0f}',
-             f'{np.mean(st["n8"]):.0f}', f'{max(st["overflow"])}'] for name, st in (('4-bit + exact', st4),
+    rows = [[name, ms(st['one pass']), ms(st['int8']), ms(st['rest']), f'{np.nanmean(st["n4"]):.0f}'
+             if not np.isnan(st['n4']).all() else '— (every query overflowed)',
+             f'{np.nanmean(st["n8"]):.0f}' if not np.isnan(st['n8']).all() else '—', f'{max(st["overflow"])}']
+            for name, st in (('4-bit + exact', st4),
                                                                                ('4-bit + int8 + exact', st48))]
     log('\nStages (fastest of 2 runs, ms; candidates: mean per query)\n')
     log(table(rows, ['path', 'one pass (unpack + int8 product + candidates)', 'int8 re-check', 'k best exact, '
