@@ -23,6 +23,9 @@ One script per question, each printing ratios measured side by side in one run:
 - ``scale``: the paper's protocol at MS MARCO's scale (8.8M passages): a FlexIndex of the DL19 pool among synthetic
   distractors, the runner's whole retrieve-mode cell over it, its time, memory, disk, paths, exactness and the
   effectiveness/latency frontier (not in ``all``: ~27 GB of disk and an hour or more; ``--docs 1000000`` for less);
+- ``four_bit``: a 4-bit first pass before the int8 copy's re-check and the exact re-score, stage by stage, against
+  the int8 compressed path and the dense path (one query and a batch in one pass; the measurement behind speed.rst's
+  "A 4-bit first pass: measured, not kept"; not in ``all``: ~8 min and a 366 MiB cached copy);
 - ``bounds``: how much of the kept rows an exact kernel that stops a block of documents early by a bound on the
   remaining dimensions could skip, at best (a count with an oracle threshold, not a timing).
 
@@ -36,6 +39,7 @@ import auto
 import batches
 import bounds
 import estimators
+import four_bit
 import layout
 import node_loss
 import overhead
@@ -48,7 +52,8 @@ import switch
 
 SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'auto': auto, 'layout': layout,
            'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards,
-           'shard_checks': shard_checks, 'node_loss': node_loss, 'bounds': bounds, 'scale': scale}
+           'shard_checks': shard_checks, 'node_loss': node_loss, 'bounds': bounds, 'scale': scale,
+           'four_bit': four_bit}
 
 
 def main(argv=None) -> int:
@@ -63,7 +68,7 @@ def main(argv=None) -> int:
     if rest:
         print('run.py all takes no options; run one benchmark to pass options to it', file=sys.stderr)
         return 2
-    for script in (s for name, s in SCRIPTS.items() if name != 'scale'):
+    for script in (s for name, s in SCRIPTS.items() if name not in ('scale', 'four_bit')):
         script.main(['--docs', '1000000'] if script is layout else [])
         print(flush=True)
     return 0
