@@ -29,6 +29,7 @@ import pyterrier as pt
 
 from .._index_files import (
     SOURCES,
+    RowFile,
     check_built,
     check_finite,
     current_sources,
@@ -76,11 +77,12 @@ class Layout:
         self._matrix: Optional[np.ndarray] = None
         self._abs_max: Optional[np.ndarray] = None
         self._docno_array: Optional[np.ndarray] = None
+        self._row_file: Optional[RowFile] = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state['index'] = portable_index(self.index)
-        for transient in ('_lock', '_matrix', '_abs_max', '_docno_array'):
+        for transient in ('_lock', '_matrix', '_abs_max', '_docno_array', '_row_file'):
             state.pop(transient)
         return state
 
@@ -90,6 +92,7 @@ class Layout:
         self._matrix = None
         self._abs_max = None
         self._docno_array = None
+        self._row_file = None
 
     @property
     def is_array(self) -> bool:
@@ -115,8 +118,10 @@ class Layout:
         layout on disk that matches the index (``stat`` only)."""
         if self.is_array or self._matrix is not None:
             return True
-        path = flex_layout_path(self.index)
-        return _check(path, self.shape, Path(self.index.index_path)) is None
+        if _check(flex_layout_path(self.index), self.shape, Path(self.index.index_path)) is not None:
+            return False
+        self._open()  # at hand: opened now, so that later calls need no check (each read the layout's record)
+        return True
 
     def abs_max(self) -> np.ndarray:
         """The largest absolute value of each dimension over the documents, float64 ``(dims,)``: bounds the scores.
@@ -155,6 +160,16 @@ class Layout:
             return index if index.dtype == np.float32 and index.flags.c_contiguous else None
         check_built(self.index, self.stage)
         return self.index.payload(return_docnos=False)[0]
+
+    def rescoring_rows(self) -> Optional[object]:
+        """What the compressed path re-scores its few documents from, by ``rows[docids]``: a FlexIndex's ``vecs.f4``
+        through a :class:`~pyterrier_rdime._index_files.RowFile` (opened once), an array index's C-ordered rows, else
+        None (the dimension-major matrix then)."""
+        if self.is_array:
+            return self.doc_rows()
+        if self._row_file is None:
+            self._row_file = RowFile(self.doc_rows())
+        return self._row_file
 
     def lookup_docnos(self, docids: np.ndarray) -> np.ndarray:
         """The docnos of these docids, as an object array."""

@@ -12,7 +12,7 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
-from .._index_files import RowFile, portable_index
+from .._index_files import portable_index
 from . import calibration, cost, dense, kept, measured
 from .compressed import search_compressed
 from .int8_copy import CompressedCopy
@@ -243,8 +243,7 @@ class PrunedRetriever(ConfigTransformer):
             return functools.partial(dense.search_dense, matrix, query_vecs, self.num_results,
                                      batch_size=self.batch_size, rows=rows is not None)
         if plan.strategy == 'compressed':
-            # a FlexIndex's few re-scored rows by pread: through the memory map, read-ahead reads far more
-            rows = self._layout.doc_rows() if rows is None else RowFile(rows)
+            rows = self._layout.rescoring_rows()
             return functools.partial(search_compressed, self._compressed.codes(),
                                      self.dim_major() if rows is None else None, query_vecs, self.num_results,
                                      use_numba=kept.NUMBA_AVAILABLE, one_pass=plan.path == 'compressed one pass',
