@@ -18,6 +18,8 @@ One script per question, each printing ratios measured side by side in one run:
   cost at 8.8M docnos (seconds, no cluster);
 - ``node_loss``: ShardedPrunedRetriever when the node of a pinned shard is lost, on a ``ray start`` cluster on this
   machine: the error without a replacement node, the same ranking with one (~1.5 min);
+- ``grid_cluster``: a 4-cell grid (the four shared collections x MiniLM, 20 queries each) with ``--cells 3`` on a
+  local 3-node Ray cluster against the same grid serially: both wall times, the overhead, equal outputs (~5 min);
 - ``scale``: the paper's protocol at MS MARCO's scale (8.8M passages): a FlexIndex of the DL19 pool among synthetic
   distractors, the runner's whole retrieve-mode cell over it, its time, memory, disk, paths, exactness and the
   effectiveness/latency frontier (not in ``all``: ~27 GB of disk and an hour or more; ``--docs 1000000`` for less);
@@ -33,6 +35,7 @@ import sys
 import batches
 import bounds
 import estimators
+import grid_cluster
 import layout
 import node_loss
 import overhead
@@ -45,7 +48,8 @@ import switch
 
 SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'layout': layout,
            'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards,
-           'shard_checks': shard_checks, 'node_loss': node_loss, 'bounds': bounds, 'scale': scale}
+           'shard_checks': shard_checks, 'node_loss': node_loss, 'grid_cluster': grid_cluster, 'bounds': bounds,
+           'scale': scale}
 
 
 def main(argv=None) -> int:

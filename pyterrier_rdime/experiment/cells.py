@@ -17,7 +17,8 @@ logger = logging.getLogger(__name__)
 RETRIES = 3
 #: Seconds between two looks at the cells in flight.
 POLL = 5
-#: Seconds the cells left may wait while no live node of the cluster offers the CPUs one needs, before they fail.
+#: Seconds the cells left may wait while no live node of the cluster offers the CPUs one needs, before they
+#: fail.
 NO_NODE_TIMEOUT = 120
 #: Seconds to fetch a finished cell's result, and to connect to ``ray_address``.
 FETCH_TIMEOUT = 60
@@ -106,9 +107,10 @@ def _reason(error: Exception) -> str:
 
 
 def _cpus(ray) -> float:
-    """The CPUs of the cluster's live nodes (0 while the cluster cannot be asked)."""
+    """The most CPUs one live node of the cluster offers (a cell runs on one node; 0 while the cluster cannot be
+    asked)."""
     try:
-        return ray.cluster_resources().get('CPU', 0)
+        return max([n.get('Resources', {}).get('CPU', 0) for n in ray.nodes() if n.get('Alive')], default=0)
     except Exception:  # the head is being reached again: no CPU known, the bound goes on counting
         return 0
 
@@ -116,7 +118,7 @@ def _cpus(ray) -> float:
 def _no_node(ray, cells: List, cpus: int) -> None:
     """Fails the cells left, none of which any live node could take for :data:`NO_NODE_TIMEOUT` seconds."""
     error = (f'no live node of the cluster offered the {cpus} CPU(s) a cell needs for {NO_NODE_TIMEOUT} s (the '
-             f'cluster has {_cpus(ray):g}): start nodes (ray start --address=HEAD:PORT), or lower --workers, then '
-             're-run the same command')
+             f'largest offers {_cpus(ray):g}): start nodes with --num-cpus={cpus} or more (ray start '
+             '--address=HEAD:PORT), or lower --workers, then re-run the same command')
     for cell in cells:
         _failed(cell, error)
