@@ -152,3 +152,15 @@ def test_bad_cells_are_refused_before_any_work(value, message, collections, tmp_
 def test_run_grid_checks_cells(collections, tmp_path):
     with pytest.raises(ValueError, match="run_grid: cells must be an integer >= 1, got 0; the cells run at once"):
         run_grid(collections, ['minilm'], tmp_path, cells=0, **SETTINGS)
+
+
+def test_a_node_running_other_code_refuses_the_cell(collections, tmp_path):
+    from pyterrier_rdime.experiment import grid as grid_module
+    cell = grid_module.plan(collections[:1], ['minilm'], tmp_path, **SETTINGS)[0]
+    cell.inputs['code'] = 'an-older-one'
+
+    def never(collection, **kwargs):
+        raise AssertionError('the cell ran')
+    grid_module._compute_on_node(cell, run_cell=never, settings=SETTINGS)
+    assert cell.status == 'failed' and not (cell.folder / CELL_FILE).exists()
+    assert 'than the driver (an-older-one): install the same version of pyterrier-rdime' in cell.error

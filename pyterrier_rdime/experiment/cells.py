@@ -5,7 +5,6 @@ worker process is lost run again elsewhere (at most :data:`RETRIES` times), and 
 Only the orchestration lives here: what a cell is, how it is keyed and recorded, is the grid's."""
 import logging
 import time
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 import pyterrier as pt
@@ -22,8 +21,6 @@ POLL = 5
 NO_NODE_TIMEOUT = 120
 #: Seconds to fetch a finished cell's result, and to connect to ``ray_address``.
 FETCH_TIMEOUT = 60
-#: The record every finished cell leaves in its folder (:data:`~.grid.CELL_FILE`; repeated here: no import circle).
-RECORD = 'cell.json'
 
 
 def run_cells(pending: Sequence, compute: Callable, *, cells: int, total: int, ray_address: Optional[str] = None,
@@ -34,9 +31,9 @@ def run_cells(pending: Sequence, compute: Callable, *, cells: int, total: int, r
     ``verbose``).
 
     Bounded: a task whose node dies is run again by Ray (``max_retries=RETRIES``), then fails with the reason; the
-    cells wait at most :data:`NO_NODE_TIMEOUT` seconds while no live node offers ``cpus`` CPUs; a finished cell's
-    record must be in its folder as the driver sees it (else ``--out`` is not shared). Interrupted, the cells in
-    flight are cancelled; the finished ones are recorded already."""
+    cells wait at most :data:`NO_NODE_TIMEOUT` seconds while no live node offers ``cpus`` CPUs; a result is fetched
+    within :data:`FETCH_TIMEOUT` seconds. Interrupted, the cells in flight are cancelled; the finished ones are
+    recorded already."""
     if not pending:
         return
     try:
@@ -79,8 +76,8 @@ def _task(compute: Callable, cell) -> tuple:
 
 
 def _finish(ray, ref, cell) -> None:
-    """The result of a finished task onto the driver's ``cell``; a task that failed, or whose record is not where the
-    driver reads it, makes a failed cell that says why."""
+    """The result of a finished task onto the driver's ``cell``; a task that failed makes a failed cell that says
+    why."""
     try:
         computed, node = ray.get(ref, timeout=FETCH_TIMEOUT)
     except ray.exceptions.RayError as e:
@@ -88,11 +85,7 @@ def _finish(ray, ref, cell) -> None:
         return
     cell.status, cell.error, cell.problems, cell.result = computed.status, computed.error, computed.problems, \
         computed.result
-    if cell.status == 'done' and not (Path(cell.folder) / RECORD).is_file():
-        _failed(cell, f'computed on node {node}, but its record is not in {cell.folder} here: --out must be a folder '
-                      'every node shares, at the same path')
-    elif cell.status == 'done':
-        logger.info('cell %s: done on node %s', cell.name, node)
+    logger.info('cell %s: %s on node %s', cell.name, cell.status, node)
 
 
 def _failed(cell, error: str) -> None:

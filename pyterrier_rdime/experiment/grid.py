@@ -201,6 +201,11 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
                                     settings={**settings, 'verbose': False, 'parallel_backend': 'joblib'})
         run_cells(pending, compute, cells=cells, total=len(planned), ray_address=ray_address,
                   cpus=settings.get('workers', 1), verbose=settings.get('verbose', True))
+        for cell in (c for c in pending if c.status == 'done' and not (c.folder / CELL_FILE).is_file()):
+            cell.status, cell.result = 'failed', None
+            cell.error = (f'computed on a node of the cluster, but its record is not in {cell.folder} here: --out '
+                          'must be a folder every node shares, at the same path')
+            logger.error('cell %s failed: %s', cell.name, cell.error)
     else:
         for cell in pending:
             logger.info('cell %d/%d %s', planned.index(cell) + 1, len(planned), cell.name)
