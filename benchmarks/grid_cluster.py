@@ -5,10 +5,12 @@ with ``--cells 3`` on a local ``ray.cluster_utils.Cluster`` of three nodes of 1 
 both wall times, the start-up of the cluster, each cell's own time, the overhead of the cluster run over its slowest
 cells, and whether the output files are equal (but for the timings of each results.json).
 
-The caches (dense and BM25 indexes) are built by a first, untimed serial run, so that both timed runs read them. This
-machine's 2 cores bound any speed-up: three 1-CPU nodes share them. Usage (from the repository root)::
+The caches (dense and BM25 indexes, kept in ``<benchmark cache>/grid_cluster``) are built by a first, untimed serial
+run, so that both timed runs read them. Each cell's own time is split into its ``load`` phase (imports done, the
+encoder loaded: cold in a fresh worker process of a node) and the rest. This machine's 2 cores bound any speed-up:
+three 1-CPU nodes share them. Usage (from the repository root)::
 
-    python benchmarks/run.py grid_cluster                    # 20 queries per collection (~5 min)
+    python benchmarks/run.py grid_cluster                    # 20 queries per collection (~2 min; ~15 the first time)
     python benchmarks/run.py grid_cluster --max-queries 10
 """
 import argparse
@@ -23,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, log  # before the package: it sets the environment (offline hub, temporary homes)
+from common import DEFAULT_CACHE, ROOT, log  # before the package: it sets the environment (offline hub, homes)
 
 from pyterrier_rdime.experiment.cli import main as command
 
@@ -56,8 +58,14 @@ def outputs(folder: Path) -> dict:
 
 
 def cell_seconds(folder: Path) -> dict:
-    return {p.parent.parent.name: json.loads(p.read_text())['timings']['total']
-            for p in sorted(folder.glob('*/*/results.json'))}
+    """Each cell's ``(total, load)`` seconds, as it recorded them."""
+    timings = {p.parent.parent.name: json.loads(p.read_text())['timings']
+               for p in sorted(folder.glob('*/*/results.json'))}
+    return {name: (t['total'], t.get('load', 0.0)) for name, t in timings.items()}
+
+
+def described(cells: dict) -> str:
+    return ', '.join(f'{name} {total:.1f} (load {load:.1f})' for name, (total, load) in cells.items())
 
 
 def main(argv=None) -> int:
@@ -69,14 +77,14 @@ def main(argv=None) -> int:
     os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
     folder = Path(tempfile.mkdtemp(prefix='bench-rdime-grid-cluster-'))
     common = COLLECTIONS + ['--encoder', 'minilm', '--max-queries', str(args.max_queries), '--quiet',
-                            '--cache', str(folder / 'cache')]
+                            '--cache', str(DEFAULT_CACHE / 'grid_cluster')]
     try:
         log(f'# grid_cluster: {len(COLLECTIONS)} cells (4 collections x MiniLM, {args.max_queries} queries each); '
             f'load average {os.getloadavg()[0]:.2f} (2 cores shared)')
         warm = run(common + ['--out', str(folder / 'warm')])
         log(f'untimed warm-up (builds the caches): {warm:.1f} s')
         serial = run(common + ['--out', str(folder / 'serial')])
-        log(f'serial: {serial:.1f} s wall; cells {cell_seconds(folder / "serial")}; load average '
+        log(f'serial: {serial:.1f} s wall; cells (s): {described(cell_seconds(folder / "serial"))}; load average '
             f'{os.getloadavg()[0]:.2f}')
         started = time.perf_counter()
         node = {'num_cpus': 1, 'object_store_memory': 200 * 2 ** 20}
@@ -94,10 +102,10 @@ def main(argv=None) -> int:
             cluster.shutdown()
         cells = cell_seconds(folder / 'cluster')
         rounds = math.ceil(len(cells) / NODES)
-        slowest = sorted(cells.values(), reverse=True)
+        slowest = sorted((total for total, _ in cells.values()), reverse=True)
         bound = sum(slowest[i * NODES] for i in range(rounds))  # each round of NODES cells lasts its slowest
         log(f'cluster ({NODES} nodes x 1 CPU, --cells {NODES}): {parallel:.1f} s wall after {up:.1f} s to start the '
-            f'cluster; cells {cells}; load average {load:.2f}')
+            f'cluster; cells (s): {described(cells)}; load average {load:.2f}')
         log(f'overhead of the cluster run over its rounds of slowest cells ({rounds} rounds: {bound:.1f} s): '
             f'{parallel - bound:.1f} s (connecting, worker processes, imports, shipping results, combined outputs)')
         got, want = outputs(folder / 'cluster'), outputs(folder / 'serial')
