@@ -202,9 +202,9 @@ def _failure(error: Exception) -> int:
 
 
 def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str, cells: int = 1) -> str:
-    """``'ray'`` when ``--ray-address`` spreads ``--workers`` (of one cell at a time), else ``'joblib'``; connected
-    to the cluster (within :data:`RAY_CONNECT_TIMEOUT` seconds, or one line of error) for the workers, the shards of
-    ``--retriever sharded`` or the ``--cells``."""
+    """``'ray'`` when ``--ray-address`` spreads ``--workers``, else ``'joblib'`` (the grid runs the workers of a cell
+    sent to a node of ``--cells`` there, with joblib); connected to the cluster (within :data:`RAY_CONNECT_TIMEOUT`
+    seconds, or one line of error) for the workers, the shards of ``--retriever sharded`` or the ``--cells``."""
     if ray_address is None:
         return 'joblib'
     try:
@@ -216,7 +216,7 @@ def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str, 
                          'the cluster; pass --workers 2 or more, --retriever sharded, or --cells 2 or more')
     from ..pruned.sharded import connect
     connect(ray_address, RAY_CONNECT_TIMEOUT, '--ray-address')
-    return 'ray' if workers > 1 and cells < 2 else 'joblib'
+    return 'ray' if workers > 1 else 'joblib'
 
 
 def _quiet_libraries(verbose: bool) -> None:
