@@ -1,7 +1,7 @@
 """A grid's cells as Ray tasks (``--cells``) on a real local Ray cluster (a head without CPUs and two nodes of one CPU,
 started once for the module): the same output files as the serial grid (run_grid and the command), a node removed
-mid-cell (the cell blocks until its node is gone) re-runs only that cell, elsewhere, the wait for a node is bounded, a
-node running other code refuses its cell, and ``--cells`` is checked."""
+mid-cell (the cell blocks until its node is gone) re-runs only that cell, elsewhere, a cell lost past its retries
+fails alone, the wait for a node is bounded, a node running other code refuses its cell, and ``--cells`` is checked."""
 import json
 import os
 import threading
@@ -135,6 +135,23 @@ def test_a_node_lost_mid_cell_reruns_only_that_cell(local_cluster, serial, colle
     cisi_nodes = [line.split()[1] for line in calls if line.startswith('cisi')]
     assert cisi_nodes[0] == node_id != cisi_nodes[1]
     assert_same_outputs(out, expected)
+
+
+def test_a_cell_lost_past_its_retries_fails_and_the_others_finish(local_cluster, collections, serial, tmp_path,
+                                                                  monkeypatch):
+    monkeypatch.setattr(cells_module, 'RETRIES', 0)
+
+    def cisi_crashes_its_worker(collection, **kwargs):  # as a worker process killed (out of memory, a signal)
+        if collection.name.endswith('cisi'):
+            os._exit(1)
+        return run_experiment(collection, **kwargs)
+    result = run_grid(collections, ['minilm'], tmp_path, cache_dir=serial[1], cells=2,
+                      run_cell=cisi_crashes_its_worker, **SETTINGS)
+    assert [c.status for c in result.cells] == ['done', 'failed']
+    assert result.cells[1].error.startswith('lost: WorkerCrashedError')
+    assert 'after 0 retries it is left for the next run of the same command' in result.cells[1].error
+    assert (tmp_path / 'cranfield' / 'minilm' / CELL_FILE).is_file()
+    assert not (tmp_path / 'cisi' / 'minilm' / CELL_FILE).exists()
 
 
 def test_the_cells_wait_for_a_node_within_a_bound(local_cluster, collections, serial, tmp_path, monkeypatch):
