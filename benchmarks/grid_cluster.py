@@ -10,7 +10,7 @@ run, so that both timed runs read them. Each cell's own time is split into its `
 encoder loaded: cold in a fresh worker process of a node) and the rest. This machine's 2 cores bound any speed-up:
 three 1-CPU nodes share them. Usage (from the repository root)::
 
-    python benchmarks/run.py grid_cluster                    # 20 queries per collection (~2 min; ~15 the first time)
+    python benchmarks/run.py grid_cluster                    # 20 queries per collection (~1.5 min; 11-13 the first)
     python benchmarks/run.py grid_cluster --max-queries 10
 """
 import argparse

@@ -19,7 +19,8 @@ One script per question, each printing ratios measured side by side in one run:
 - ``node_loss``: ShardedPrunedRetriever when the node of a pinned shard is lost, on a ``ray start`` cluster on this
   machine: the error without a replacement node, the same ranking with one (~1.5 min);
 - ``grid_cluster``: a 4-cell grid (the four shared collections x MiniLM, 20 queries each) with ``--cells 3`` on a
-  local 3-node Ray cluster against the same grid serially: both wall times, the overhead, equal outputs (~5 min);
+  local 3-node Ray cluster against the same grid serially: both wall times, the overhead, equal outputs (~1.5 min
+  once its caches exist; the first run builds them, 11-13 min on the shared 2-core machine);
 - ``scale``: the paper's protocol at MS MARCO's scale (8.8M passages): a FlexIndex of the DL19 pool among synthetic
   distractors, the runner's whole retrieve-mode cell over it, its time, memory, disk, paths, exactness and the
   effectiveness/latency frontier (not in ``all``: ~27 GB of disk and an hour or more; ``--docs 1000000`` for less);
