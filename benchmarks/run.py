@@ -20,6 +20,9 @@ One script per question, each printing ratios measured side by side in one run:
   cost at 8.8M docnos (seconds, no cluster);
 - ``node_loss``: ShardedPrunedRetriever when the node of a pinned shard is lost, on a ``ray start`` cluster on this
   machine: the error without a replacement node, the same ranking with one (~1.5 min);
+- ``grid_cluster``: a 4-cell grid (the four shared collections x MiniLM, 20 queries each) with ``--cells 3`` on a
+  local 3-node Ray cluster against the same grid serially: both wall times, the overhead, equal outputs (~1.5 min
+  once its caches exist; the first run builds them, 11-13 min on the shared 2-core machine);
 - ``scale``: the paper's protocol at MS MARCO's scale (8.8M passages): a FlexIndex of the DL19 pool among synthetic
   distractors, the runner's whole retrieve-mode cell over it, its time, memory, disk, paths, exactness and the
   effectiveness/latency frontier (not in ``all``: ~27 GB of disk and an hour or more; ``--docs 1000000`` for less);
@@ -29,7 +32,7 @@ One script per question, each printing ratios measured side by side in one run:
 - ``bounds``: how much of the kept rows an exact kernel that stops a block of documents early by a bound on the
   remaining dimensions could skip, at best (a count with an oracle threshold, not a timing).
 
-``all`` (the default, ``./run.sh benchmark``) runs them all with their defaults (~35 min on a shared 2-core machine
+``all`` (the default, ``./run.sh benchmark``) runs them all with their defaults (~40 min on a shared 2-core machine
 once the caches exist, ~13 of them for ``bounds``; the first run also builds a 1M x 768 synthetic index and its
 layout, ~2 min, and encodes the DL19 pool, ~2.5 min).
 """
@@ -40,6 +43,7 @@ import batches
 import bounds
 import estimators
 import four_bit
+import grid_cluster
 import layout
 import node_loss
 import overhead
@@ -52,8 +56,8 @@ import switch
 
 SCRIPTS = {'overhead': overhead, 'estimators': estimators, 'search': search, 'auto': auto, 'layout': layout,
            'pipelines': pipelines, 'batches': batches, 'switch': switch, 'shards': shards,
-           'shard_checks': shard_checks, 'node_loss': node_loss, 'bounds': bounds, 'scale': scale,
-           'four_bit': four_bit}
+           'shard_checks': shard_checks, 'node_loss': node_loss, 'grid_cluster': grid_cluster, 'bounds': bounds,
+           'scale': scale, 'four_bit': four_bit}
 
 
 def main(argv=None) -> int:

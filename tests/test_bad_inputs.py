@@ -87,8 +87,10 @@ def _main(capsys, argv):
      f'({4 * (os.cpu_count() or 1)}); pass --workers {4 * (os.cpu_count() or 1)} or fewer'),
     (['--mode', 'retrieve', '--feedback', 'first-stage'], '--feedback first-stage applies to --mode rerank; --mode '
                                                           'retrieve has no first stage'),
-    (['--ray-address', 'auto'], '--ray-address spreads --workers, or the shards of --retriever sharded, over the '
-                                'cluster; pass --workers 2 or more, or --retriever sharded'),
+    (['--ray-address', 'auto'], "--ray-address spreads --workers, the shards of --retriever sharded, or a grid's "
+                                '--cells over the cluster; pass --workers 2 or more, --retriever sharded, or --cells '
+                                '2 or more'),
+    (['--cells', '0'], "--cells must be an integer >= 1, got 0; the grid's cells run at once on a Ray cluster"),
     (['--mode', 'retrieve', '--retriever', 'sharded', '--ray-address', '127.0.0.1:1'],
      "--ray-address: no Ray cluster answers at '127.0.0.1:1'"),
     (['--first-stage', '{tmp}/no.run'], "--first-stage '{tmp}/no.run' is not 'auto', 'bm25' or an existing TREC run"),

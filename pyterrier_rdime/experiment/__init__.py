@@ -11,8 +11,9 @@ The modules, by job (a module imports only modules before it in this list, so no
 - outputs: ``figures``, ``report`` (one cell's result, its tables and files), ``tables`` (a grid's combined files);
 - orchestration: ``progress`` (a cell's finished systems, recorded to resume after a kill), ``batched`` (systems
   that share their queries searched in one retriever call), ``systems`` (the pipelines of a cell), ``options`` (a
-  run's checked protocol options), ``runner`` (one cell), ``grid`` (cells, resume), ``arguments`` (what the command
-  checks and tells the user), ``cli`` (parse and dispatch).
+  run's checked protocol options), ``runner`` (one cell), ``cells`` (a grid's cells as Ray tasks on a cluster),
+  ``grid`` (cells, resume), ``arguments`` (what the command checks and tells the user), ``cli`` (parse and
+  dispatch).
 
 They stay one flat package rather than four sub-packages: each module already holds one job and the import graph has
 no circle, so the grouping above reads as well from a docstring as from folders; and a move would change the import

@@ -49,6 +49,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """The options that the library would only check late (after the model loaded, or after the first batch),
     checked now; each error names the option and the fix."""
     check_int(PROG, '--batch-size', args.batch_size, 1, hint='the number of texts encoded at once, e.g. 32')
+    check_cells(args.cells, args.ray_address)
     if args.rel is not None:
         check_int(PROG, '--rel', args.rel, 1,
                   hint='the lowest label that counts as relevant: 1, or 2 for the TREC DL convention')
@@ -98,6 +99,16 @@ def check_writable(option: str, folder: Path) -> None:
             pass
     except OSError as e:
         raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
+
+
+def check_cells(cells: int, ray_address: Optional[str]) -> None:
+    """``--cells``: 1 (one cell after another, here), or 2 and more on the Ray cluster of ``--ray-address``."""
+    check_int(PROG, '--cells', cells, 1, hint="the grid's cells run at once on a Ray cluster, e.g. 4; 1 runs them "
+                                              'one after another')
+    if cells > 1 and ray_address is None:
+        raise ValueError(f"--cells {cells} runs the grid's cells as Ray tasks: pass --ray-address (the head's "
+                         "host:port, 'auto' on a node of the cluster, or 'local' to start Ray on this machine), or "
+                         'leave --cells out to run them one after another')
 
 
 def check_workers(workers: int) -> None:

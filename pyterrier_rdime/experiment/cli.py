@@ -99,8 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--workers', type=int, default=1,
                    help='processes for the query-level work, at most 4 x the CPU cores (default: 1)')
     p.add_argument('--ray-address', default=None,
-                   help="spread --workers, or the shards of --retriever sharded, over a Ray cluster ('auto' or "
-                        'host:port); needs the ray extra')
+                   help="spread --workers, the shards of --retriever sharded, or a grid's --cells over a Ray cluster "
+                        "('auto' or host:port, 'local' to start one here); needs the ray extra")
+    p.add_argument('--cells', type=int, default=1,
+                   help="a grid's cells run at once, each a Ray task on the cluster of --ray-address (a cell whose "
+                        'node is lost runs again elsewhere); --out and --cache must be folders every node shares '
+                        '(default: %(default)s, one after another)')
     p.add_argument('--quiet', action='store_true', help='no progress bars')
     return p
 
@@ -145,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         arguments.check_writable('--out', out)
         arguments.check_writable('--cache', cache)
         arguments.check_workers(args.workers)
-        backend = _parallel_backend(args.workers, args.ray_address, args.retriever)
+        backend = _parallel_backend(args.workers, args.ray_address, args.retriever, args.cells)
         return _run(args, encoders, settings, out, cache, backend, start)
     except KeyboardInterrupt:
         return _error('interrupted; every cache holds only what was complete, so the same command carries on', 130)
@@ -162,7 +166,7 @@ def _run(args, encoders: List[str], settings: dict, out: Path, cache: Path, back
     grid = run_grid(args.collection, encoders, out, rel=args.rel, measures=_split(args.measures) or None,
                     index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
                     llm_generator=args.llm_generator, workers=args.workers, parallel_backend=backend,
-                    verbose=not args.quiet, **settings)
+                    verbose=not args.quiet, cells=args.cells, ray_address=args.ray_address, **settings)
     finished = [c for c in grid.cells if c.result is not None]
     if len(grid.cells) == 1 and finished:
         print(finished[0].result.to_markdown())
@@ -197,23 +201,21 @@ def _failure(error: Exception) -> int:
     return 70
 
 
-def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str) -> str:
-    """``'ray'`` when ``--ray-address`` spreads ``--workers``, else ``'joblib'``; connected to the cluster (within
-    :data:`RAY_CONNECT_TIMEOUT` seconds, or one line of error) for the workers or the shards of ``--retriever
-    sharded``."""
+def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str, cells: int = 1) -> str:
+    """``'ray'`` when ``--ray-address`` spreads ``--workers``, else ``'joblib'`` (the grid runs the workers of a cell
+    sent to a node of ``--cells`` there, with joblib); connected to the cluster (within :data:`RAY_CONNECT_TIMEOUT`
+    seconds, or one line of error) for the workers, the shards of ``--retriever sharded`` or the ``--cells``."""
     if ray_address is None:
         return 'joblib'
     try:
-        import ray
+        import ray  # noqa: F401
     except ImportError:
         raise ImportError('--ray-address needs Ray: ' + arguments.install_extra('ray').replace('\n', ' ')) from None
-    if workers < 2 and retriever != 'sharded':
-        raise ValueError('--ray-address spreads --workers, or the shards of --retriever sharded, over the cluster; '
-                         'pass --workers 2 or more, or --retriever sharded')
-    if not ray.is_initialized():
-        from ..pruned.sharded import check_ray_address
-        check_ray_address(ray_address, RAY_CONNECT_TIMEOUT, '--ray-address')
-        ray.init(address=ray_address)
+    if workers < 2 and retriever != 'sharded' and cells < 2:
+        raise ValueError("--ray-address spreads --workers, the shards of --retriever sharded, or a grid's --cells over "
+                         'the cluster; pass --workers 2 or more, --retriever sharded, or --cells 2 or more')
+    from ..pruned.sharded import connect
+    connect(ray_address, RAY_CONNECT_TIMEOUT, '--ray-address')
     return 'ray' if workers > 1 else 'joblib'
 
 

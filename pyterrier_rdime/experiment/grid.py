@@ -15,9 +15,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pandas as pd
 
+from .._config import check_int
 from .._io import atomic_open
 from ..llm import read_answers_tsv
 from . import evaluate as ev
+from .cells import run_cells
 from .collection import Collection, load_collection
 from .encoders import encoder_fingerprint
 from .fingerprint import slug
@@ -169,7 +171,8 @@ def _once(items: list, keys: Sequence[str], what: str, name: Callable[[object], 
 
 
 def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[str], out: Union[str, Path], *,
-             run_cell: Optional[Callable[..., ExperimentResult]] = None, **settings) -> GridResult:
+             run_cell: Optional[Callable[..., ExperimentResult]] = None, cells: int = 1,
+             ray_address: Optional[str] = None, **settings) -> GridResult:
     """Runs each (collection, encoder) cell with :func:`run_experiment` (``settings`` are its keyword arguments)
     and writes its outputs, then ``cell.json`` (last, atomically), into ``<out>/<collection>/<encoder>/``. A cell
     whose ``cell.json`` records the same inputs (:attr:`Cell.inputs`) is read back instead; one whose inputs changed
@@ -179,40 +182,76 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     Each system a cell finishes is recorded in ``<cell>/.progress/<key>/`` (:class:`~.progress.SystemRecords`) until
     its ``cell.json`` is written, so a cell killed or failed midway resumes at the first system it had not
     finished.
+    ``cells`` > 1 runs that many cells at once, each a Ray task on the cluster of ``ray_address`` (or the one this
+    process is connected to), a cell whose node is lost run again elsewhere (:func:`~.cells.run_cells`): the same
+    outputs as one after another, where ``out`` and the cache are folders every node shares.
     :attr:`GridResult.problems` lists every output that could not be written, the cells' included. ``run_cell``
     replaces :func:`run_experiment` (tests)."""
+    check_int('run_grid', 'cells', cells, 1, hint='the cells run at once on a Ray cluster; 1 runs them one by one')
     run_cell = run_cell or run_experiment
-    cells = plan(collections, encoders, out, **settings)
-    for i, cell in enumerate(cells, 1):
+    planned = plan(collections, encoders, out, **settings)
+    pending = []
+    for i, cell in enumerate(planned, 1):
         if _read_back(cell):
-            logger.info('cell %d/%d %s: finished before with the same inputs, read back', i, len(cells), cell.name)
-            continue
-        logger.info('cell %d/%d %s', i, len(cells), cell.name)
-        (cell.folder / CELL_FILE).unlink(missing_ok=True)
-        progress = SystemRecords(cell.folder / PROGRESS, cell.key)
-        try:
-            result = run_cell(cell.collection, encoder=cell.encoder, progress=progress, **settings)
-            problems = result.save(cell.folder)
-        except Exception as e:  # a late failure of one cell must not lose the others
-            if len(cells) == 1:  # a lone cell has no other to save: its error is the run's
-                raise
-            cell.status, cell.error = 'failed', f'{type(e).__name__}: {e}'
+            logger.info('cell %d/%d %s: finished before with the same inputs, read back', i, len(planned), cell.name)
+        else:
+            pending.append(cell)
+    if cells > 1 and len(planned) > 1:  # each cell's own bars would interleave: the cells' bar only
+        compute = functools.partial(_compute_on_node, run_cell=run_cell,
+                                    settings={**settings, 'verbose': False, 'parallel_backend': 'joblib'})
+        run_cells(pending, compute, cells=cells, total=len(planned), ray_address=ray_address,
+                  cpus=settings.get('workers', 1), verbose=settings.get('verbose', True))
+        for cell in (c for c in pending if c.status == 'done' and not (c.folder / CELL_FILE).is_file()):
+            cell.status, cell.result = 'failed', None
+            cell.error = (f'computed on a node of the cluster, but its record is not in {cell.folder} here: --out '
+                          'must be a folder every node shares, at the same path')
             logger.error('cell %s failed: %s', cell.name, cell.error)
-            continue
-        needed = [p for p in problems if Path(p.split(':')[0]).name in ('results.json', 'perquery.csv',
-                                                                         'kept_fraction.csv')]
-        if needed:
-            cell.status, cell.error = 'failed', '; '.join(needed)
-            continue
-        with atomic_open(cell.folder / CELL_FILE) as f:  # a crash leaves the old record or none, never half of one
-            json.dump({'key': cell.key, 'inputs': cell.inputs, 'finished': True, 'collection': cell.collection.name,
-                       'encoder': cell.encoder, 'problems': problems}, f, indent=2)
-        progress.clear()  # the record is complete: the systems' frames are no longer needed
-        cell.result, cell.status, cell.problems = result, 'done', problems
-    finished = [c for c in cells if c.result is not None]
+    else:
+        for cell in pending:
+            logger.info('cell %d/%d %s', planned.index(cell) + 1, len(planned), cell.name)
+            compute_cell(cell, run_cell, settings, lone=len(planned) == 1)
+    finished = [c for c in planned if c.result is not None]
     problems = [f'{c.name}: {p}' for c in finished for p in c.problems]
     problems += write_combined(finished, Path(out)) if finished else []
-    return GridResult(cells, problems)
+    return GridResult(planned, problems)
+
+
+def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict, lone: bool = False) -> Cell:
+    """Runs ``cell`` (its progress recorded in its folder), writes its outputs and then its record; sets its status,
+    result and problems, or its error (raised instead where the cell is ``lone``: there is no other to save)."""
+    (cell.folder / CELL_FILE).unlink(missing_ok=True)
+    progress = SystemRecords(cell.folder / PROGRESS, cell.key)
+    try:
+        result = run_cell(cell.collection, encoder=cell.encoder, progress=progress, **settings)
+        problems = result.save(cell.folder)
+    except Exception as e:  # a late failure of one cell must not lose the others
+        if lone:
+            raise
+        cell.status, cell.error = 'failed', f'{type(e).__name__}: {e}'
+        logger.error('cell %s failed: %s', cell.name, cell.error)
+        return cell
+    needed = [p for p in problems if Path(p.split(':')[0]).name in ('results.json', 'perquery.csv',
+                                                                     'kept_fraction.csv')]
+    if needed:
+        cell.status, cell.error = 'failed', '; '.join(needed)
+        return cell
+    with atomic_open(cell.folder / CELL_FILE) as f:  # a crash leaves the old record or none, never half of one
+        json.dump({'key': cell.key, 'inputs': cell.inputs, 'finished': True, 'collection': cell.collection.name,
+                   'encoder': cell.encoder, 'problems': problems}, f, indent=2)
+    progress.clear()  # the record is complete: the systems' frames are no longer needed
+    cell.result, cell.status, cell.problems = result, 'done', problems
+    return cell
+
+
+def _compute_on_node(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict) -> Cell:
+    """:func:`compute_cell` on a node of the cluster, which must run the code the cell was keyed with (a node with
+    another version of this package or of the libraries would record other numbers under the same key)."""
+    if code_digest() != cell.inputs['code']:
+        cell.status, cell.error = 'failed', (
+            f'this node runs other code ({code_digest()}) than the driver ({cell.inputs["code"]}): install the same '
+            'version of pyterrier-rdime and of its libraries on every node')
+        return cell
+    return compute_cell(cell, run_cell, settings)
 
 
 def _read_back(cell: Cell) -> bool:

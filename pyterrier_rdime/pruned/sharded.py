@@ -379,9 +379,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         actors = self._actors
         with actors.lock:
             if actors.handles is None:
-                if not ray.is_initialized():
-                    check_ray_address(self.ray_address, self.timeout, f'{name}: ray_address')
-                    ray.init(address=self.ray_address)
+                connect(self.ray_address, self.timeout, f'{name}: ray_address')
                 served = [i for i, r in enumerate(self._retrievers) if r is not None]
                 # a thread of its own answers where the actor is while it searches
                 server = ray.remote(concurrency_groups={'probe': 1})(ShardServer)
@@ -582,6 +580,16 @@ def check_ray_address(address: Optional[str], timeout: float, option: str) -> No
         raise ConnectionError(f'{option}: no Ray cluster answers at {address!r} ({e or type(e).__name__}, timeout='
                               f'{timeout} s): start one there (ray start --head), or pass the head node\'s '
                               "'host:port', or 'auto' on a node of the cluster") from None
+
+
+def connect(address: Optional[str], timeout: float, option: str) -> None:
+    """This process connected to the Ray cluster at ``address`` (``None`` starts Ray on this machine), unless it is
+    already: an address where nothing answers within ``timeout`` seconds fails with :func:`check_ray_address`'s one
+    line naming ``option``."""
+    import ray
+    if not ray.is_initialized():
+        check_ray_address(address, timeout, option)
+        ray.init(address=address)
 
 
 def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], queries: int,
