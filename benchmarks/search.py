@@ -25,7 +25,7 @@ top-10, then RDIME or Top-k at 25/35/50/75 % kept.
 6. with ``--faiss``: what a user would pick instead, FAISS's exact ``IndexFlatIP`` and an IVF index with the full and
    the pruned query (latency, recall@100);
 7. with ``--faiss``: the approximate alternatives, FAISS's 8-bit scalar quantiser with an exact re-ranking of the
-   top k·r (``IndexRefineFlat``, r = 1, 2, 4) and HNSW (M = 32, efSearch 64/128/256; its build is cached, see
+   top k·r (``IndexRefineFlat``, r = 1, 2, 4) and HNSW (M = 32, efSearch 128-1024; its build is cached, see
    ``faiss_indexes.py``), with the full and the pruned query (latency, recall@100).
 
 Usage (from the repository root)::
@@ -53,6 +53,8 @@ from pyterrier_rdime.pruned import calibration, compressed, cost, dense, int8_co
 from pyterrier_rdime.pruned.plan import Plan
 
 K = 100
+#: HNSW's search beam widths in ``--faiss`` (FAISS searches with at least ``K``: a smaller efSearch acts as ``K``).
+HNSW_EF_SEARCH = (128, 256, 512, 1024)
 
 
 def make_queries(state: dict, n: int, seed: int = 7) -> np.ndarray:
@@ -474,7 +476,7 @@ def faiss_quantised_rows(index, matrix: np.ndarray, copy: Compressed, sets: dict
     """Section 7 (``--faiss``): the approximate alternatives a user would weigh against the exact compressed path,
     one query at a time, in the same rounds as this package's dense and compressed paths: FAISS's 8-bit scalar
     quantiser with an exact re-ranking of the top k·r (``IndexScalarQuantizer`` QT_8bit in ``IndexRefineFlat``,
-    r = 1, 2, 4) and HNSW (``IndexHNSWFlat``, M = 32, efSearch 64, 128, 256; cached on disk, built on the first
+    r = 1, 2, 4) and HNSW (``IndexHNSWFlat``, M = 32, efSearch 128 to 1024; cached on disk, built on the first
     ``--hnsw-docs`` documents where given), each with the full and with the RDIME-pruned query; recall@100 against
     the exact top-100 of the same query (over the documents the index holds)."""
     import gc
@@ -516,7 +518,7 @@ def faiss_quantised_rows(index, matrix: np.ndarray, copy: Compressed, sets: dict
         ('compressed, all dims (this package)', 'full'): lambda q: carry_out(matrix, q, Plan('compressed'), copy),
         ('compressed (this package)', 'pruned'): lambda q: search_as(matrix, q, 'compressed', copy),
         **{(f'FAISS SQ8 + IndexRefineFlat r = {r}', kind): sq8(r) for r in (1, 2, 4) for kind in ('full', 'pruned')},
-        **{(f'{hnsw_name} efSearch {ef}', kind): graph(ef) for ef in (64, 128, 256) for kind in ('full', 'pruned')},
+        **{(f'{hnsw_name} efSearch {ef}', kind): graph(ef) for ef in HNSW_EF_SEARCH for kind in ('full', 'pruned')},
     }
     exact = {'full': [dense.search_dense(matrix, q[None], K)[1][0] for q in full_q],
              'pruned': [kept.search_pruned(matrix, q[None], K)[1][0] for q in pruned_q]}
