@@ -545,7 +545,7 @@ def faiss_quantised_rows(index, matrix: np.ndarray, copy: Compressed, sets: dict
     log(f'\n### 7. Approximate int8 and graph search: FAISS {faiss.__version__} SQ8 + exact re-ranking, HNSW '
         f'({len(pruned_q)} RDIME queries, one at a time, {args.rounds} rounds, {args.threads} thread(s))\n')
     log(f'vectors read in {load_s:.0f} s; IndexScalarQuantizer (QT_8bit, inner product; {docs * dims / 2 ** 30:.2f} '
-        f'GiB of codes) in IndexRefineFlat (its own float32 copy) trained on 64k documents and filled in '
+        f'GiB of codes) in IndexRefineFlat (its own float32 copy) trained on {len(sample):,} documents and filled in '
         f'{sq8_s:.0f} s; IndexHNSWFlat M = {HNSW_M}, efConstruction {HNSW_EF_CONSTRUCTION}, over '
         f'{hnsw_docs:,} of {docs:,} documents: {built} in {record["build_s"]:.0f} s with {record["threads"]} '
         f'thread(s) (load {record["load_average"]:.1f}). r: IndexRefineFlat\'s k_factor, the SQ8 scan\'s top k·r '
