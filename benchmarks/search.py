@@ -11,6 +11,9 @@ top-10, then RDIME or Top-k at 25/35/50/75 % kept.
 0. the cost model of ``strategy='auto'`` for this machine (``--calibrate`` re-runs the calibration);
 1. one query at a time: speed-up by kept fraction (min over rounds, median and IQR of the per-round ratios), and
    ``strategy='auto'`` against the fastest of the three paths (dense, pruned float32, compressed);
+   1b. where the compressed path's speed comes from: the compressed path with the unpruned query (int8 alone) beside
+   the float32 pruned path (pruning alone) and the compressed path with the pruned query (both), and the split of the
+   speed-up over dense into int8 × pruning;
 2. batches of 8 and 64 queries: the pruned path and ``strategy='auto'`` against one dense matrix product per batch
    (the dense path, top-k included; the bare product without top-k is shown too), ``'auto'`` against the fastest
    of the three paths;
@@ -20,7 +23,10 @@ top-10, then RDIME or Top-k at 25/35/50/75 % kept.
 5. the real DL19 pool vectors (MiniLM, 4.3k x 384; skipped without ../shared/data): exactness and auto's choice on a
    matrix that sits in the caches;
 6. with ``--faiss``: what a user would pick instead, FAISS's exact ``IndexFlatIP`` and an IVF index with the full and
-   the pruned query (latency, recall@100).
+   the pruned query (latency, recall@100);
+7. with ``--faiss``: the approximate alternatives, FAISS's 8-bit scalar quantiser with an exact re-ranking of the
+   top k·r (``IndexRefineFlat``, r = 1, 2, 4) and HNSW (M = 32, efSearch 128-1024; its build is cached, see
+   ``faiss_indexes.py``), with the full and the pruned query (latency, recall@100).
 
 Usage (from the repository root)::
 
@@ -29,6 +35,7 @@ Usage (from the repository root)::
     python benchmarks/run.py search --calibrate --json out.json
     python benchmarks/run.py search --threads 1 --timing interleaved
     python benchmarks/run.py search --docs 200000 --batches '' --faiss   # + FAISS (needs faiss-cpu)
+    python benchmarks/faiss_indexes.py && python benchmarks/run.py search --single 6 --rounds 3 --batches '' --faiss
 """
 import argparse
 import dataclasses
@@ -46,6 +53,8 @@ from pyterrier_rdime.pruned import calibration, compressed, cost, dense, int8_co
 from pyterrier_rdime.pruned.plan import Plan
 
 K = 100
+#: HNSW's search beam widths in ``--faiss`` (FAISS searches with at least ``K``: a smaller efSearch acts as ``K``).
+HNSW_EF_SEARCH = (128, 256, 512, 1024)
 
 
 def make_queries(state: dict, n: int, seed: int = 7) -> np.ndarray:
@@ -233,6 +242,79 @@ def single_queries(matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.nda
     return result
 
 
+def speed_split(dense_s: float, unpruned_s: float, pruned_s: float) -> dict:
+    """Where the compressed path's speed-up over the dense path comes from, for one query: ``total`` (dense /
+    compressed with the pruned query) is ``int8`` (dense / compressed with the unpruned query: quantisation alone)
+    times ``pruning`` (compressed unpruned / compressed pruned), by construction."""
+    return {'total': dense_s / pruned_s, 'int8': dense_s / unpruned_s, 'pruning': unpruned_s / pruned_s}
+
+
+def split_sentence(name: str, kept_fraction: float, split: dict) -> str:
+    """The split as a sentence: ``'RDIME (36 % of the dimensions kept): of the 9.25× over dense, ...'``."""
+    return (f'{name} ({kept_fraction:.0%} of the dimensions kept): of the {split["total"]:.2f}× over dense, '
+            f'{split["int8"]:.2f}× comes from int8 (compressed, unpruned) and {split["pruning"]:.2f}× from pruning '
+            '(compressed pruned / compressed unpruned)')
+
+
+def quantisation_split(matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.ndarray, args) -> dict:
+    """Section 1b: how much of the compressed path's speed comes from int8 and how much from pruning. In the same
+    rounds, one query at a time: the dense path (float32, every dimension), the compressed path with the unpruned
+    query (int8 alone), the float32 pruned path (pruning alone) and the compressed path with the pruned query (both);
+    the top-100 of the unpruned compressed path checked against the dense path's for the same query."""
+    log(f'\n### 1b. Where the speed comes from: int8 alone, pruning alone, both ({args.single} queries per row, '
+        f'{args.rounds} rounds, timing: {args.timing})\n')
+    measure = timing(args)
+    rows, result = [], {}
+    for name, queries in sets.items():
+        queries = queries[:args.single]
+        sides = ('dense', 'compressed, all dims', 'pruned', 'compressed')
+        totals = {side: np.zeros(args.rounds) for side in sides}
+        status, counts = [], []
+        for qz, raw_q in zip(queries, raw):
+            one, every = qz[None], raw_q[None]
+            times = measure({'dense': lambda: dense.search_dense(matrix, one, K),
+                             'compressed, all dims': lambda: carry_out(matrix, every, Plan('compressed'), copy),
+                             'pruned': lambda: search_as(matrix, one, 'pruned', copy),
+                             'compressed': lambda: search_as(matrix, one, 'compressed', copy)}, args.rounds)
+            for side in sides:
+                totals[side] += times[side]
+            ref = dense.search_dense(matrix, every, K)
+            new = carry_out(matrix, every, Plan('compressed'), copy)
+            status.append(check_topk(matrix, raw_q, (ref[0][0], ref[1][0]), (new[0][0], new[1][0]),
+                                     1e-5 * float(np.abs(raw_q).sum())))
+            counts.append(rescored(matrix, copy, raw_q))
+        per_query = {side: totals[side] / len(queries) for side in sides}
+        best = {side: float(np.min(t)) for side, t in per_query.items()}
+        split = speed_split(best['dense'], best['compressed, all dims'], best['compressed'])
+        frac = float(np.mean(queries != 0))
+        check = {s: status.count(s) for s in ('identical', 'ties', 'MISMATCH')}
+        speedups = {side: ratio_stats(totals['dense'], totals[side]) for side in sides[1:]}
+        rows.append([name, f'{frac:.2f}', best_median(per_query['dense']),
+                     best_median(per_query['compressed, all dims']), fmt_ratio(speedups['compressed, all dims']),
+                     best_median(per_query['pruned']), fmt_ratio(speedups['pruned']),
+                     best_median(per_query['compressed']), f'**{fmt_ratio(speedups["compressed"])}**',
+                     f'{split["int8"]:.2f}× · {split["pruning"]:.2f}× = {split["total"]:.2f}×',
+                     f'{np.mean(counts):.0f} (max {max(counts)})',
+                     '/'.join(str(check[s]) for s in ('identical', 'ties', 'MISMATCH')), load()])
+        result[name] = {'kept': frac, 'best_s': best, 'split': split, 'speedups': speedups,
+                        'unpruned_compressed_rescored': counts, 'unpruned_compressed_check': check,
+                        'load_average': load()}
+    log('dense = float32, every dimension (BLAS gemv + top-k); compressed, all dims = the compressed path '
+        '(strategy="compressed") fed the unpruned query: the int8 copy\'s every row, then the documents its bound '
+        'cannot rule out re-scored exactly (quantisation alone); pruned = float32, kept dimensions only (pruning '
+        'alone); compressed = the compressed path with the pruned query (both). Times: best / median round per '
+        'query; speed-ups over dense: min-over-rounds ratio (median, IQR); split = int8 (dense / compressed all dims) '
+        '· pruning (compressed all dims / compressed) = the compressed speed-up, from the best rounds; re-scored and '
+        'top-100 (against the dense path, same unpruned query): of the compressed path with the unpruned query.\n')
+    log(table(rows, ['queries', 'kept', 'dense (float32, all dims)', 'compressed, all dims (int8 alone)',
+                     'speed-up', 'pruned (float32, kept dims)', 'speed-up', 'compressed (int8, kept dims)',
+                     'speed-up', 'split: int8 · pruning', 'all dims: re-scored', 'all dims: top-100 id./ties/mism.',
+                     'load']))
+    if 'RDIME' in result:
+        log('\n' + split_sentence('RDIME', result['RDIME']['kept'], result['RDIME']['split']) + '.')
+    return result
+
+
 def batches(matrix: np.ndarray, copy: Compressed, sets: dict, args) -> dict:
     log(f'\n### 2. Batches ({args.rounds} rounds, timing: {args.timing})\n')
     measure = timing(args)
@@ -382,6 +464,100 @@ def faiss_rows(index, matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.
     return {'build_s': {'flat': flat_s, 'ivf': ivf_s, 'nlist': nlist}, 'rows': result}
 
 
+def exact_top(matrix: np.ndarray, query_vec: np.ndarray, docs: int) -> np.ndarray:
+    """The exact top-``K`` docids of ``query_vec`` among the first ``docs`` documents (the reference of an HNSW
+    index built over them), scored in float64 over the dimension-major matrix."""
+    scores = query_vec.astype(np.float64) @ np.asarray(matrix[:, :docs], dtype=np.float64)
+    top = np.argpartition(-scores, K - 1)[:K]
+    return top[np.argsort(-scores[top], kind='stable')]
+
+
+def faiss_quantised_rows(index, matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.ndarray, args) -> dict:
+    """Section 7 (``--faiss``): the approximate alternatives a user would weigh against the exact compressed path,
+    one query at a time, in the same rounds as this package's dense and compressed paths: FAISS's 8-bit scalar
+    quantiser with an exact re-ranking of the top k·r (``IndexScalarQuantizer`` QT_8bit in ``IndexRefineFlat``,
+    r = 1, 2, 4) and HNSW (``IndexHNSWFlat``, M = 32, efSearch 128 to 1024; cached on disk, built on the first
+    ``--hnsw-docs`` documents where given), each with the full and with the RDIME-pruned query; recall@100 against
+    the exact top-100 of the same query (over the documents the index holds)."""
+    import gc
+
+    import faiss
+    from faiss_indexes import HNSW_EF_CONSTRUCTION, HNSW_M, hnsw_index, hnsw_path, recall_at, sq8_refine
+    gc.collect()  # section 6's FAISS indexes go first: memory for two more copies of the vectors
+    faiss.omp_set_num_threads(args.threads)
+    source = index.payload()[1]
+    docs, dims = source.shape
+    start = time.perf_counter()
+    vecs = np.array(source, dtype=np.float32)
+    load_s = time.perf_counter() - start
+    sample = np.sort(np.random.default_rng(0).choice(docs, size=min(docs, 65536), replace=False))
+    refine, sq8_s = sq8_refine(vecs, args.threads, sample)
+    vecs = None  # the refine index holds its own copy
+    hnsw_docs = min(args.hnsw_docs or docs, docs)
+    hnsw, record = hnsw_index(source, hnsw_path(args.cache, index.index_path, hnsw_docs), hnsw_docs,
+                              threads=args.threads)
+    faiss.omp_set_num_threads(args.threads)
+    pruned_q = sets['RDIME'][:args.single or 6]
+    full_q = raw[:len(pruned_q)]
+    queries = {'full': full_q, 'pruned': pruned_q}
+
+    def sq8(r):
+        def run(q):
+            refine.k_factor = r
+            return refine.search(q, K)
+        return run
+
+    def graph(ef):
+        def run(q):
+            hnsw.hnsw.efSearch = ef
+            return hnsw.search(q, K)
+        return run
+    hnsw_name = f'FAISS HNSW{HNSW_M},Flat' + (f' (first {hnsw_docs:,} docs)' if hnsw_docs < docs else '')
+    systems = {
+        ('dense (BLAS, this package)', 'full'): lambda q: dense.search_dense(matrix, q, K),
+        ('compressed, all dims (this package)', 'full'): lambda q: carry_out(matrix, q, Plan('compressed'), copy),
+        ('compressed (this package)', 'pruned'): lambda q: search_as(matrix, q, 'compressed', copy),
+        **{(f'FAISS SQ8 + IndexRefineFlat r = {r}', kind): sq8(r) for r in (1, 2, 4) for kind in ('full', 'pruned')},
+        **{(f'{hnsw_name} efSearch {ef}', kind): graph(ef) for ef in HNSW_EF_SEARCH for kind in ('full', 'pruned')},
+    }
+    exact = {'full': [dense.search_dense(matrix, q[None], K)[1][0] for q in full_q],
+             'pruned': [kept.search_pruned(matrix, q[None], K)[1][0] for q in pruned_q]}
+    exact_hnsw = exact if hnsw_docs == docs else {kind: [exact_top(matrix, q, hnsw_docs) for q in qs]
+                                                   for kind, qs in queries.items()}
+    measure = timing(args)
+    totals = {key: np.zeros(args.rounds) for key in systems}
+    for i in range(len(pruned_q)):
+        one = {kind: qs[i:i + 1] for kind, qs in queries.items()}
+        times = measure({key: (lambda fn=fn, q=one[key[1]]: fn(q)) for key, fn in systems.items()}, args.rounds)
+        for key in systems:
+            totals[key] += np.asarray(times[key])
+    dense_s = totals[('dense (BLAS, this package)', 'full')]
+    rows, result = [], {}
+    for (name, kind), fn in systems.items():
+        found = [np.asarray(fn(q[None])[1]).ravel() for q in queries[kind]]
+        recall = recall_at(found, (exact_hnsw if name.startswith(hnsw_name) else exact)[kind])
+        per_query = totals[(name, kind)] / len(pruned_q)
+        speedup = ratio_stats(dense_s, totals[(name, kind)])
+        rows.append([name, kind, best_median(per_query), fmt_ratio(speedup), f'{recall:.3f}', load()])
+        result[f'{name} / {kind}'] = {'best_s': float(np.min(per_query)), 'median_s': float(np.median(per_query)),
+                                      'vs_dense': speedup, 'recall_at_100': recall}
+    built = 'read from its cache, built earlier' if record['cached'] else 'built now'
+    log(f'\n### 7. Approximate int8 and graph search: FAISS {faiss.__version__} SQ8 + exact re-ranking, HNSW '
+        f'({len(pruned_q)} RDIME queries, one at a time, {args.rounds} rounds, {args.threads} thread(s))\n')
+    log(f'vectors read in {load_s:.0f} s; IndexScalarQuantizer (QT_8bit, inner product; {docs * dims / 2 ** 30:.2f} '
+        f'GiB of codes) in IndexRefineFlat (its own float32 copy) trained on {len(sample):,} documents and filled in '
+        f'{sq8_s:.0f} s; IndexHNSWFlat M = {HNSW_M}, efConstruction {HNSW_EF_CONSTRUCTION}, over '
+        f'{hnsw_docs:,} of {docs:,} documents: {built} in {record["build_s"]:.0f} s with {record["threads"]} '
+        f'thread(s) (load {record["load_average"]:.1f}). r: IndexRefineFlat\'s k_factor, the SQ8 scan\'s top k·r '
+        're-ranked exactly in float32. recall@100: against the exact top-100 of the same query (full: the dense '
+        'path; pruned: the pruned path' + ('' if hnsw_docs == docs else f'; HNSW: over its first {hnsw_docs:,} '
+                                           'documents') + '); time per query: best / median round; vs dense: '
+        'min-over-rounds ratio (median, IQR) against the dense path in the same rounds.\n')
+    log(table(rows, ['system', 'query', 'time per query', 'vs dense', 'recall@100', 'load']))
+    return {'build_s': {'sq8_refine': sq8_s, 'hnsw': record['build_s'], 'hnsw_cached': record['cached'],
+                        'hnsw_docs': hnsw_docs}, 'rows': result}
+
+
 def real_pool(args) -> list:
     from pyterrier_rdime import SwcDime
     from pyterrier_rdime.experiment.collection import load_collection
@@ -443,9 +619,12 @@ def main(argv=None) -> int:
     parser.add_argument('--per-block', type=int, default=3)
     parser.add_argument('--collection', type=Path, default=common.DEFAULT_COLLECTION)
     parser.add_argument('--calibrate', action='store_true', help="re-calibrate the cost model of strategy='auto'")
-    parser.add_argument('--faiss', action='store_true', help='also time FAISS (exact IndexFlatIP and an IVF index, '
-                                                             'full and pruned queries; needs faiss-cpu and memory '
-                                                             'for a second copy of the vectors)')
+    parser.add_argument('--faiss', action='store_true',
+                        help='also time FAISS (exact IndexFlatIP, an IVF index, SQ8 with re-ranking and HNSW, full '
+                             'and pruned queries; needs faiss-cpu and memory for two more copies of the vectors)')
+    parser.add_argument('--hnsw-docs', type=int, help='with --faiss: build the HNSW index over the first N documents '
+                                                      'only (default: all; a 1M x 768 build takes ~20 min on two '
+                                                      'cores, cached after)')
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(',') if b]
     info = common.machine()
@@ -469,11 +648,13 @@ def main(argv=None) -> int:
     results['cost_model'] = cost_model(args)
     if args.single:
         results['single'] = single_queries(matrix, copy, sets, raw, args)
+        results['split'] = quantisation_split(matrix, copy, sets, raw, args)
     results['batches'] = batches(matrix, copy, sets, args)
     if args.collection.is_dir():
         results['real_pool'] = real_pool(args)
     if args.faiss:
         results['faiss'] = faiss_rows(index, matrix, copy, sets, raw, args)
+        results['faiss_approximate'] = faiss_quantised_rows(index, matrix, copy, sets, raw, args)
     log(f'\nload average at end: {", ".join(f"{x:.1f}" for x in common.os.getloadavg())}; peak RSS '
         f'{common.max_rss_gib():.2f} GiB (the memory-mapped layout counts where its pages are resident)')
     limiter.unregister()
