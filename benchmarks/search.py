@@ -9,14 +9,13 @@ threads) or, with ``--timing interleaved``, one call per side per round. Queries
 top-10, then RDIME or Top-k at 25/35/50/75 % kept.
 
 0. the cost model of ``strategy='auto'`` for this machine (``--calibrate`` re-runs the calibration);
-1. one query at a time: speed-up by kept fraction (min over rounds, median and IQR of the per-round ratios), and
-   ``strategy='auto'`` against the fastest of the three paths (dense, pruned float32, compressed);
+1. one query at a time: speed-up by kept fraction (min over rounds, median and IQR of the per-round ratios);
    1b. where the compressed path's speed comes from: the compressed path with the unpruned query (int8 alone) beside
    the float32 pruned path (pruning alone) and the compressed path with the pruned query (both), and the split of the
    speed-up over dense into int8 × pruning;
-2. batches of 8 and 64 queries: the pruned path and ``strategy='auto'`` against one dense matrix product per batch
-   (the dense path, top-k included; the bare product without top-k is shown too), ``'auto'`` against the fastest
-   of the three paths;
+2. batches of 8 and 64 queries: the pruned and compressed paths against one dense matrix product per batch
+   (the dense path, top-k included; the bare product without top-k is shown too), with the cost model's estimate of
+   each path (whether ``strategy='auto'`` takes the fastest is ``run.py auto``'s question);
 3. exactness: the pruned top-100 against the dense one, identical / differing only by float ties / mismatched;
 4. the compressed path (``strategy='compressed'``) in the same rounds as 1. and 2., with the size and build
    time of its int8 copy;
@@ -90,8 +89,9 @@ def check_topk(matrix: np.ndarray, query_vec: np.ndarray, ref, new, atol: float)
     return 'ties' if ok else 'MISMATCH'
 
 
-def plan_of(matrix: np.ndarray, queries: np.ndarray, strategy: str = 'auto') -> Plan:
-    """The plan ``PrunedRetriever(strategy=strategy)`` decides for these queries."""
+def plan_of(matrix: np.ndarray, queries: np.ndarray, strategy: str) -> Plan:
+    """The plan the cost model decides for these queries under ``strategy`` (``'pruned'``, ``'compressed'``: query
+    by query or in one pass; ``'auto'``: the model's prior, which ``PrunedRetriever`` then measures)."""
     return cost.plan(queries, strategy=strategy, matrix_bytes=matrix.nbytes, compiled=kept.NUMBA_AVAILABLE,
                      model=calibration.model, k=K)
 
@@ -141,33 +141,6 @@ def timing(args):
     return interleaved
 
 
-#: The paths ``strategy='auto'`` chooses among, as timed: one query (the strategies that force them), a batch (the
-#: float32 pruned path as ``strategy='pruned'`` plans it, the compressed path query after query and in one pass).
-SINGLE_PATHS = ('dense', 'pruned', 'compressed')
-BATCH_PATHS = ('dense', 'pruned', 'compressed', 'compressed one pass')
-#: The timed path of each plan.
-TIMED_AS = {'dense': 'dense', 'pruned': 'pruned', 'one pass': 'pruned', 'compressed': 'compressed',
-            'compressed one pass': 'compressed one pass'}
-
-
-def auto_vs_fastest(times: dict, paths) -> dict:
-    """``strategy='auto'`` against the fastest of ``paths``, round by round (1.00 = auto took the fastest path and
-    paid nothing for choosing)."""
-    fastest = np.min([times[path] for path in paths], axis=0)
-    return ratio_stats(list(fastest), times['auto'])
-
-
-def auto_verdict(matrix: np.ndarray, queries: np.ndarray, times: dict, paths) -> str:
-    """Whether auto's choice is the path with the fastest best round of ``paths``, and what choosing costs (timed
-    alone: the difference of two timings of the same path is noise at this scale): ``'✔ dense +0.01 % → 1.000×'``."""
-    choice = TIMED_AS[plan_of(matrix, queries).path]
-    fastest = min(paths, key=lambda path: np.min(times[path]))
-    decide = min(timed(lambda: plan_of(matrix, queries))[0] for _ in range(20))
-    share = decide / np.min(times[fastest]) * 100
-    loss = np.min(times[fastest]) / np.min(times[choice])
-    return f'{"✔" if choice == fastest else "✘"} {choice} +{share:.2f} % → {loss / (1 + share / 100):.3f}×'
-
-
 def estimates(matrix: np.ndarray, queries: np.ndarray) -> str:
     """The cost model's estimate of each path, in gemv units: ``'dense 9.8 · pruned 21 · one pass 6.5 · ...'``."""
     costs = calibration.model().path_costs(queries, k=K, matrix_bytes=matrix.nbytes, one_pass=len(queries) > 1)
@@ -180,15 +153,13 @@ def single_queries(matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.nda
     rows, compressed_rows, result, checks = [], [], {}, {}
     for name, queries in sets.items():
         queries = queries[:args.single]
-        totals = {side: np.zeros(args.rounds) for side in ('dense', 'pruned', 'compressed', 'auto',
-                                                             'kernel, all dims')}
+        totals = {side: np.zeros(args.rounds) for side in ('dense', 'pruned', 'compressed', 'kernel, all dims')}
         status, compressed_status, counts = [], [], []
         for qz, raw_q in zip(queries, raw):
             one, every = qz[None], raw_q[None]
             times = measure({'dense': lambda: dense.search_dense(matrix, one, K),
                              'pruned': lambda: search_as(matrix, one, 'pruned', copy),
                              'compressed': lambda: search_as(matrix, one, 'compressed', copy),
-                             'auto': lambda: search_as(matrix, one, 'auto', copy),
                              'kernel, all dims': lambda: kept.search_pruned(matrix, every, K)}, args.rounds)
             for side in totals:
                 totals[side] += times[side]
@@ -208,29 +179,23 @@ def single_queries(matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.nda
                                 f'**{fmt_ratio(vs_pruned)}**', fmt_ratio(vs_dense),
                                 f'{np.mean(counts):.0f} (max {max(counts)})',
                                 '/'.join(str(compressed_check[s]) for s in ('identical', 'ties', 'MISMATCH'))])
-        pruned, auto = ratio_stats(totals['dense'], totals['pruned']), auto_vs_fastest(totals, SINGLE_PATHS)
+        pruned = ratio_stats(totals['dense'], totals['pruned'])
         own = ratio_stats(totals['kernel, all dims'], totals['pruned'])
         checks[name] = {s: status.count(s) for s in ('identical', 'ties', 'MISMATCH')}
-        verdict = auto_verdict(matrix, queries[:1], {side: t / len(queries) for side, t in totals.items()},
-                               SINGLE_PATHS)
         rows.append([name, f'{frac:.2f}', f'{np.min(totals["dense"]) / len(queries) * 1000:.0f} ms',
                      f'{np.min(totals["pruned"]) / len(queries) * 1000:.0f} ms', f'**{fmt_ratio(pruned)}**',
-                     verdict, fmt_ratio(auto), fmt_ratio(own),
+                     fmt_ratio(own),
                      '/'.join(str(checks[name][s]) for s in ('identical', 'ties', 'MISMATCH'))])
-        result[name] = {'kept': frac, 'pruned_vs_dense': pruned, 'auto': verdict, 'auto_vs_fastest': auto,
-                        'pruned_vs_kernel_all': own, 'check': checks[name], 'compressed_vs_pruned': vs_pruned,
+        result[name] = {'kept': frac, 'pruned_vs_dense': pruned, 'pruned_vs_kernel_all': own, 'check': checks[name],
+                        'compressed_vs_pruned': vs_pruned,
                         'compressed_vs_dense': vs_dense, 'compressed_rescored': counts,
                         'compressed_check': compressed_check, 'load_average': load()}
     log('time per query = the least disturbed round; speed-up = min-over-rounds ratio (median, interquartile range '
-        'of the per-round ratios) against the dense path (BLAS gemv + top-k); auto: ✔ when strategy="auto" chooses '
-        'the path with the fastest best round of the three (dense, pruned, compressed: the compressed path\'s times '
-        'are in the table below), the time of choosing (timed alone) as a share of that path, and what auto then '
-        'costs against the fastest path; auto vs fastest, measured: the two timed side by side (their spread is the '
-        'noise of the machine: auto runs the same path); last speed-up: against the same compiled kernel '
+        'of the per-round ratios) against the dense path (BLAS gemv + top-k); last speed-up: against the same '
+        'compiled kernel '
         'fed the unpruned query (every dimension); top-100 identical / float ties only / mismatched against the dense '
         'path.\n')
     log(table(rows, ['queries', 'kept', 'dense (all dims)', 'pruned (kept dims)', 'pruned speed-up',
-                     "auto: fastest path? choice, cost of choosing → auto / fastest", 'auto vs fastest, measured',
                      'vs kernel, all dims', 'top-100 id./ties/mism.']))
     log('\nThe compressed path (strategy="compressed") in the same rounds: the int8 copy\'s kept rows, then '
         'the documents its bound cannot rule out re-scored exactly. Times: best round / median round per query; '
@@ -329,7 +294,6 @@ def batches(matrix: np.ndarray, copy: Compressed, sets: dict, args) -> dict:
                              'compressed': lambda: carry_out(matrix, queries, Plan('compressed'), copy),
                              'compressed one pass': lambda: carry_out(matrix, queries, Plan('compressed one pass'),
                                                                       copy),
-                             'auto': lambda: search_as(matrix, queries, 'auto', copy),
                              'bare GEMM': lambda: queries @ matrix}, args.rounds)
             one_pass = plan_of(matrix, queries, 'pruned').path == 'one pass'
             ref = dense.search_dense(matrix, queries, K)
@@ -339,20 +303,18 @@ def batches(matrix: np.ndarray, copy: Compressed, sets: dict, args) -> dict:
                 new = carry_out(matrix, queries, Plan(path), copy)
                 status += [check_topk(matrix, q, (ref[0][i], ref[1][i]), (new[0][i], new[1][i]), atol[i])
                            for i, q in enumerate(queries)]
-            verdict = auto_verdict(matrix, queries, times, BATCH_PATHS)
-            pruned, auto = ratio_stats(times['dense'], times['pruned']), auto_vs_fastest(times, BATCH_PATHS)
+            pruned = ratio_stats(times['dense'], times['pruned'])
             bare = ratio_stats(times['bare GEMM'], times['pruned'])
             rows.append([size, name, f'{np.mean(queries != 0):.2f}', f'{np.mean((queries != 0).any(axis=0)):.2f}',
                          f'{np.min(times["dense"]) * 1000:.0f} ms', f'{np.min(times["pruned"]) * 1000:.0f} ms',
                          'one pass' if one_pass else 'one by one', f'**{fmt_ratio(pruned)}**', f'{bare["min"]:.2f}×',
-                         estimates(matrix, queries), verdict,
-                         fmt_ratio(auto), load(), f'{np.min(times["compressed"]) * 1000:.0f} ms',
+                         estimates(matrix, queries), load(), f'{np.min(times["compressed"]) * 1000:.0f} ms',
                          fmt_ratio(ratio_stats(times['dense'], times['compressed'])),
                          f'{np.min(times["compressed one pass"]) * 1000:.0f} ms',
                          f"**{fmt_ratio(ratio_stats(times['dense'], times['compressed one pass']))}**",
                          '/'.join(str(status.count(s)) for s in ('identical', 'ties', 'MISMATCH'))])
-            result[f'{size}/{name}'] = {'pruned_vs_dense': pruned, 'pruned_vs_bare_gemm': bare, 'auto': verdict,
-                                        'auto_vs_fastest': auto, 'one_pass': one_pass, 'load_average': load(),
+            result[f'{size}/{name}'] = {'pruned_vs_dense': pruned, 'pruned_vs_bare_gemm': bare, 'one_pass': one_pass,
+                                        'load_average': load(),
                                         'compressed_vs_dense': ratio_stats(times['dense'], times['compressed']),
                                         'compressed_one_pass_vs_dense': ratio_stats(times['dense'],
                                                                                     times['compressed one pass']),
@@ -362,11 +324,9 @@ def batches(matrix: np.ndarray, copy: Compressed, sets: dict, args) -> dict:
         'path); bare GEMM = one matrix product over the whole matrix, no top-k (a lower bound for dense); estimate = '
         'the cost model\'s cost of each path in gemv units; compressed = the int8 copy query after query, and in one '
         'pass (one exact int8 matrix product per slab of documents for the whole batch), with the top-100 of both '
-        'against the dense path; auto is compared with the fastest of dense, pruned, compressed and compressed one '
-        'pass.\n')
+        'against the dense path.\n')
     log(table(rows, ['batch', 'queries', 'kept', 'union kept', 'dense', 'pruned', 'pruned mode', 'pruned speed-up',
-                     'vs bare GEMM', 'estimate', "auto: fastest path? choice, cost of choosing → auto / fastest",
-                     'auto vs fastest, measured', 'load', 'compressed, query by query', 'vs dense',
+                     'vs bare GEMM', 'estimate', 'load', 'compressed, query by query', 'vs dense',
                      'compressed, one pass', 'vs dense', 'compressed top-100 id./ties/mism. (both)']))
     return result
 
