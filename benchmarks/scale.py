@@ -243,11 +243,10 @@ def frontier(index, result, calls: List[dict], per_fraction: int, out: Path) -> 
                                                                           num_results=retriever.num_results)
             seconds, paths = [], set()
             for q in chosen:
-                plan = searcher.plan(vecs[q][None])
+                paths.add(searcher.plan(vecs[q][None]).path)  # the path the search takes ('auto': measured)
                 start = time.perf_counter()
-                searcher.search(vecs[q][None], plan)
+                searcher.search(vecs[q][None])
                 seconds.append(time.perf_counter() - start)
-                paths.add(plan.path)
             timed[key] = (float(np.median(seconds)), float(np.mean(kept[chosen])), '/'.join(sorted(paths)))
         return timed[key]
 
@@ -348,8 +347,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             checks['same_as'] = same_results(Path(args.same_as), out)
     log(f'exact: {checks["checked"] - checks["wrong"]} of {checks["checked"]} sampled results'
         + (f'; per-query results against {args.same_as}: {checks["same_as"]}' if args.same_as else ''))
-    with phases('frontier'):
-        points = frontier(index, result, recorder.calls, args.frontier_queries, out)
+    with phases('frontier'):  # from the recorded calls' queries: none in this process with --retriever sharded
+        points = frontier(index, result, recorder.calls, args.frontier_queries, out) if recorder.calls else []
     sizes = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
     report = {'machine': info, 'args': vars(args), 'phases': phases.rows, 'runner_phases': result.timings,
               'runner_memory': recorder.runner_phases, 'paths': recorder.paths(), 'checks': checks,
