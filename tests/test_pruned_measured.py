@@ -71,6 +71,8 @@ def test_buckets_and_candidates_by_hand():
     assert measured.candidates({'dense': 2.0, 'pruned': 1.0, 'compressed': 2.5}) == ['pruned', 'dense']
     assert measured.candidates({'dense': 1.0, 'pruned': 1.0}) == ['dense', 'pruned']
     assert measured.candidates({'dense': 9.0, 'compressed': 1.0}) == ['compressed']
+    with pytest.raises(ValueError, match='unknown reason'):
+        measured.Choice('dense', 1.0, 'k10 n1 kept0.00-0.25', 'guess')
 
 
 def test_exploring_order_the_cold_run_the_recent_timings_and_the_recheck():

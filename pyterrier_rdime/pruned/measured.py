@@ -71,6 +71,10 @@ class Choice:
     bucket: str
     reason: str
 
+    def __post_init__(self):
+        if self.reason not in REASONS:
+            raise ValueError(f'unknown reason {self.reason!r}; expected one of {REASONS}')
+
 
 def candidates(costs: Dict[str, float]) -> List[str]:
     """The paths within ``EXPLORE_MARGIN`` of the least estimated cost, cheapest first (an exact tie in the order
