@@ -40,12 +40,19 @@ def model_choice(matrix: np.ndarray, queries: np.ndarray) -> str:
                      model=calibration.model, k=K).path
 
 
+def exploring(auto: PrunedRetriever, queries: np.ndarray) -> bool:
+    """Whether ``auto``'s next call on these queries explores (or re-checks) a path: not when it has one candidate,
+    or scores densely without asking the model (a matrix in the CPU caches)."""
+    choice = auto.measured_choice(queries)
+    return choice is not None and choice.reason in ('explore', 'recheck')
+
+
 def explore(auto: PrunedRetriever, calls) -> list:
     """Runs ``auto`` on each call (an array of queries) while its choice for any of them explores; returns
     ``(call index, seconds)`` of every call made."""
     made = []
     for _ in range(MAX_EXPLORE_PASSES):
-        pending = [i for i, q in enumerate(calls) if auto.measured_choice(q).reason in ('explore', 'recheck')]
+        pending = [i for i, q in enumerate(calls) if exploring(auto, q)]
         if not pending:
             break
         for i in pending:
@@ -55,7 +62,7 @@ def explore(auto: PrunedRetriever, calls) -> list:
 
 def row(name: str, matrix: np.ndarray, copy: Compressed, auto: PrunedRetriever, calls, paths, args) -> list:
     """One row: every path and auto over ``calls`` (a list of query arrays, summed), after auto has explored."""
-    exploring = explore(auto, calls)
+    explored = explore(auto, calls)
     fns = {path: (lambda path=path: [carry_out(matrix, q, Plan(path), copy) for q in calls]) for path in paths}
     fns['auto'] = lambda: [auto.search(q) for q in calls]
     times = common.blocks(fns, args.rounds, args.per_block)
@@ -64,10 +71,10 @@ def row(name: str, matrix: np.ndarray, copy: Compressed, auto: PrunedRetriever, 
     versus = ratio_stats(times[fastest], times['auto'])  # fastest / auto per round: 1.00 = as fast
     # auto's time per call, as taken after exploring (its calls run one after the other in a round)
     per_call = [min(timed(lambda: auto.search(q))[0] for _ in range(args.per_block)) for q in calls]
-    extra = sum(seconds - per_call[i] for i, seconds in exploring)
+    extra = sum(seconds - per_call[i] for i, seconds in explored)
     choices = sorted({auto.plan(q).path for q in calls})
     prior = sorted({model_choice(matrix, q) for q in calls})
-    still = sum(auto.measured_choice(q).reason == 'explore' for q in calls)
+    still = sum(exploring(auto, q) for q in calls)
     status = []
     for q in calls:
         ref, new = dense.search_dense(matrix, q, K), auto.search(q)
@@ -78,7 +85,7 @@ def row(name: str, matrix: np.ndarray, copy: Compressed, auto: PrunedRetriever, 
             ' · '.join(f'{path} {best[path] * 1000:.1f}' for path in paths), fastest,
             f'{"/".join(prior)} ({best[fastest] / prior_time:.3f}×)', '/'.join(choices),
             f'**{versus["min"]:.3f}×** ({versus["median"]:.3f}×)' + ('' if versus['min'] >= GOAL else ' ✘'),
-            f'{len(exploring)} calls, +{extra * 1000:.0f} ms' + (f' ({still} still exploring)' if still else ''),
+            f'{len(explored)} calls, +{extra * 1000:.0f} ms' + (f' ({still} still exploring)' if still else ''),
             '/'.join(str(status.count(s)) for s in ('identical', 'ties', 'MISMATCH')),
             f'{common.os.getloadavg()[0]:.1f}'], versus['min']
 
