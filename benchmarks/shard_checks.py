@@ -2,9 +2,9 @@
 """What ShardedPrunedRetriever's own checks cost at MS MARCO v1 passage scale (8.8M docnos), on the driver and on each
 shard's node, without a cluster: the functions the actors and the driver run, timed here.
 
-1. refusing docnos shared by two shards, at its start: each shard hashes its docnos (``sharded.docno_hashes``) and sorts
-   them (on its own node, the shards at once); the driver merges the sorted hashes (``sharded.shared_hashes``). Beside
-   it, what the alternative costs: a Python set of every docno on the driver (time and peak memory);
+1. refusing docnos shared by two shards, at its start: each shard hashes its docnos (``shard_data.docno_hashes``) and
+   sorts them (on its own node, the shards at once); the driver merges the sorted hashes (``shard_data.shared_hashes``).
+   Beside it, what the alternative costs: a Python set of every docno on the driver (time and peak memory);
 2. the plan of each call, decided once on the driver for the whole collection (``cost.plan``, the model calibrated on
    this machine: a few seconds on first use, then cached), for batches of 1, 8 and 64 pruned queries (~35 % kept);
    and how often a shard of 1/2, 1/4 or 1/8 of the collection would have planned the batch otherwise on its own
@@ -23,7 +23,7 @@ import time
 import numpy as np
 from common import log  # before the package: it sets the environment (offline hub, temporary homes)
 
-from pyterrier_rdime.pruned import calibration, cost, kept, sharded
+from pyterrier_rdime.pruned import calibration, cost, kept, shard_data
 
 #: MS MARCO v1 passage.
 MSMARCO_PASSAGES = 8_841_823
@@ -43,10 +43,11 @@ def main(argv=None) -> int:
     for shards in (1, 2, 4):
         parts = np.array_split(np.arange(args.docs), shards)
         start = time.perf_counter()
-        hashes = [np.sort(sharded.docno_hashes(lambda ids, part=part: docnos[part[ids]], len(part))) for part in parts]
+        hashes = [np.sort(shard_data.docno_hashes(lambda ids, part=part: docnos[part[ids]], len(part)))
+                  for part in parts]
         per_shard = (time.perf_counter() - start) / shards
         start = time.perf_counter()
-        shared = sharded.shared_hashes(hashes)
+        shared = shard_data.shared_hashes(hashes)
         merge = time.perf_counter() - start
         log(f'{shards} shard(s): hash + sort {per_shard:.2f} s per shard (on its node, the shards at once); '
             f'merge on the driver {merge:.2f} s, {sum(h.nbytes for h in hashes) / 2 ** 20:.0f} MiB of hashes '

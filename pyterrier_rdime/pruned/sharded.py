@@ -1,16 +1,15 @@
 """Pruned retrieval over a sharded index: one :class:`~pyterrier_rdime.PrunedRetriever` per shard, each in its own Ray
 actor (on the node that holds the shard), queried at once; their exact top-k merged into the exact global top-k.
-Also :func:`split_flex_index`, which cuts a FlexIndex into shards by document range.
+What the shards hold and return, without Ray, is :mod:`.shard_data`'s (cutting a FlexIndex into shards, hashing
+docnos, merging top-k).
 
-Over ~250 lines on purpose: the stage's checks, the actors' start-up and placement, the bounded wait for an actor
-that lost its node and the refusal of docnos that two shards share are one protocol (no partial result ever leaves
-it), and read best in one place."""
-import json
+Over the house's ~400 lines on purpose: the stage's checks, the actors' start-up and placement, the bounded wait for
+an actor that lost its node and the refusal of docnos that two shards share are one protocol (no partial result ever
+leaves it), and read best in one place."""
 import os
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -20,13 +19,10 @@ import pyterrier as pt
 from .._config import ConfigTransformer, check_bool, check_int, check_positive
 from .._frames import empty_frame
 from . import calibration, cost, kept
-from .layout import DOCNO_BLOCK
 from .plan import Plan
+from .shard_data import docno_hashes, merge_shards, shared_hashes
 from .stage import PrunedRetriever
-from .topk import best_k
 
-#: Documents copied per block by :func:`split_flex_index` (``block x dims x 4`` bytes of memory).
-SPLIT_BLOCK = 65536
 #: Seconds between two checks that the actor of a shard whose reply is late still answers (from a thread of its own,
 #: while it searches): a call that is answered sooner pays no check at all.
 PROBE_EVERY = 1.0
@@ -132,21 +128,21 @@ class ShardedPrunedRetriever(ConfigTransformer):
     same output as one ``PrunedRetriever`` over the whole collection (the shards' documents in the order given, a
     document's ``docid`` its position in that order), for an index larger than one machine.
 
-    Every shard is a pyterrier-dr ``FlexIndex`` (built by you, or cut from one index by :func:`split_flex_index`) or a
-    ``(docs, dims)`` array. On first use, one actor per non-empty shard is started (``ray.init(address=ray_address)``
-    first if this process is not connected to Ray yet); each opens its shard on its own node as ``PrunedRetriever`` does
-    (the shard's vector statistics, and the copy its path needs, built there on first use, rebuilt with a warning when
-    the shard's vectors changed). A docno held by two shards is refused then, naming it and both shards (each shard's
-    docnos are hashed on its node, the sorted hashes merged here: its cost at 8.8M docnos is in the docs). A batch of
-    queries is checked once, here, against every shard, its plan (:func:`~pyterrier_rdime.pruned.cost.plan` for the
-    whole collection, with the cost model of the first shard's node; under ``'auto'`` the float32 pruned paths only if
-    every shard had its float32 layout at hand when the actors started) decided once, here, and the batch sent to every
-    shard at once with that plan: every shard takes the path one index over the whole collection would. Each returns its
-    exact top ``num_results``, and the merge keeps the best ``num_results`` over all, exact ties to the lower global
-    docid, as one index breaks them. A score is its shard's: on the pruned and compressed paths the same float32 value
-    as one index's; on the dense path equal up to float32 summation order (~1e-6 relative: BLAS sums blocks of documents
-    in an order that depends on the matrix's width), so documents whose scores differ by less than that may swap ranks,
-    as between ``PrunedRetriever``'s paths.
+    Every shard is a pyterrier-dr ``FlexIndex`` (built by you, or cut from one index by
+    :func:`~pyterrier_rdime.split_flex_index`) or a ``(docs, dims)`` array. On first use, one actor per non-empty shard
+    is started (``ray.init(address=ray_address)`` first if this process is not connected to Ray yet); each opens its
+    shard on its own node as ``PrunedRetriever`` does (the shard's vector statistics, and the copy its path needs, built
+    there on first use, rebuilt with a warning when the shard's vectors changed). A docno held by two shards is refused
+    then, naming it and both shards (each shard's docnos are hashed on its node, the sorted hashes merged here: its cost
+    at 8.8M docnos is in the docs). A batch of queries is checked once, here, against every shard, its plan
+    (:func:`~pyterrier_rdime.pruned.cost.plan` for the whole collection, with the cost model of the first shard's node;
+    under ``'auto'`` the float32 pruned paths only if every shard had its float32 layout at hand when the actors
+    started) decided once, here, and the batch sent to every shard at once with that plan: every shard takes the path
+    one index over the whole collection would. Each returns its exact top ``num_results``, and the merge keeps the best
+    ``num_results`` over all, exact ties to the lower global docid, as one index breaks them. A score is its shard's: on
+    the pruned and compressed paths the same float32 value as one index's; on the dense path equal up to float32
+    summation order (~1e-6 relative: BLAS sums blocks of documents in an order that depends on the matrix's width), so
+    documents whose scores differ by less than that may swap ranks, as between ``PrunedRetriever``'s paths.
 
     Placement: with a FlexIndex shard its path is opened on the node where its actor runs, so either every node sees
     the same path (a shared file system) or shard ``i`` goes to the node that holds it, by ``resources[i]``, custom
@@ -550,22 +546,6 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return str(index.index_path)
 
 
-def docno_hashes(lookup: Callable[[np.ndarray], np.ndarray], count: int) -> np.ndarray:
-    """The 64-bit hash of each of ``count`` documents' docnos (``lookup(docids)`` gives them), in docid order: pandas'
-    ``hash_array``, a block at a time."""
-    return np.concatenate([
-        pd.util.hash_array(np.asarray(lookup(np.arange(start, min(count, start + DOCNO_BLOCK))), dtype=object),
-                           categorize=False)
-        for start in range(0, count, DOCNO_BLOCK)])
-
-
-def shared_hashes(per_shard: List[np.ndarray]) -> np.ndarray:
-    """The values that occur more than once in the shards' sorted hash arrays together (a value two shards share, or,
-    rarely, one shard's hash collision): the merge of sorted runs is one stable sort."""
-    merged = np.sort(np.concatenate(per_shard), kind='stable')
-    return np.unique(merged[1:][merged[1:] == merged[:-1]])
-
-
 def check_ray_address(address: Optional[str], timeout: float, option: str) -> None:
     """A ``'host:port'`` (or ``'ray://host:port'``) Ray address must accept a connection within ``timeout`` seconds,
     else a ConnectionError of one line naming ``option`` and the address: ``ray.init`` would retry, logging warnings,
@@ -590,56 +570,3 @@ def connect(address: Optional[str], timeout: float, option: str) -> None:
     if not ray.is_initialized():
         check_ray_address(address, timeout, option)
         ray.init(address=address)
-
-
-def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], queries: int,
-                 k: int) -> Tuple[list, list, list]:
-    """The global top-``k`` of each query from each shard's top-k ``(bounds, scores, global docids, docnos)`` (query
-    ``q``'s results at ``bounds[q]:bounds[q + 1]``): higher score first, exact ties to the lower global docid, as
-    one index ranks them. Returns ``(scores, docids, docnos)``, one array per query."""
-    scores, docids, docnos = [], [], []
-    for q in range(queries):
-        s = np.concatenate([shard_s[b[q]:b[q + 1]] for b, shard_s, _, _ in per_shard])
-        i = np.concatenate([shard_i[b[q]:b[q + 1]] for b, _, shard_i, _ in per_shard])
-        n = np.concatenate([shard_n[b[q]:b[q + 1]] for b, _, _, shard_n in per_shard])
-        order = best_k(s, i, k)
-        scores.append(s[order])
-        docids.append(i[order])
-        docnos.append(n[order])
-    return scores, docids, docnos
-
-
-def split_flex_index(index: object, folder: str, num_shards: int) -> List[object]:
-    """Cut a FlexIndex into ``num_shards`` FlexIndexes of consecutive document ranges (sizes differing by at most
-    one), written to ``folder/shard-<i>-of-<n>.flex``; each is written to a temporary folder and renamed into place
-    when complete. Returns them in order: ``ShardedPrunedRetriever(shards=...)`` over them ranks as a
-    ``PrunedRetriever`` over ``index`` does. Copy each shard to the node that serves it, or put ``folder`` on a file
-    system every node sees.
-
-    Raises:
-        ValueError: ``num_shards`` is not between 1 and the number of documents, or a shard's folder exists.
-    """
-    import npids
-    docnos, meta = index.payload(return_dvecs=False)
-    docs, dims = int(meta['doc_count']), int(meta['vec_size'])
-    check_int('split_flex_index', 'num_shards', num_shards, 1)
-    if num_shards > docs:
-        raise ValueError(f'split_flex_index: num_shards={num_shards} is more than the {docs} documents of {index!r}')
-    bounds = [docs * i // num_shards for i in range(num_shards + 1)]
-    paths = [Path(folder) / f'shard-{i}-of-{num_shards}.flex' for i in range(num_shards)]
-    existing = [str(p) for p in paths if p.exists()]
-    if existing:
-        raise ValueError(f'split_flex_index: {existing[0]} exists; remove it, or pass another folder')
-    row_bytes = dims * 4
-    with open(Path(index.index_path) / 'vecs.f4', 'rb') as source:
-        for path, start, stop in zip(paths, bounds, bounds[1:]):
-            tmp = path.with_name(f'.{path.name}.tmp')
-            tmp.mkdir(parents=True, exist_ok=True)
-            with open(tmp / 'vecs.f4', 'wb') as out:
-                source.seek(start * row_bytes)
-                for block in range(start, stop, SPLIT_BLOCK):
-                    out.write(source.read((min(stop, block + SPLIT_BLOCK) - block) * row_bytes))
-            npids.Lookup.build(iter(docnos.fwd[np.arange(start, stop)].tolist()), tmp / 'docnos.npids')
-            (tmp / 'pt_meta.json').write_text(json.dumps({**meta, 'vec_size': dims, 'doc_count': stop - start}))
-            os.replace(tmp, path)
-    return [type(index)(str(path), sim_fn=index.sim_fn, verbose=index.verbose) for path in paths]
