@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+# before the benchmark's common module sets TQDM_DISABLE for its own runs: tqdm reads its TQDM_* defaults when its
+# classes are made, so a tqdm.auto first imported after that would hide every later test's progress bars
+import tqdm.auto  # noqa: F401
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'benchmarks'))
 import auto  # noqa: E402
 
@@ -26,8 +30,15 @@ def test_the_auto_benchmark_runs_every_row(tmp_path, monkeypatch, capsys, measur
     monkeypatch.setattr(calibration, 'model', lambda **kwargs: MODEL)
     # the 3 MB test matrix sits in the CPU caches: auto scores it densely without the model, unless told otherwise
     monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', 0 if measured else 16 * 2 ** 20)
-    assert auto.main(['--docs', '12000', '--dims', '64', '--single', '2', '--rounds', '1', '--per-block', '1',
-                      '--batches', '4', '--threads', '1', '--cache', str(tmp_path / 'bench')]) == 0
+    import numba
+    import torch
+    threads = numba.get_num_threads(), torch.get_num_threads()
+    try:  # the benchmark sets numba's and torch's threads for the process: the other tests' machine key needs them back
+        assert auto.main(['--docs', '12000', '--dims', '64', '--single', '2', '--rounds', '1', '--per-block', '1',
+                          '--batches', '4', '--threads', '1', '--cache', str(tmp_path / 'bench')]) == 0
+    finally:
+        numba.set_num_threads(threads[0])
+        torch.set_num_threads(threads[1])
     out = capsys.readouterr().out
     rows = [line.split(' | ') for line in out.splitlines() if line.startswith(('| 1 × ', '| 4 × '))]
     assert len(rows) == 5 + 3  # RDIME and Top-k 0.25 / 0.35 / 0.50 / 0.75 one at a time; 3 batches of 4
