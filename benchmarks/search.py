@@ -358,6 +358,14 @@ def compressed_copy(retriever, matrix: np.ndarray, copy: int8_copy.Codes, open_s
     return {'bytes': copy.codes.nbytes, 'build_s': build_s, 'open_s': open_s}
 
 
+def faiss_vectors(index, threads: int):
+    """``(vectors, seconds)``: FAISS's threads set, and the index's vectors read into memory (FAISS holds its own
+    copy), with the time the read took."""
+    import faiss
+    faiss.omp_set_num_threads(threads)
+    return timed(lambda: np.array(index.payload()[1], dtype=np.float32))[::-1]
+
+
 def faiss_rows(index, matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.ndarray, args) -> dict:
     """What a user would pick instead (``--faiss``, needs faiss-cpu and a second, in-memory copy of the vectors):
     FAISS's exact ``IndexFlatIP`` and an ``IVF{nlist},Flat`` index (trained on 64k sampled documents, nprobe 16 and
@@ -365,12 +373,8 @@ def faiss_rows(index, matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.
     against the exact top-100 of the same query (the full query's from the dense path, the pruned query's from the
     pruned path)."""
     import faiss
-    faiss.omp_set_num_threads(args.threads)
-    source = index.payload()[1]
-    docs, dims = source.shape
-    start = time.perf_counter()
-    vecs = np.array(source, dtype=np.float32)
-    load_s = time.perf_counter() - start
+    vecs, load_s = faiss_vectors(index, args.threads)
+    docs, dims = vecs.shape
     flat = faiss.IndexFlatIP(dims)
     flat_s, _ = timed(lambda: flat.add(vecs))
     nlist = max(1, min(1024, docs // 64))
@@ -444,12 +448,9 @@ def faiss_quantised_rows(index, matrix: np.ndarray, copy: Compressed, sets: dict
     import faiss
     from faiss_indexes import HNSW_EF_CONSTRUCTION, HNSW_M, hnsw_index, hnsw_path, recall_at, sq8_refine
     gc.collect()  # section 6's FAISS indexes go first: memory for two more copies of the vectors
-    faiss.omp_set_num_threads(args.threads)
     source = index.payload()[1]
-    docs, dims = source.shape
-    start = time.perf_counter()
-    vecs = np.array(source, dtype=np.float32)
-    load_s = time.perf_counter() - start
+    vecs, load_s = faiss_vectors(index, args.threads)
+    docs, dims = vecs.shape
     sample = np.sort(np.random.default_rng(0).choice(docs, size=min(docs, 65536), replace=False))
     refine, sq8_s = sq8_refine(vecs, args.threads, sample)
     vecs = None  # the refine index holds its own copy

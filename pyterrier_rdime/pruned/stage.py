@@ -237,8 +237,8 @@ class PrunedRetriever(ConfigTransformer):
     def _scorer(self, plan: Plan, query_vecs: np.ndarray) -> Callable[[], Result]:
         """The scoring of these queries on ``plan``'s path, with the files it reads opened (or built) first: what the
         measured choice times."""
-        rows = None if self._layout.is_array else self._layout.doc_rows()
         if plan.path == 'dense':
+            rows = None if self._layout.is_array else self._layout.doc_rows()
             matrix = self.dim_major() if rows is None else rows
             return functools.partial(dense.search_dense, matrix, query_vecs, self.num_results,
                                      batch_size=self.batch_size, rows=rows is not None)
