@@ -29,6 +29,13 @@ def offline_documentation(monkeypatch):
     monkeypatch.setattr(pt.documentation, '_cached_objects_inv', {}, raising=False)
 
 
+def pytest_collection_modifyitems(items):
+    """Notebooks run whole pipelines with an encoder: slow, like the Ray, encoder and generator tests."""
+    for item in items:
+        if item.path.suffix == '.ipynb':
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_unconfigure(config):
     """Remove the temporary homes: every test session would otherwise leave a copy of ../shared/irds in /tmp."""
     shutil.rmtree(_home, ignore_errors=True)

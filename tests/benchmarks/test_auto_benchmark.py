@@ -10,7 +10,7 @@ import pytest
 # classes are made, so a tqdm.auto first imported after that would hide every later test's progress bars
 import tqdm.auto  # noqa: F401
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'benchmarks'))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
 import auto  # noqa: E402
 
 from pyterrier_rdime.pruned import calibration, cost, kept  # noqa: E402

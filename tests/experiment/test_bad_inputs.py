@@ -220,7 +220,7 @@ def test_the_install_lines_name_the_repository_of_setup_cfg():
 
     from pyterrier_rdime.experiment.arguments import REPO
     setup = ConfigParser()
-    setup.read(Path(__file__).resolve().parents[1] / 'setup.cfg')
+    setup.read(Path(__file__).resolve().parents[2] / 'setup.cfg')
     assert REPO == setup['metadata']['url']
 
 

@@ -330,7 +330,7 @@ def test_a_child_forked_after_the_one_pass_alone_ran(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import multiprocessing, sys
         import numpy as np
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
         from pruned_data import make_corpus
         from pyterrier_rdime.pruned import compressed, int8_copy
         docs, queries = make_corpus()

@@ -16,7 +16,7 @@ from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.grid import CELL_FILE, run_grid
 from pyterrier_rdime.experiment.runner import run_experiment
 
-pytestmark = pytest.mark.filterwarnings('ignore::DeprecationWarning')
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore::DeprecationWarning')]
 
 SETTINGS = dict(dimes=['prf'], ks=[0.5], depth=5, max_queries=3, first_stage='bm25', controls=['random'],
                 control_seeds=2, verbose=False)

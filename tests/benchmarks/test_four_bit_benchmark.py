@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip('numba')
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'benchmarks'))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
 import four_bit  # noqa: E402
 
 from pyterrier_rdime.pruned import dense, int8_copy  # noqa: E402

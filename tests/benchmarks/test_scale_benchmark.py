@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from conftest import shared_collection
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'benchmarks'))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
 import scale  # noqa: E402
 import scale_index  # noqa: E402
 

@@ -20,7 +20,7 @@ from pyterrier_rdime import PrunedRetriever, ShardedPrunedRetriever, split_flex_
 from pyterrier_rdime.pruned import calibration, cost, shard_data
 from pyterrier_rdime.pruned.plan import Plan
 
-pytestmark = pytest.mark.filterwarnings('ignore::DeprecationWarning')
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore::DeprecationWarning')]
 
 
 SMALL_NODE = {'num_cpus': 1, 'object_store_memory': 80 * 2 ** 20}

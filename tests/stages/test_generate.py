@@ -16,6 +16,8 @@ from conftest import shared_collection
 from pyterrier_rdime.llm import LlmGenerator, smollm2_gguf_path
 from pyterrier_rdime.llm._cache import CACHE_FILE
 
+pytestmark = pytest.mark.slow  # runs the SmolLM2 generator
+
 MAX_NEW_TOKENS = 16
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'benchmarks'))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
 import bounds  # noqa: E402
 
 QUERY = np.array([1.0, 0.5])  # already in reading order: |q_j| * M_j = 1, 0.5 with M = (1, 1)

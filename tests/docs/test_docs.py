@@ -20,7 +20,7 @@ from docutils.core import publish_doctree
 from docutils.parsers.rst import Directive, directives, roles
 from docutils.parsers.rst.directives.body import CodeBlock
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / 'pyterrier_rdime' / 'pt_docs'
 PAGES = sorted(DOCS.glob('*.rst'))
 
