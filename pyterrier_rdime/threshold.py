@@ -50,30 +50,16 @@ class Rdime(DimensionThreshold):
     """RDIME: keep dimension ``j`` when ``u_j > eps2``, with ``eps2 = mean_j(q_j^2 - u_j)`` estimated per query from
     its own importance vector ``u`` (``query_dime``); no hyper-parameter.
 
-    ``modulator`` chooses how the query is modulated, ``query_vec = f * q`` (the paper's modulation estimator view,
-    Beran 1998, with ``u`` standing for ``theta^2`` and ``eps2`` for ``eps^2``; see
-    :func:`pyterrier_rdime.maths.modulator_weights`):
-
-    - ``'hard'`` (default, the paper's RDIME): ``f_j = 1`` if ``u_j > eps2`` else 0;
-    - ``'james-stein'``: positive-part James-Stein, ``f_j = 1 - eps2 / u_j`` on the same kept set, 0 elsewhere;
-    - ``'wiener'``: ``f_j = u_j+ / (u_j+ + eps2)`` (``u+ = max(u, 0)``): every dimension with ``u_j > 0`` is kept,
-      shrunk by its estimated signal-to-noise ratio.
-
-    With the true ``theta^2`` and ``eps^2`` the l2 risk is ordered Wiener <= James-Stein <= hard. An estimate
-    ``eps2 <= 0`` means no measurable noise: James-Stein then equals hard and Wiener gives weight 1 to ``u_j > 0``.
-
-    The kept set (non-zero ``f``) can be empty (every ``u_j <= eps2``; for Wiener every ``u_j <= 0``). Searching with
-    an all-zero query would rank arbitrarily, so such a query falls back to ``fallback``:
-
-    - ``'full'`` (default): ``f = 1`` everywhere, i.e. the unpruned query (the baseline's ranking);
-    - ``'top1'``: the single most important dimension, with weight 1.
+    ``modulator`` sets ``query_vec = f * q`` (:func:`pyterrier_rdime.maths.modulator_weights`): ``'hard'``
+    (default, the paper's RDIME) ``f_j = 1`` if ``u_j > eps2`` else 0; ``'james-stein'`` ``f_j = 1 - eps2 / u_j`` on
+    the same kept set; ``'wiener'`` ``f_j = u_j+ / (u_j+ + eps2)``, every ``u_j > 0`` kept and shrunk
+    (pt_docs/thresholds.rst). An empty kept set falls back to ``fallback``: ``'full'`` (default, the unpruned query)
+    or ``'top1'`` (the most important dimension).
 
     Input columns: ``qid, query_vec, query_dime`` (query or result frame). Output columns: the input's, with
-    ``query_vec`` modulated (float32), plus ``query_kept`` (number of non-zero weights), ``query_kept_frac``,
-    ``query_eps2`` (the estimated noise variance, as estimated), ``query_fallback`` (True where the kept set was
-    empty and the fallback applied) and ``query_mean_weight`` (the mean weight over the kept dimensions; 1.0 for
-    ``'hard'`` and for a fallback), and ``query_vec_full`` (the query before pruning, see
-    :class:`DimensionThreshold`).
+    ``query_vec`` modulated (float32), plus ``query_kept`` (non-zero weights), ``query_kept_frac``, ``query_eps2``,
+    ``query_fallback`` (True where the fallback applied), ``query_mean_weight`` (mean weight over the kept dimensions)
+    and ``query_vec_full`` (the query before pruning, see :class:`DimensionThreshold`).
 
     Example::
 

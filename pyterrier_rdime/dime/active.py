@@ -12,18 +12,14 @@ from .oracle import candidate_labels, check_qrels
 
 
 class ActiveFeedbackDime(DimeScorer):
-    """Active-feedback DIME, an oracle-like upper bound that reads the relevance judgments, as if a user had marked
-    one relevant document: ``u = alpha * q * d_rel`` (DIME-SIGIR-2024's ``Rel``), and with ``beta > 0`` also one
-    non-relevant document, ``u = alpha * q * d_rel - beta * q * d_non`` (the Missing-Role repository's
-    ``NegActiveFeedback``).
+    """Active-feedback DIME, an upper bound that reads the relevance judgments, as if a user had marked one relevant
+    document: ``u = alpha * q * d_rel`` (DIME-SIGIR-2024's ``Rel``), and with ``beta > 0`` also one non-relevant
+    document, ``u = alpha * q * d_rel - beta * q * d_non`` (the Missing-Role repository's ``NegActiveFeedback``).
 
-    Both come from the judged candidates of the incoming ranking (as :class:`~pyterrier_rdime.OracleDime`: a
-    document needs its ``doc_vec``): ``d_rel`` is the one with the highest label (> 0), ``d_non`` the one with the
-    lowest label (<= 0); among equal labels the highest-scored, i.e. the first a user reading the ranking meets (the
-    references take an arbitrary one among equals). A query with no judged relevant candidate falls back to
-    ``u = q * q`` with a warning; with ``beta > 0``, a query with no judged non-relevant candidate gets no negative
-    term, with a warning. Its effectiveness is an upper bound, not a result a deployed system could reach: report it
-    beside the Oracle, never as a DIME.
+    ``d_rel`` is the judged candidate with the highest label (> 0), ``d_non`` the one with the lowest (<= 0); among
+    equal labels the highest-scored (the first a reader of the ranking meets). A query with no judged relevant
+    candidate falls back to ``u = q * q``, and one with no judged non-relevant candidate gets no negative term, each
+    with a warning. Report it beside the Oracle, never as a DIME.
 
     Args:
         qrels: judgments with columns ``qid, docno, label`` (as ``dataset.get_qrels()``).

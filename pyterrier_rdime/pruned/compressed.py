@@ -1,32 +1,20 @@
 """The compressed path of ``PrunedRetriever(strategy='compressed')``: exact top-k from an int8 copy of the
-dimension-major matrix, reading a quarter of the bytes of the kept float32 rows for the scan.
+dimension-major matrix (:mod:`.int8_copy`: per dimension ``j`` a scale, codes in ``[-127, 127]`` and the measured
+largest quantisation error ``error[j]``), reading a quarter of the bytes of the kept float32 rows for the scan.
 
-The copy holds, per dimension ``j``, ``code[j, d] = round(value[j, d] / scale[j])`` in ``[-127, 127]`` with
-``scale[j] = max_d |value[j, d]| / 127``, and the largest quantisation error of the dimension,
-``error[j] = max_d |value[j, d] - scale[j] * code[j, d]|`` (measured when the copy is built, at most ``scale[j] / 2``).
 A query ``q`` with kept dimensions ``K`` is scored in two steps:
 
 1. the first pass scans the kept int8 rows: ``approx[d] = sum_{j in K} w_j code[j, d]`` with ``w_j = q_j scale[j]``
-   in float32; every document's exact score lies within ``bound`` of it, where ``bound`` adds the quantisation error
-   ``sum_{j in K} |q_j| error[j]``, the rounding of ``w_j`` and the worst-case rounding of the float32 sum
-   (:func:`error_bound`);
-2. the ``k`` best approximate documents are re-scored exactly (float64, from the float32 rows), their lowest exact
-   score ``s`` is a lower bound of the k-th best exact score, and every other document whose upper bound
-   ``approx + bound`` reaches ``s`` is re-scored too. No document of the exact top-k is left out, so the result is the
-   exact top-k (ties to the lower docid), as the float32 paths give it up to float32 rounding.
+   in float32; every exact score lies within ``bound`` of it: the quantisation error ``sum_{j in K} |q_j| error[j]``
+   plus the rounding of ``w_j`` and of the float32 sum (:func:`error_bound`);
+2. the ``k`` best approximate documents are re-scored exactly (float64, from the float32 rows), and so is every
+   other document whose ``approx + bound`` reaches their lowest exact score: no document of the exact top-k is left
+   out (ties to the lower docid).
 
-The re-scored documents are few when the bound is small against the gaps between the top scores (about ``k`` to
-``2.5 k`` on sentence-embedding-like data); exact ties at the k-th score (duplicate documents) are all re-scored.
-
-The copy and its codes are :mod:`.int8_copy`'s.
-
-A batch can instead be scored in one pass (``one_pass``): each query's weights ``q_j scale[j]`` rounded to integers
-times a step of the query (:func:`integer_weights`), the integer scores of every query and document from one int8
-matrix product per slab of documents (exact int32 sums; torch's product runs on the CPU's VNNI / AMX units), each
-slab pushed at once into each query's ``k`` best and the documents near them (:func:`integer_candidates`), then the
-same two steps with the bound of :func:`integer_bound` (the quantisation error plus the weights' rounding).
-
-The bounds and the scans are one guarantee (exact top-k), kept together; the copy they read is :mod:`.int8_copy`.
+A batch can instead be scored in one pass (``one_pass``): integer weights (:func:`integer_weights`), one exact int8
+matrix product per slab of documents (torch's, on the CPU's VNNI / AMX units), each slab pushed into each query's
+``k`` best and the documents near them (:func:`integer_candidates`), then the same two steps with
+:func:`integer_bound`. The bounds and the scans are one guarantee (exact top-k), kept together.
 """
 import importlib.util
 import os

@@ -1,29 +1,19 @@
 """The measured choice of ``PrunedRetriever(strategy='auto')``: the cost model (:mod:`.cost`) is the prior, and the
-paths it cannot rank apart are timed on the index itself, as cuDNN's benchmark mode and FFTW's planner do. A model
-fitted on a small calibration matrix ranks paths whose costs differ by a factor reliably, but not near-equal ones on
-every CPU and cache size (on an AMD Zen 4 it took the compressed path query after query for batches where the one
-pass was 1.6x faster).
+paths it cannot rank apart are timed on the index itself, as cuDNN's benchmark mode and FFTW's planner do.
 
 - The calls of an index are grouped in **buckets** of like shape (:func:`bucket`): ``k``, the batch size rounded
-  down to a power of two, and the mean kept fraction in quarters (0-25 %, 25-50 %, 50-75 %, 75-100 %).
-- The **candidates** of a call are the paths whose estimated cost is within ``EXPLORE_MARGIN`` of the least; a path
-  the model puts further away is never run. With one candidate, it is taken and nothing is timed.
-- What is measured is each path's **seconds per unit of its estimate** in the bucket: the model's error for that
-  path at that shape. A call's cost of a path is its estimate times that factor, so the model still tells the calls
-  of a bucket apart (a batch keeping 30 % from one keeping 45 %) while the measurement corrects its level.
-- **Exploring**: the first calls of a bucket take each candidate not yet timed in turn, the model's best first, so
-  a call is never run twice and exploring costs only the extra time of the slower candidates on those calls. A
-  path's first run in a process is not recorded (it loads its compiled kernel and faults its data in), so it is
-  explored once more.
-- From then the candidate of least corrected cost is taken (each path's factor is the least of its last ``RECENT``
-  timings: one disturbed timing does not decide), and every run's time joins its record; every
-  ``RECHECK_EVERY``-th call of a bucket takes the runner-up once more, so that a change of the machine's state is
-  followed.
+  down to a power of two, and the mean kept fraction in quarters.
+- The **candidates** of a call are the paths whose estimated cost is within ``EXPLORE_MARGIN`` of the least; with
+  one candidate, it is taken and nothing is timed.
+- What is measured is each path's **seconds per unit of its estimate** in the bucket, so the model still tells the
+  calls of a bucket apart while the measurement corrects its level.
+- **Exploring**: the first calls of a bucket take each candidate not yet timed in turn, the model's best first (a
+  call is never run twice); a path's first run in a process (cold) is not recorded.
+- Then the candidate of least corrected cost is taken (each path's factor the least of its last ``RECENT``
+  timings); every ``RECHECK_EVERY``-th call of a bucket takes the runner-up once more.
 - The **record** of an index is kept beside the calibration (``default_cache_dir()/cost/measured``), keyed by the
-  machine (CPU model, numba's and BLAS's thread counts: :func:`.calibration.machine_key`) and the index's file (path,
-  size, times and inode of a FlexIndex's ``vecs.f4``: rewriting the index starts a new record); it is written after
-  each exploring or re-checking call, so later processes start from it. An array index's record lives in memory,
-  with its retriever.
+  machine (:func:`.calibration.machine_key`) and the index's file, written after each exploring or re-checking call;
+  an array index's record lives in memory, with its retriever.
 """
 import dataclasses
 import hashlib

@@ -124,71 +124,22 @@ class _Actors:
 
 
 class ShardedPrunedRetriever(ConfigTransformer):
-    """:class:`~pyterrier_rdime.PrunedRetriever` over an index split into shards, each served by a Ray actor: the
-    same output as one ``PrunedRetriever`` over the whole collection (the shards' documents in the order given, a
-    document's ``docid`` its position in that order), for an index larger than one machine.
-
-    Every shard is a pyterrier-dr ``FlexIndex`` (built by you, or cut from one index by
-    :func:`~pyterrier_rdime.split_flex_index`) or a ``(docs, dims)`` array. On first use, one actor per non-empty shard
-    is started (``ray.init(address=ray_address)`` first if this process is not connected to Ray yet); each opens its
-    shard on its own node as ``PrunedRetriever`` does (the shard's vector statistics, and the copy its path needs, built
-    there on first use, rebuilt with a warning when the shard's vectors changed). A docno held by two shards is refused
-    then, naming it and both shards (each shard's docnos are hashed on its node, the sorted hashes merged here: its cost
-    at 8.8M docnos is in the docs). A batch of queries is checked once, here, against every shard, its plan
-    (:func:`~pyterrier_rdime.pruned.cost.plan` for the whole collection, with the cost model of the first shard's node;
-    under ``'auto'`` the float32 pruned paths only if every shard had its float32 layout at hand when the actors
-    started) decided once, here, and the batch sent to every shard at once with that plan: every shard takes the path
-    one index over the whole collection would. Each returns its exact top ``num_results``, and the merge keeps the best
-    ``num_results`` over all, exact ties to the lower global docid, as one index breaks them. A score is its shard's: on
-    the pruned and compressed paths the same float32 value as one index's; on the dense path equal up to float32
-    summation order (~1e-6 relative: BLAS sums blocks of documents in an order that depends on the matrix's width), so
-    documents whose scores differ by less than that may swap ranks, as between ``PrunedRetriever``'s paths.
-
-    Placement: with a FlexIndex shard its path is opened on the node where its actor runs, so either every node sees
-    the same path (a shared file system) or shard ``i`` goes to the node that holds it, by ``resources[i]``, custom
-    Ray resources that only that node offers (``ray start --resources='{"shard0": 1}'``). An array shard travels
-    to its actor through Ray's object store.
-
-    Faults: an actor that dies (its node lost, its process killed) is restarted by Ray up to ``max_restarts`` times
-    and the batch it was serving is sent to it again (also while Ray has not yet declared a lost node dead, when the
-    actor is only unavailable). An actor without a node, one not yet placed at the start or not placed again after
-    its node was lost (its pinned resource gone with that node), is waited for up to ``timeout`` seconds, then the
-    call raises an error naming the shard, the node it was last on and the fix; past ``max_restarts``, or when a
-    shard fails, the call raises an error naming the shard. Never a ranking from the shards that answered. A shard
-    whose document count changed since its actor started (a restarted actor that found another index) is refused:
-    build a new retriever.
-
-    Lifecycle: the actors, and what they reserve (``num_cpus``), live until :meth:`close` (or the end of a ``with``
-    block, or of this process's Ray connection); the retriever and its ``% k`` variants share them, and a call after
-    ``close()`` starts new ones. Another retriever over the same shards, or a pickled copy (which travels without its
-    actors), starts its own: with ``num_cpus`` set, each node must have the CPUs for both.
-
-    The retriever is safe to call from several threads.
+    """:class:`~pyterrier_rdime.PrunedRetriever` over an index split into shards, one Ray actor per shard: the same
+    output as one ``PrunedRetriever`` over the whole collection (a document's ``docid`` is its position in the shards'
+    order), for an index larger than one machine. A batch is checked and planned once, on the driver, sent to every
+    shard, and the shards' exact top-k merged (exact ties to the lower global docid). Placement, faults, CPUs and
+    docno checks: pt_docs/pruned.rst, "Beyond one machine"; use it in a ``with`` block or :meth:`close` it.
 
     Args:
-        shards: the shards, in global document order: FlexIndexes, or ``(docs, dims)`` arrays of one dimensionality
-            (an array may have no rows).
-        num_results: documents returned per query.
-        docnos: with array shards only, the docno of each row of all shards together (default: the global row
-            number as a string).
-        strategy: ``'auto'``, ``'pruned'``, ``'dense'`` or ``'compressed'``, on every shard (see ``PrunedRetriever``).
-        batch_size: queries per matrix product on the dense path.
-        drop_query_vec: drop ``query_vec`` from the output.
-        ray_address: the Ray cluster to connect to when this process is not connected yet: ``None`` starts Ray on
-            this machine, ``'auto'`` joins the cluster this machine belongs to (``ray start``), or ``'host:port'``
-            (an address where nothing answers within ``timeout`` is an error).
-        num_cpus: logical CPUs each actor reserves from Ray for as long as it lives (no other task or actor gets
-            them), and the threads it scores with; ``None``: none reserved (any number of actors per node, as Ray
-            does by default), every core of its node used.
-        resources: per shard, the custom Ray resources its actor needs (places it on a node that offers them).
+        shards: in global document order, FlexIndexes or ``(docs, dims)`` arrays of one dimensionality.
+        num_results, docnos, strategy, batch_size, drop_query_vec, verbose: as ``PrunedRetriever``.
+        ray_address: ``None`` starts Ray here, ``'auto'`` joins this machine's cluster, or ``'host:port'``.
+        num_cpus: logical CPUs each actor reserves for as long as it lives, and its threads; ``None``: none, every core.
+        resources: per shard, the custom Ray resources that pin its actor to a node.
         max_restarts: restarts of a dead actor (each re-sends the batch it was serving) before the call fails.
-        timeout: seconds a call waits for a shard's actor to be placed on a node (at the start, or again after its
-            node was lost) before it fails; the time an actor spends searching or building its shard's copies is not
-            bounded by it.
-        verbose: show a progress bar while a shard's copies are built (in the actor's log).
+        timeout: seconds a call waits for a shard's actor to be placed on a node before it fails.
 
-    Input columns: ``qid, query_vec``. Output columns: the input's plus ``docno, docid, score, rank``, ``num_results``
-    rows per query (fewer when the shards hold fewer documents), sorted by query and descending score.
+    Input columns: ``qid, query_vec``. Output columns: the input's plus ``docno, docid, score, rank``.
 
     Example::
 
