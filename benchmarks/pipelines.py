@@ -159,24 +159,28 @@ def effectiveness(args) -> dict:
 
 
 def plot(result: dict, ndcg: dict, path: Path, load: float) -> None:
-    """nDCG@10 (MiniLM on vaswani) against per-query latency with the MiniLM encoder, one point per pipeline,
-    written as SVG; ``load``: the load average when the latencies were measured."""
+    """nDCG@10 (MiniLM on vaswani) against per-query latency with the MiniLM encoder, one point per pipeline (its
+    marker the feedback, its colour the retriever, named in the legend), written as SVG; ``load``: the load average
+    when the latencies were measured."""
     import matplotlib
     matplotlib.use('Agg')
     matplotlib.rcParams['svg.fonttype'] = 'none'  # text as text: a small, diffable file
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    markers = {'dense retrieval': 's', 'dense-PRF': 'o', 'BM25': '^', 'LLM': 'D'}
+    fig, ax = plt.subplots(figsize=(7, 4))
     for key, row in result.items():
         encoder, name = key.split('/', 1)
         if name in ndcg and encoder == 'MiniLM':
-            ax.scatter(row['ms'], ndcg[name], color='C0' if 'Pruned' in name else 'C1')
-            label = f'{name.split(" + ")[0]}, {"PrunedRetriever" if "Pruned" in name else "dense retrieval"}'
-            ax.annotate(label if name != 'dense retrieval' else name, (row['ms'], ndcg[name]), fontsize=7,
-                        xytext=(4, 3), textcoords='offset points')
-    ax.set_xlabel(f'latency per query, ms (MiniLM encoder, synthetic 1M x 768 index, 2-core machine at load '
-                  f'{load:.1f})')
-    ax.set_ylabel('nDCG@10 (vaswani, MiniLM)')
+            marker = next(m for feedback, m in markers.items() if name.startswith(feedback))
+            ax.plot(row['ms'], ndcg[name], marker=marker, ms=8, linestyle='none',
+                    color='C0' if 'Pruned' in name else 'C1', label=f'{name} ({row["ms"]:.0f} ms)')
+    ax.set_title('vaswani, MiniLM: effectiveness against latency per query', fontsize=10)
+    ax.set_xlabel(f'latency per query (ms; synthetic 1M x 768 index, 2 cores, load {load:.1f})')
+    ax.set_ylabel('nDCG@10 (top 1000)')
+    ax.set_xlim(0, 1.15 * max(ax.get_xlim()))
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc='center right', title='pipeline (orange: dense search, blue: PrunedRetriever)',
+              title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, format='svg', metadata={'Date': None})
     log(f'plot written to {path}')
