@@ -5,10 +5,10 @@ shard's node, without a cluster: the functions the actors and the driver run, ti
 1. refusing docnos shared by two shards, at its start: each shard hashes its docnos (``shard_data.docno_hashes``) and
    sorts them (on its own node, the shards at once); the driver merges the sorted hashes (``shard_data.shared_hashes``).
    Beside it, what the alternative costs: a Python set of every docno on the driver (time and peak memory);
-2. the plan of each call, decided once on the driver for the whole collection (``cost.plan``, the model calibrated on
-   this machine: a few seconds on first use, then cached), for batches of 1, 8 and 64 pruned queries (~35 % kept);
-   and how often a shard of 1/2, 1/4 or 1/8 of the collection would have planned the batch otherwise on its own
-   (which it did before the plan moved to the driver): the path its scores would have taken.
+2. the plan of each call, decided once on the driver for the whole collection (``planner.choose``, the model
+   calibrated on this machine: a few seconds on first use, then cached), for batches of 1, 8 and 64 pruned queries
+   (~35 % kept); and how often a shard of 1/2, 1/4 or 1/8 of the collection would have planned the batch otherwise on
+   its own (which it did before the plan moved to the driver): the path its scores would have taken.
 
 Usage (from the repository root)::
 
@@ -23,7 +23,7 @@ import time
 import numpy as np
 from common import log  # before the package: it sets the environment (offline hub, temporary homes)
 
-from pyterrier_rdime.pruned import calibration, cost, kept, shard_data
+from pyterrier_rdime.pruned import calibration, kept, planner, shard_data
 
 #: MS MARCO v1 passage.
 MSMARCO_PASSAGES = 8_841_823
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
 
     def plan(query_vecs: np.ndarray, docs: int):
-        return cost.plan(query_vecs, strategy='auto', matrix_bytes=docs * args.dims * 4,
-                         compiled=kept.NUMBA_AVAILABLE, model=lambda: model, k=1000)
+        return planner.choose(query_vecs, strategy='auto', matrix_bytes=docs * args.dims * 4,
+                              compiled=kept.NUMBA_AVAILABLE, model=lambda: model, k=1000).plan
     for queries in (1, 8, 64):
         batches = [np.where(rng.random((queries, args.dims)) < rng.uniform(0.05, 0.95),
                             rng.standard_normal((queries, args.dims)), 0).astype(np.float32) for _ in range(200)]

@@ -6,6 +6,7 @@ docnos, merging top-k).
 Over the house's ~400 lines on purpose: the stage's checks, the actors' start-up and placement, the bounded wait for
 an actor that lost its node and the refusal of docnos that two shards share are one protocol (no partial result ever
 leaves it), and read best in one place."""
+import functools
 import os
 import socket
 import threading
@@ -18,8 +19,9 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool, check_int, check_positive
 from .._frames import empty_frame
-from . import calibration, cost, kept
-from .plan import Plan
+from . import calibration, cost, kept, planner
+from .measured import MeasuredChoice
+from .plan import Choice, Plan
 from .shard_data import docno_hashes, merge_shards, shared_hashes
 from .stage import PrunedRetriever
 
@@ -135,10 +137,11 @@ class ShardedPrunedRetriever(ConfigTransformer):
     there on first use, rebuilt with a warning when the shard's vectors changed). A docno held by two shards is refused
     then, naming it and both shards (each shard's docnos are hashed on its node, the sorted hashes merged here: its cost
     at 8.8M docnos is in the docs). A batch of queries is checked once, here, against every shard, its plan
-    (:func:`~pyterrier_rdime.pruned.cost.plan` for the whole collection, with the cost model of the first shard's node;
-    under ``'auto'`` the float32 pruned paths only if every shard had its float32 layout at hand when the actors
-    started) decided once, here, and the batch sent to every shard at once with that plan: every shard takes the path
-    one index over the whole collection would. Each returns its exact top ``num_results``, and the merge keeps the best
+    (:func:`~pyterrier_rdime.pruned.planner.choose` for the whole collection, with the cost model of the first shard's
+    node; under ``'auto'`` measured on this retriever's own calls, and the float32 pruned paths only if every shard had
+    its float32 layout at hand when the actors started) decided once, here, and the batch sent to every shard at once
+    with that plan: every shard takes the path one index over the whole collection would. Each returns its exact top
+    ``num_results``, and the merge keeps the best
     ``num_results`` over all, exact ties to the lower global docid, as one index breaks them. A score is its shard's: on
     the pruned and compressed paths the same float32 value as one index's; on the dense path equal up to float32
     summation order (~1e-6 relative: BLAS sums blocks of documents in an order that depends on the matrix's width), so
@@ -249,6 +252,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         self.verbose = verbose
         self._retrievers = self._shard_retrievers()
         self._actors = _Actors()
+        self._measured = MeasuredChoice(None)  # the driver's timings of its calls, in memory (see .planner)
 
     def _shard_retrievers(self) -> List[Optional[PrunedRetriever]]:
         """The ``PrunedRetriever`` of each shard (None for an empty array), which checks the shard and the options:
@@ -297,6 +301,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
         fused._retrievers = self._retrievers
         fused._actors = self._actors
+        fused._measured = self._measured
         return fused
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
@@ -308,10 +313,8 @@ class ShardedPrunedRetriever(ConfigTransformer):
         inp = inp.reset_index(drop=True)
         ray, actors = self._start()
         query_vecs = PrunedRetriever.stack_queries(inp, actors.dims, actors.abs_max, type(self).__name__)
-        plan = self.plan(query_vecs)
-        batch = ray.put(query_vecs)  # sent once, read by every shard from the object store
-        replies = self._gather(ray, actors, lambda handle: handle.search.remote(batch, self.num_results, plan),
-                               'search')
+        choice = self.choice(query_vecs)
+        replies = self._measured.timed(choice, functools.partial(self._search, ray, actors, query_vecs, choice.plan))
         per_shard = []
         for position, (shard, docs, offset, (node, now, counts, scores, docids, docnos)) in enumerate(zip(
                 actors.served, actors.docs, actors.offsets, replies)):
@@ -330,9 +333,10 @@ class ShardedPrunedRetriever(ConfigTransformer):
                          rank=np.concatenate([np.arange(c) for c in counts]))
         return out[columns]
 
-    def plan(self, query_vecs: np.ndarray) -> Plan:
-        """How every shard scores these (already pruned) query vectors: the plan of one ``PrunedRetriever`` over the
-        whole collection (starting the actors if need be)."""
+    def choice(self, query_vecs: np.ndarray) -> Choice:
+        """How every shard scores these (already pruned) query vectors, and why, as the next call takes it
+        (starting the actors if need be): :func:`.planner.choose` for the whole collection, with the cost model of the
+        first shard's node and, for ``'auto'``, this retriever's timings of its calls (see :mod:`.planner`)."""
         ray, actors = self._start()
         total = int(np.sum(actors.docs))
 
@@ -341,9 +345,18 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 actors.model = self._gather(ray, actors, lambda handle: handle.cost_model.remote(), 'calibrate',
                                             first_only=True)[0]
             return actors.model
-        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=total * actors.dims * 4,
-                         compiled=actors.compiled, model=model, k=min(self.num_results, total),
-                         float32_ready=actors.float32_ready)
+        return planner.choose(query_vecs, strategy=self.strategy, matrix_bytes=total * actors.dims * 4,
+                              compiled=actors.compiled, model=model, k=min(self.num_results, total),
+                              float32_ready=actors.float32_ready, timings=self._measured)
+
+    def plan(self, query_vecs: np.ndarray) -> Plan:
+        """The plan of :meth:`choice`: one ``PrunedRetriever``'s over the whole collection."""
+        return self.choice(query_vecs).plan
+
+    def _search(self, ray, actors: _Actors, query_vecs: np.ndarray, plan: Plan) -> list:
+        """Every shard's reply to the search of these queries on ``plan``'s path: what the measured choice times."""
+        batch = ray.put(query_vecs)  # sent once, read by every shard from the object store
+        return self._gather(ray, actors, lambda handle: handle.search.remote(batch, self.num_results, plan), 'search')
 
     def close(self) -> None:
         """Release the actors (and what they reserve) of this retriever and its ``% k`` variants; a later call starts

@@ -17,7 +17,7 @@ import pytest
 from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
-from pyterrier_rdime.pruned import calibration, cost, shard_data
+from pyterrier_rdime.pruned import calibration, cost, planner, shard_data
 from pyterrier_rdime.pruned.plan import Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore::DeprecationWarning')]
@@ -186,7 +186,7 @@ def test_every_shard_takes_the_plan_of_the_whole_collection(cluster, uneven, cor
                                   compressed_slope=1, compressed_call_seconds=1, compressed_pass_fixed=100,
                                   compressed_pass_per_query=1, compressed_pass_call_seconds=1, rescore_seconds=1,
                                   gemv_seconds_per_byte=1e-9)
-    monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', docs[:1000].nbytes)  # above every shard, below the collection
+    monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', docs[:1000].nbytes)  # above every shard, below the collection
     monkeypatch.setattr(calibration, 'model', lambda **_: cheap_pruned)  # the single index's model
     retriever = ShardedPrunedRetriever(shards=uneven, num_results=K)
     retriever._actors.model = cheap_pruned  # the model the first shard's node would give
