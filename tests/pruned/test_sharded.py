@@ -197,6 +197,38 @@ def test_every_shard_takes_the_plan_of_the_whole_collection(cluster, uneven, cor
     retriever.close()
 
 
+def test_auto_on_shards_takes_the_path_the_driver_measured_fastest(cluster, uneven, corpus, monkeypatch):
+    docs, query_vecs = corpus
+    # the model (per query): compressed cheapest, pruned within the margin, dense far off; the driver's fake clock
+    # says pruned is faster, and the sharded call finds it
+    estimates = {'dense': 10.0, 'pruned': 1.5, 'compressed': 1.0}
+    seconds = {'dense': 1.0, 'pruned': 0.2, 'compressed': 0.5}
+    model = SimpleNamespace(path_costs=lambda queries, **_: {p: c * len(queries) for p, c in estimates.items()})
+    monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', 0)  # the small test shards would otherwise go dense
+    retriever = ShardedPrunedRetriever(shards=uneven, num_results=K)
+    retriever._actors.model = model  # the model the first shard's node would give
+    now, paths = [0.0], []
+    retriever._measured.clock = lambda: now[0]
+    search = retriever._search
+
+    def timed_search(ray, actors, queries, plan):
+        paths.append(plan.path)
+        now[0] += seconds[plan.path] * len(queries)
+        return search(ray, actors, queries, plan)
+    monkeypatch.setattr(retriever, '_search', timed_search)
+    query = query_frame(query_vecs[2:3])
+    expected = {path: PrunedRetriever(index=docs, num_results=K, strategy=path)(query)
+                for path in ('pruned', 'compressed')}
+    for _ in range(6):
+        out = retriever(query)
+        assert_same_ranking(out, expected[paths[-1]])  # each path's scores are one index's on that path
+    # the model's best first, each path twice (its first run is cold), then the one measured faster
+    assert paths == ['compressed', 'compressed', 'pruned', 'pruned', 'pruned', 'pruned']
+    assert retriever.choice(query_vecs[2:3]).reason == 'measured'
+    assert (retriever % 5).compile()._measured is retriever._measured  # a % k variant shares the driver's timings
+    retriever.close()
+
+
 def test_node_lost_pinned_shard_reported_within_timeout_unpinned_recovered(cluster, local_cluster, corpus):
     docs, query_vecs = corpus
     queries = query_frame(query_vecs)
