@@ -1,9 +1,6 @@
-"""The measured timings behind ``strategy='auto'``'s choice (:mod:`.planner`): for each bucket of like calls, each
-path's **seconds per unit of its estimate**, the model's error for that path at that shape. A call's cost of a path
-is its estimate times that factor, so the model still tells the calls of a bucket apart (a batch keeping 30 % from one
-keeping 45 %) while the measurement corrects its level. A path's factor is the least of its last ``RECENT`` timings
-(one disturbed timing does not decide); a path's first run in a process is not recorded (it loads its compiled kernel
-and faults its data in), so it is explored once more.
+"""The timings behind ``strategy='auto'``'s measured choice (:mod:`.planner`): per bucket of like calls, each path's
+seconds per unit of its estimate, the least of its last ``RECENT`` (a path's first run in a process, cold, is not
+recorded).
 
 - The **record** of an index is kept beside the calibration (``default_cache_dir()/cost/measured``), keyed by the
   machine (CPU model, numba's and BLAS's thread counts: :func:`.calibration.machine_key`) and the index's file (path,
@@ -17,7 +14,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 from .._config import default_cache_dir
 from .._index_files import read_json, stat_fields, write_json
@@ -94,19 +91,12 @@ class MeasuredChoice:
                         _log.warning('strategy=auto: cannot save its timings to %s (%s); set PYTERRIER_RDIME_CACHE '
                                      'to a writable folder to keep them for later runs', self._path, error)
 
-    def factors(self, name: str) -> Dict[str, float]:
-        """The measured seconds per unit of estimate of each path timed in bucket ``name`` (the least of its recent
-        timings)."""
+    def bucket_timings(self, name: str) -> Tuple[Dict[str, float], int]:
+        """Of bucket ``name``: each timed path's measured seconds per unit of estimate (the least of its recent
+        timings), and the calls taken on a measured or re-checked path."""
         with self._lock:
-            return self._factors(name)
-
-    def calls(self, name: str) -> int:
-        """The calls of bucket ``name`` taken on a measured or re-checked path."""
-        with self._lock:
-            return self._state(name)['calls']
-
-    def _factors(self, name: str) -> Dict[str, float]:
-        return {path: min(times) for path, times in self._state(name)['seconds_per_unit'].items() if times}
+            state = self._state(name)
+            return {path: min(times) for path, times in state['seconds_per_unit'].items() if times}, state['calls']
 
 
 def record_path(vecs: Path) -> Path:

@@ -42,10 +42,6 @@ class Choice:
     bucket: str
     reason: str
 
-    def __post_init__(self):
-        if self.reason not in REASONS:
-            raise ValueError(f'unknown reason {self.reason!r}; expected one of {REASONS}')
-
     @property
     def plan(self) -> Plan:
         return Plan(self.path)

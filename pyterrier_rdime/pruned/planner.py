@@ -3,19 +3,14 @@
 :class:`.plan.Choice`, whose :class:`.plan.Plan` the retriever and the kernels below it carry out as it is).
 
 - A forced strategy takes its path; the cost model (:mod:`.cost`) only decides one pass or query after query.
-- ``'auto'``: the model's estimates of every path (:func:`auto_costs`) are the prior, and the paths it cannot rank
-  apart are timed on the index itself, as cuDNN's benchmark mode and FFTW's planner do: a model fitted on a small
-  calibration matrix ranks paths a factor apart reliably, near-equal ones not on every CPU (on an AMD Zen 4 it took
-  the compressed path query after query where the one pass was 1.6x faster). The calls are grouped in **buckets** of
-  like shape (:func:`bucket`); the **candidates** of a call are the paths within ``EXPLORE_MARGIN`` of the least
-  estimate (one candidate: taken, nothing timed). The first calls of a bucket **explore** each candidate not yet
-  timed, the model's best first; from then the candidate of least estimate x measured seconds per unit of estimate
-  (:class:`.measured.MeasuredChoice`, the timings and their record) is taken, and every ``RECHECK_EVERY``-th call the
-  runner-up, so that a change of the machine's state is followed.
-- On shards the **driver** measures: the plan is one for every shard (the path one index over the whole collection
-  would take, which keeps the shards' scores those of one index), so what is timed is the sharded call as its user
-  waits for it, its slowest shard and Ray's round trip included, which no shard's own clock sees. Its timings live
-  in the driver's memory: a new process explores again (a few calls).
+- ``'auto'``: the model's estimates (:func:`auto_costs`) are the prior; the paths it cannot rank apart (within
+  ``EXPLORE_MARGIN`` of the least) are timed on the index itself, as cuDNN's benchmark mode does. The first calls of a
+  :func:`bucket` explore each candidate, the model's best first; then the least estimate x measured seconds per unit
+  of estimate (:class:`.measured.MeasuredChoice`) is taken, and every ``RECHECK_EVERY``-th call the runner-up.
+- On shards the **driver** measures: the plan is one for every shard (one index's over the whole collection, which
+  keeps their scores one index's), so what is timed is the call as its user waits for it, slowest shard and Ray's
+  round trip included, which no shard's clock sees. The driver's timings live in its memory (a new process explores
+  again: a few calls).
 """
 import math
 from typing import Callable, Dict, List, Optional
@@ -34,6 +29,8 @@ MIN_PRUNED_BYTES = 16 * 2 ** 20
 EXPLORE_MARGIN = 2.0
 #: Every this many calls of a bucket on its winner, the runner-up is timed once more.
 RECHECK_EVERY = 64
+
+
 def bucket(query_vecs: np.ndarray, k: int) -> str:
     """The bucket of a call: ``k``, the batch size rounded down to a power of two and the quarter of the mean kept
     fraction, e.g. ``'k100 n8 kept0.25-0.50'``."""
@@ -107,7 +104,7 @@ def measured_choice(costs: Dict[str, float], name: str, timings: MeasuredChoice)
     paths = candidates(costs)
     if len(paths) == 1:
         return Choice(paths[0], costs[paths[0]], name, 'only')
-    factors, calls = timings.factors(name), timings.calls(name)
+    factors, calls = timings.bucket_timings(name)
     untimed = [path for path in paths if path not in factors]
     if untimed:
         return Choice(untimed[0], costs[untimed[0]], name, 'explore')

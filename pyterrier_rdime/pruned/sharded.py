@@ -349,10 +349,6 @@ class ShardedPrunedRetriever(ConfigTransformer):
                               compiled=actors.compiled, model=model, k=min(self.num_results, total),
                               float32_ready=actors.float32_ready, timings=self._measured)
 
-    def plan(self, query_vecs: np.ndarray) -> Plan:
-        """The plan of :meth:`choice`: one ``PrunedRetriever``'s over the whole collection."""
-        return self.choice(query_vecs).plan
-
     def _search(self, ray, actors: _Actors, query_vecs: np.ndarray, plan: Plan) -> list:
         """Every shard's reply to the search of these queries on ``plan``'s path: what the measured choice times."""
         batch = ray.put(query_vecs)  # sent once, read by every shard from the object store
