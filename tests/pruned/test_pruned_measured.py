@@ -1,5 +1,5 @@
-"""The measured choice of strategy='auto' (pyterrier_rdime.pruned.measured): buckets and candidates by hand, and the
-retriever driven by a fake clock, so that which path is faster is the test's to say: a path faster than the model
+"""The measured choice of strategy='auto' (pruned.planner, its timings pruned.measured): buckets and candidates by hand,
+the retriever driven by a fake clock, so that which path is faster is the test's to say: a path faster than the model
 says is found and taken, a clock agreeing with the model never runs a path beyond the margin, the record is kept
 for later processes and starts over when the index is rewritten. No timed assertions."""
 import numpy as np
