@@ -18,7 +18,7 @@ def search_pruned(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_
                   use_numba: Optional[bool] = None) -> Result:
     """Top-``k`` ``(scores, docids)`` of each query, reading only the rows of ``dim_major`` where the query is
     non-zero. With numba, the fused parallel kernel (:func:`._numba.fused_top_k`), a batch in one pass over the union
-    of its kept rows with ``one_pass`` (the plan ``'one pass'`` of :func:`.cost.plan`), else query after query;
+    of its kept rows with ``one_pass`` (the plan ``'one pass'`` of :func:`.planner.choose`), else query after query;
     without, :func:`numpy_top_k`. ``use_numba=None`` uses numba when it is installed."""
     dim_major = check_matrix(dim_major)
     query_vecs = np.ascontiguousarray(query_vecs, dtype=np.float32)

@@ -6,6 +6,7 @@ docnos, merging top-k).
 Over the house's ~400 lines on purpose: the stage's checks, the actors' start-up and placement, the bounded wait for
 an actor that lost its node and the refusal of docnos that two shards share are one protocol (no partial result ever
 leaves it), and read best in one place."""
+import functools
 import os
 import socket
 import threading
@@ -18,8 +19,9 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool, check_int, check_positive
 from .._frames import empty_frame
-from . import calibration, cost, kept
-from .plan import Plan
+from . import calibration, cost, kept, planner
+from .measured import MeasuredChoice
+from .plan import Choice, Plan
 from .shard_data import docno_hashes, merge_shards, shared_hashes
 from .stage import PrunedRetriever
 
@@ -126,9 +128,10 @@ class _Actors:
 class ShardedPrunedRetriever(ConfigTransformer):
     """:class:`~pyterrier_rdime.PrunedRetriever` over an index split into shards, one Ray actor per shard: the same
     output as one ``PrunedRetriever`` over the whole collection (a document's ``docid`` is its position in the shards'
-    order), for an index larger than one machine. A batch is checked and planned once, on the driver, sent to every
-    shard, and the shards' exact top-k merged (exact ties to the lower global docid). Placement, faults, CPUs and
-    docno checks: pt_docs/pruned.rst, "Beyond one machine"; use it in a ``with`` block or :meth:`close` it.
+    order), for an index larger than one machine. A batch is checked and planned once, on the driver (under ``'auto'``
+    measured on the driver's own calls), sent to every shard, and the shards' exact top-k merged (exact ties to the
+    lower global docid). Placement, faults, CPUs and docno checks: pt_docs/pruned.rst, "Beyond one machine"; use it
+    in a ``with`` block or :meth:`close` it.
 
     Args:
         shards: in global document order, FlexIndexes or ``(docs, dims)`` arrays of one dimensionality.
@@ -200,6 +203,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         self.verbose = verbose
         self._retrievers = self._shard_retrievers()
         self._actors = _Actors()
+        self._measured = MeasuredChoice(None)  # the driver's timings of its calls, in memory (see .planner)
 
     def _shard_retrievers(self) -> List[Optional[PrunedRetriever]]:
         """The ``PrunedRetriever`` of each shard (None for an empty array), which checks the shard and the options:
@@ -248,6 +252,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
         fused._retrievers = self._retrievers
         fused._actors = self._actors
+        fused._measured = self._measured
         return fused
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
@@ -259,10 +264,8 @@ class ShardedPrunedRetriever(ConfigTransformer):
         inp = inp.reset_index(drop=True)
         ray, actors = self._start()
         query_vecs = PrunedRetriever.stack_queries(inp, actors.dims, actors.abs_max, type(self).__name__)
-        plan = self.plan(query_vecs)
-        batch = ray.put(query_vecs)  # sent once, read by every shard from the object store
-        replies = self._gather(ray, actors, lambda handle: handle.search.remote(batch, self.num_results, plan),
-                               'search')
+        choice = self.choice(query_vecs)
+        replies = self._measured.timed(choice, functools.partial(self._search, ray, actors, query_vecs, choice.plan))
         per_shard = []
         for position, (shard, docs, offset, (node, now, counts, scores, docids, docnos)) in enumerate(zip(
                 actors.served, actors.docs, actors.offsets, replies)):
@@ -281,9 +284,10 @@ class ShardedPrunedRetriever(ConfigTransformer):
                          rank=np.concatenate([np.arange(c) for c in counts]))
         return out[columns]
 
-    def plan(self, query_vecs: np.ndarray) -> Plan:
-        """How every shard scores these (already pruned) query vectors: the plan of one ``PrunedRetriever`` over the
-        whole collection (starting the actors if need be)."""
+    def choice(self, query_vecs: np.ndarray) -> Choice:
+        """How every shard scores these (already pruned) query vectors, and why, as the next call takes it
+        (starting the actors if need be): :func:`.planner.choose` for the whole collection, with the cost model of the
+        first shard's node and, for ``'auto'``, this retriever's timings of its calls (see :mod:`.planner`)."""
         ray, actors = self._start()
         total = int(np.sum(actors.docs))
 
@@ -292,9 +296,14 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 actors.model = self._gather(ray, actors, lambda handle: handle.cost_model.remote(), 'calibrate',
                                             first_only=True)[0]
             return actors.model
-        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=total * actors.dims * 4,
-                         compiled=actors.compiled, model=model, k=min(self.num_results, total),
-                         float32_ready=actors.float32_ready)
+        return planner.choose(query_vecs, strategy=self.strategy, matrix_bytes=total * actors.dims * 4,
+                              compiled=actors.compiled, model=model, k=min(self.num_results, total),
+                              float32_ready=actors.float32_ready, timings=self._measured)
+
+    def _search(self, ray, actors: _Actors, query_vecs: np.ndarray, plan: Plan) -> list:
+        """Every shard's reply to the search of these queries on ``plan``'s path: what the measured choice times."""
+        batch = ray.put(query_vecs)  # sent once, read by every shard from the object store
+        return self._gather(ray, actors, lambda handle: handle.search.remote(batch, self.num_results, plan), 'search')
 
     def close(self) -> None:
         """Release the actors (and what they reserve) of this retriever and its ``% k`` variants; a later call starts

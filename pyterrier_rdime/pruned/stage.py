@@ -13,11 +13,11 @@ import pyterrier as pt
 from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
 from .._index_files import portable_index
-from . import calibration, cost, dense, kept, measured
+from . import calibration, dense, kept, measured, planner
 from .compressed import search_compressed
 from .int8_copy import CompressedCopy
 from .layout import Layout
-from .plan import Plan, nonzero_fractions
+from .plan import Choice, Plan, nonzero_fractions
 from .topk import Result
 
 logger = logging.getLogger(__name__)
@@ -119,33 +119,19 @@ class PrunedRetriever(ConfigTransformer):
         """``(dims, docs)`` of the index, without opening or building any copy."""
         return self._layout.shape
 
+    def choice(self, query_vecs: np.ndarray) -> Choice:
+        """How this retriever scores these (already pruned) query vectors (n, dims), and why, as the next call takes
+        it: :func:`.planner.choose` (for ``'auto'``, the measured choice among the paths the cost model puts near the
+        cheapest; for a FlexIndex, the float32 pruned paths only once their layout is on disk)."""
+        dims, docs = self.shape
+        return planner.choose(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
+                              compiled=kept.NUMBA_AVAILABLE, model=lambda: calibration.model(verbose=self.verbose),
+                              k=min(self.num_results, docs), timings=self._measured,
+                              float32_ready=self.strategy != 'auto' or self._layout.has_matrix())
+
     def plan(self, query_vecs: np.ndarray) -> Plan:
-        """How this retriever scores these (already pruned) query vectors (n, dims): decided once per call. For
-        ``'auto'``, the measured choice (:mod:`pyterrier_rdime.pruned.measured`) among the paths the cost model puts
-        near the cheapest, as the next call would take it; for a FlexIndex, the float32 pruned paths only once their
-        layout is on disk."""
-        choice = self.measured_choice(query_vecs)
-        return Plan(choice.path) if choice is not None else self._model_plan(query_vecs)
-
-    def _model_plan(self, query_vecs: np.ndarray) -> Plan:
-        dims, docs = self.shape
-        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
-                         compiled=kept.NUMBA_AVAILABLE, model=self._model, k=min(self.num_results, docs))
-
-    def _model(self) -> cost.CostModel:
-        return calibration.model(verbose=self.verbose)
-
-    def measured_choice(self, query_vecs: np.ndarray) -> Optional[measured.Choice]:
-        """The measured choice of ``'auto'`` for these queries (its path, bucket and why), as the next call takes it;
-        None for another strategy, or where ``'auto'`` scores densely without asking the model (no numba, a matrix in
-        the CPU caches, no queries)."""
-        if self.strategy != 'auto':
-            return None
-        dims, docs = self.shape
-        k = min(self.num_results, docs)
-        costs = cost.auto_costs(query_vecs, matrix_bytes=4 * dims * docs, compiled=kept.NUMBA_AVAILABLE,
-                                model=self._model, k=k, float32_ready=self._layout.has_matrix())
-        return None if costs is None else self._measured.choose(costs, measured.bucket(query_vecs, k))
+        """The plan of :meth:`choice`: decided once per call."""
+        return self.choice(query_vecs).plan
 
     def choose_strategy(self, query_vecs: np.ndarray) -> str:
         """The path this retriever takes for these (already pruned) query vectors (n, dims): ``'pruned'``,
@@ -158,9 +144,8 @@ class PrunedRetriever(ConfigTransformer):
         for its measured choice): the search of one index, which
         :class:`~pyterrier_rdime.pruned.sharded.ShardedPrunedRetriever` runs on every shard with the plan of its
         driver."""
-        choice = self.measured_choice(query_vecs) if plan is None else None
-        if plan is None:
-            plan = Plan(choice.path) if choice is not None else self._model_plan(query_vecs)
+        choice = self.choice(query_vecs) if plan is None else None
+        plan = choice.plan if choice is not None else plan
         start = time.perf_counter()
         score = self._scorer(plan, query_vecs)
         result = score() if choice is None else self._measured.timed(choice, score)
