@@ -77,8 +77,8 @@ class Rdime(DimensionThreshold):
 
 
 class TopK(DimensionThreshold):
-    """Top-k: keep the ``round(fraction * p)`` (at least 1; default 0.6) or ``count`` most important dimensions of
-    each query; ties keep the lower index.
+    """Top-k: keep the ``round(fraction * p)`` (``fraction`` in (0, 1], at least 1; default 0.6) or ``count`` (capped
+    at ``p``) most important dimensions of each query; ties keep the lower index.
 
     Input columns: ``qid, query_vec, query_dime``. Output columns: the input's, with ``query_vec`` pruned, plus
     ``query_vec_full`` (the query before pruning), ``query_kept`` and ``query_kept_frac``.
@@ -93,11 +93,6 @@ class TopK(DimensionThreshold):
     schematic = {'label': 'Top-k'}
 
     def __init__(self, *, fraction: Optional[float] = None, count: Optional[int] = None):
-        """
-        Args:
-            fraction: Share of the dimensions to keep, in (0, 1]; 0.6 when neither is given.
-            count: Number of dimensions to keep, >= 1 (capped at the dimensionality).
-        """
         if fraction is None and count is None:
             fraction = 0.6
         check_topk(type(self).__name__, fraction, count)
@@ -111,8 +106,8 @@ class TopK(DimensionThreshold):
 
 class ScoreMass(DimensionThreshold):
     """Score mass: keep the most important dimensions of each query until their share of its positive importance
-    mass ``sum_j max(u_j, 0)`` reaches ``mass`` (ties: lower index), so a concentrated query keeps few. A query with
-    no positive importance falls back as :class:`Rdime` does.
+    mass ``sum_j max(u_j, 0)`` reaches ``mass`` in (0, 1] (ties: lower index), so a concentrated query keeps few. A
+    query with no positive importance falls back as :class:`Rdime` does (``fallback``).
 
     Input columns: ``qid, query_vec, query_dime``. Output columns: the input's, with ``query_vec`` pruned, plus
     ``query_vec_full``, ``query_kept``, ``query_kept_frac`` and ``query_fallback``.
@@ -128,11 +123,6 @@ class ScoreMass(DimensionThreshold):
     output_columns = ('query_kept', 'query_kept_frac', 'query_fallback')
 
     def __init__(self, *, mass: float = 0.8, fallback: str = 'full'):
-        """
-        Args:
-            mass: Share of the positive importance mass to keep, in (0, 1].
-            fallback: ``'full'`` or ``'top1'``, for a query without positive importance.
-        """
         stage = type(self).__name__
         check_fraction(stage, 'mass', mass, 'a share of the positive importance mass')
         check_choice(stage, 'fallback', fallback, FALLBACKS)

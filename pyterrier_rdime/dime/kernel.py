@@ -104,8 +104,7 @@ class FeedbackCutoff(ConfigTransformer):
     schematic = {'label': 'feedback cut'}
 
     def __init__(self, *, num_docs: int):
-        stage = type(self).__name__
-        check_int(stage, 'num_docs', num_docs, 1)
+        check_int(type(self).__name__, 'num_docs', num_docs, 1)
         self.num_docs = num_docs
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
