@@ -63,12 +63,8 @@ class KernelDime(DimeScorer):
 
 
 class PrfDime(KernelDime):
-    """PRF DIME: Kernel DIME with uniform weights over the top-``num_docs`` feedback documents (default 2, as in the
-    RDIME code). Unbiased for the squared latent signal (the paper's Theorem 2).
-
-    Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``.
-
-    Example::
+    """PRF DIME: :class:`KernelDime` with uniform weights over the top-``num_docs`` documents (default 2, as in the
+    RDIME code); unbiased for the squared latent signal (the paper's Theorem 2). Example::
 
         pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> Rdime() >> VectorScorer()
     """
@@ -79,12 +75,8 @@ class PrfDime(KernelDime):
 
 
 class SwcDime(KernelDime):
-    """SWC DIME: Kernel DIME with softmax weights ``softmax(q.d_i / tau)`` over the top-``num_docs`` documents
-    (defaults 10 and 0.1, as in the RDIME code); an approximation of the inverse-variance weights.
-
-    Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``.
-
-    Example::
+    """SWC DIME: :class:`KernelDime` with weights ``softmax(q.d_i / tau)`` over the top-``num_docs`` documents
+    (defaults 10 and 0.1, as in the RDIME code), an approximation of the inverse-variance weights. Example::
 
         pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> SwcDime() >> Rdime() >> VectorScorer()
     """

@@ -87,27 +87,12 @@ class OracleDime(DimeScorer):
 
 
 def check_qrels(qrels: pd.DataFrame, stage: str) -> None:
-    """A frame of judgments: columns ``qid, docno, label``, finite labels, one label per (qid, docno)."""
+    """A frame of judgments: columns ``qid, docno, label``, finite numeric labels, one per (qid, docno) (else a text
+    label fails late, a NaN or a second label is lost)."""
     missing = {'qid', 'docno', 'label'} - set(getattr(qrels, 'columns', []))
     if missing:
         raise ValueError(f'{stage}: qrels must be a DataFrame with columns qid, docno, label; missing '
                          f'{sorted(missing)}')
-    _check_labels(qrels, stage)
-
-
-def candidate_labels(inp: pd.DataFrame, qrels: pd.DataFrame, stage: object) -> np.ndarray:
-    """The label of each row of ``inp`` (float64), NaN where not judged; a qid the qrels write as a float (``'1'``
-    against ``'1.0'``), or the other way round, is an error."""
-    keys = pd.MultiIndex.from_frame(inp[['qid', 'docno']].astype(str))
-    judged = qrels.assign(qid=qrels['qid'].astype(str), docno=qrels['docno'].astype(str))
-    check_qids_written_alike(keys.unique(level='qid'), set(judged['qid']), stage, 'the qrels',
-                             "e.g. qrels.assign(qid=qrels['qid'].astype(int).astype(str))")
-    labels = judged.drop_duplicates(['qid', 'docno']).set_index(['qid', 'docno'])['label']
-    return labels.reindex(keys).to_numpy(dtype=np.float64)
-
-
-def _check_labels(qrels: pd.DataFrame, stage: str) -> None:
-    """Finite numeric labels, one per (qid, docno): else a text label fails late, a NaN or a second label is lost."""
     labels = numeric_column(qrels, 'label', stage, 'labels are relevance grades: convert the column '
                             "(qrels.assign(label=pd.to_numeric(qrels['label'])))")
     finite = np.isfinite(labels)
@@ -123,3 +108,14 @@ def _check_labels(qrels: pd.DataFrame, stage: str) -> None:
         given = sorted(map(float, keys.loc[(keys['qid'] == qid) & (keys['docno'] == docno), 'label'].unique()))
         raise ValueError(f'{stage}: qrels judge qid={qid!r}, docno={docno!r} twice with different labels {given}; '
                          'keep one judgment per query and document')
+
+
+def candidate_labels(inp: pd.DataFrame, qrels: pd.DataFrame, stage: object) -> np.ndarray:
+    """The label of each row of ``inp`` (float64), NaN where not judged; a qid the qrels write as a float (``'1'``
+    against ``'1.0'``), or the other way round, is an error."""
+    keys = pd.MultiIndex.from_frame(inp[['qid', 'docno']].astype(str))
+    judged = qrels.assign(qid=qrels['qid'].astype(str), docno=qrels['docno'].astype(str))
+    check_qids_written_alike(keys.unique(level='qid'), set(judged['qid']), stage, 'the qrels',
+                             "e.g. qrels.assign(qid=qrels['qid'].astype(int).astype(str))")
+    labels = judged.drop_duplicates(['qid', 'docno']).set_index(['qid', 'docno'])['label']
+    return labels.reindex(keys).to_numpy(dtype=np.float64)

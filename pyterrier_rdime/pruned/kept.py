@@ -16,7 +16,9 @@ def search_pruned(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_
     """Top-``k`` ``(scores, docids)`` of each query from the rows of ``dim_major`` where it is non-zero: numba's fused
     kernel (with ``one_pass``, the batch in one pass over the union of its rows) when ``use_numba`` (default: when
     installed), else :func:`numpy_top_k`."""
-    dim_major = check_matrix(dim_major)
+    if dim_major.dtype != np.float32 or not dim_major.flags.c_contiguous:
+        raise ValueError('the dimension-major matrix must be a C-contiguous float32 (dims, docs) array, got '
+                         f'{dim_major.dtype} with flags C={dim_major.flags.c_contiguous}')
     query_vecs = np.ascontiguousarray(query_vecs, dtype=np.float32)
     if not len(query_vecs):
         return [], []
@@ -52,11 +54,3 @@ def numpy_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, block:
         scores.append(best_s[order])
         docids.append(best_i[order])
     return scores, docids
-
-
-def check_matrix(dim_major: np.ndarray) -> np.ndarray:
-    """The matrix itself, if it is the C-contiguous float32 ``(dims, docs)`` array both paths read."""
-    if dim_major.dtype != np.float32 or not dim_major.flags.c_contiguous:
-        raise ValueError('the dimension-major matrix must be a C-contiguous float32 (dims, docs) array, got '
-                         f'{dim_major.dtype} with flags C={dim_major.flags.c_contiguous}')
-    return dim_major
