@@ -24,8 +24,9 @@ class SameBudget(ConfigTransformer):
       qid's text, so runs repeat exactly in any process); the draw for ``k`` dimensions is contained in the draw for
       ``k + 1``. Report the mean over several seeds.
     - ``'magnitude'``: the largest ``q_j^2`` of the original query (the query alone, no feedback).
-    - ``'variance'``: the dimensions of largest variance over the collection's document vectors (``index``): one
-      global order, as an index-time (static) pruning would choose. For a FlexIndex the variances are computed once,
+    - ``'variance'``: the dimensions of largest variance over the document vectors of ``index``, exactly those (the
+      experiment runner passes the run's candidates when re-ranking, the corpus when retrieving): one global order,
+      as an index-time (static) pruning would choose. For a FlexIndex the variances are computed once,
       streaming the vectors, and cached beside the index's dimension-major layout (the index folder, or the package
       cache folder when it is read-only) with the fingerprint of its vectors: a changed index is recomputed.
     - ``'prefix'``: the first dimensions, as Matryoshka truncation keeps them. This means something only for a model

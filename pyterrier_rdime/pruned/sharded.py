@@ -546,27 +546,75 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return str(index.index_path)
 
 
+#: What a client of an HTTP/2 (gRPC) server sends first: the connection preface and an empty SETTINGS frame. Ray's
+#: GCS, a gRPC server, answers with a SETTINGS frame of its own; a service that is not Ray does not.
+HTTP2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+#: The type byte of an HTTP/2 SETTINGS frame (after its 3 bytes of length).
+SETTINGS_FRAME = 4
+
+
 def check_ray_address(address: Optional[str], timeout: float, option: str) -> None:
-    """A ``'host:port'`` (or ``'ray://host:port'``) Ray address must accept a connection within ``timeout`` seconds,
-    else a ConnectionError of one line naming ``option`` and the address: ``ray.init`` would retry, logging warnings,
-    for minutes. ``None``, ``'auto'`` and ``'local'`` are Ray's to resolve (``'auto'`` with no cluster fails at
-    once)."""
-    if address in (None, 'auto', 'local'):
+    """A ``'host:port'`` Ray address (``'auto'``: the cluster this machine belongs to, as Ray finds it) must answer
+    as a Ray cluster (its GCS speaks gRPC, over HTTP/2) within ``timeout`` seconds, else a ConnectionError of one line
+    naming ``option``, the address and the fix: ``ray.init`` would retry, logging warnings, for minutes, or fail with a
+    message about its own ``--address`` flag. ``None`` and ``'local'`` start Ray here; a ``'ray://'`` (Ray Client)
+    address must accept a connection."""
+    if address in (None, 'local'):
         return
-    host, _, port = address.split('://')[-1].rpartition(':')
+    fix = ("pass the Ray head node's 'host:port' (the address ray start --head prints), 'auto' on a node of the "
+           "cluster, or 'local' to start Ray on this machine")
+    if address == 'auto':
+        from ray._private.services import canonicalize_bootstrap_address
+        try:
+            resolved = canonicalize_bootstrap_address('auto')
+        except ConnectionError:
+            raise ConnectionError(f"{option} auto: this machine belongs to no Ray cluster (none was started here with "
+                                  "ray start, and RAY_ADDRESS is not set): start one (ray start --head), or pass the "
+                                  "head node's 'host:port', or 'local' to start Ray on this machine") from None
+        where = f"'auto' (the cluster at {resolved})"
+    else:
+        resolved, where = address, repr(address)
+    host, _, port = resolved.split('://')[-1].rpartition(':')
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        conn = socket.create_connection((host, int(port)), timeout=timeout)
     except (OSError, ValueError) as e:
-        raise ConnectionError(f'{option}: no Ray cluster answers at {address!r} ({e or type(e).__name__}, timeout='
-                              f'{timeout} s): start one there (ray start --head), or pass the head node\'s '
-                              "'host:port', or 'auto' on a node of the cluster") from None
+        raise ConnectionError(f'{option}: no Ray cluster answers at {where} ({e or type(e).__name__}, timeout='
+                              f'{timeout} s): start one there (ray start --head), or {fix}') from None
+    with conn:
+        if resolved.startswith('ray://'):
+            return
+        reply = _first_reply(conn, HTTP2_PREFACE, 4, time.monotonic() + timeout)
+    if len(reply) < 4 or reply[3] != SETTINGS_FRAME:
+        said = f'it answered {reply[:40]!r}' if reply else f'it sent nothing back within timeout={timeout} s'
+        raise ConnectionError(f'{option}: the service at {where} accepts connections but is not a Ray cluster (a '
+                              f"Ray cluster's GCS answers gRPC; {said}): {fix}")
+
+
+def _first_reply(conn: socket.socket, message: bytes, size: int, deadline: float) -> bytes:
+    """What ``conn`` answers to ``message`` by ``deadline``, read until it holds ``size`` bytes or more (fewer if it
+    closes, resets or stays silent)."""
+    reply = b''
+    try:
+        conn.sendall(message)
+        while len(reply) < size and time.monotonic() < deadline:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = conn.recv(64)
+            if not chunk:
+                break
+            reply += chunk
+    except OSError:  # a timeout, or a reset: what came so far is the answer
+        pass
+    return reply
 
 
 def connect(address: Optional[str], timeout: float, option: str) -> None:
     """This process connected to the Ray cluster at ``address`` (``None`` starts Ray on this machine), unless it is
-    already: an address where nothing answers within ``timeout`` seconds fails with :func:`check_ray_address`'s one
-    line naming ``option``."""
+    already: an address where no Ray cluster answers within ``timeout`` seconds fails with
+    :func:`check_ray_address`'s one line naming ``option``, and so does a Ray cluster that refuses this process."""
     import ray
     if not ray.is_initialized():
         check_ray_address(address, timeout, option)
-        ray.init(address=address)
+        try:
+            ray.init(address=address)
+        except ConnectionError as e:
+            raise ConnectionError(f'{option}: could not connect to the Ray cluster at {address!r}: {e}') from e
