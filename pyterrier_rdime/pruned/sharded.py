@@ -31,6 +31,11 @@ PROBE_EVERY = 1.0
 DOCNO_PAIRS = 1024
 #: Seconds to wait for the cluster's table of resource requests (a GCS call) before the call fails.
 GCS_TIMEOUT = 30
+#: What a client of an HTTP/2 (gRPC) server sends first: the connection preface and an empty SETTINGS frame. Ray's
+#: GCS, a gRPC server, answers with a SETTINGS frame of its own; a service that is not Ray does not.
+HTTP2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+#: The type byte of an HTTP/2 SETTINGS frame (after its 3 bytes of length).
+SETTINGS_FRAME = 4
 
 logger = logging.getLogger(__name__)
 
@@ -624,19 +629,12 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return str(index.index_path)
 
 
-#: What a client of an HTTP/2 (gRPC) server sends first: the connection preface and an empty SETTINGS frame. Ray's
-#: GCS, a gRPC server, answers with a SETTINGS frame of its own; a service that is not Ray does not.
-HTTP2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-#: The type byte of an HTTP/2 SETTINGS frame (after its 3 bytes of length).
-SETTINGS_FRAME = 4
-
-
 def check_ray_address(address: Optional[str], timeout: float, option: str) -> None:
     """A ``'host:port'`` Ray address (``'auto'``: the cluster this machine belongs to, as Ray finds it) must answer
     as a Ray cluster (its GCS speaks gRPC, over HTTP/2) within ``timeout`` seconds, else a ConnectionError of one line
     naming ``option``, the address and the fix: ``ray.init`` would retry, logging warnings, for minutes, or fail with a
     message about its own ``--address`` flag. ``None`` and ``'local'`` start Ray here; a ``'ray://'`` (Ray Client)
-    address must accept a connection."""
+    address, or any with ``RAY_USE_TLS`` set, must accept a connection."""
     if address in (None, 'local'):
         return
     fix = ("pass the Ray head node's 'host:port' (the address ray start --head prints), 'auto' on a node of the "
@@ -659,8 +657,8 @@ def check_ray_address(address: Optional[str], timeout: float, option: str) -> No
         raise ConnectionError(f'{option}: no Ray cluster answers at {where} ({e or type(e).__name__}, timeout='
                               f'{timeout} s): start one there (ray start --head), or {fix}') from None
     with conn:
-        if resolved.startswith('ray://'):
-            return
+        if resolved.startswith('ray://') or os.environ.get('RAY_USE_TLS', '0').lower() not in ('0', 'false'):
+            return  # Ray Client's protocol, or a GCS behind TLS: the connection is what can be checked here
         reply = _first_reply(conn, HTTP2_PREFACE, 4, time.monotonic() + timeout)
     if len(reply) < 4 or reply[3] != SETTINGS_FRAME:
         said = f'it answered {reply[:40]!r}' if reply else f'it sent nothing back within timeout={timeout} s'

@@ -264,6 +264,11 @@ def test_unreachable_address_fails_within_its_bound(cluster, corpus, monkeypatch
     assert time.monotonic() - started < 5 + 10
 
 
+def test_the_address_of_a_ray_cluster_passes_the_check(local_cluster):
+    """The probe that refuses a service that is not Ray (tests/experiment/test_cells.py) accepts a Ray GCS."""
+    sharded.check_ray_address(local_cluster.address, 10, 'ray_address')
+
+
 def test_close_releases_the_actors_and_their_cpus(cluster, corpus):
     docs, query_vecs = corpus
     queries = query_frame(query_vecs)
