@@ -21,9 +21,10 @@ class SameBudget(ConfigTransformer):
 
     Controls: ``'random'`` (a uniform draw fixed by ``seed`` and the qid; report the mean over seeds), ``'magnitude'``
     (the largest ``q_j^2``), ``'variance'`` (the dimensions of largest variance over ``index``'s document vectors, one
-    global order, cached for a FlexIndex), ``'prefix'`` (the first dimensions, Matryoshka truncation). Ties keep the
-    lower index. ``query_mean_weight`` becomes 1.0; the threshold's other columns pass through. pt_docs/thresholds.rst,
-    "Same-budget controls", has the details.
+    global order, cached for a FlexIndex; the runner passes the run's candidates when re-ranking, the corpus when
+    retrieving), ``'prefix'`` (the first dimensions, Matryoshka truncation). Ties keep the lower index.
+    ``query_mean_weight`` becomes 1.0; the threshold's other columns pass through. pt_docs/thresholds.rst, "Same-budget
+    controls", has the details.
 
     Args:
         control: ``'random'``, ``'magnitude'``, ``'variance'`` or ``'prefix'``.
