@@ -67,6 +67,21 @@ def test_flex_index_and_pipeline(corpus, tmp_path):
     assert {'query_kept', 'query_kept_frac', 'query_dime'} <= set(ours.columns)
 
 
+def test_the_paper_pipeline_with_compressed_feedback_prunes_as_with_dense_feedback(corpus, tmp_path):
+    """pruned.rst's recipe: the feedback top-10 on the compressed path gives the same documents as pyterrier-dr's
+    dense top-10, so the same pruned queries and the same final ranking."""
+    docs, _ = corpus
+    index = flex_index(tmp_path / 'docs.flex', docs)
+    queries = query_frame(np.random.default_rng(2).standard_normal((4, DIMS)).astype(np.float32))
+    rdime = index.vec_loader() >> PrfDime(keep_ranking=False) >> Rdime()
+    dense_fed = (index.np_retriever(num_results=10) >> rdime)(queries)
+    fast = PrunedRetriever(index=index, num_results=10, strategy='compressed') >> rdime
+    fast_fed = fast(queries)
+    np.testing.assert_array_equal(np.stack(fast_fed['query_vec']), np.stack(dense_fed['query_vec']))
+    second = PrunedRetriever(index=index, num_results=K)
+    assert second(fast_fed)['docno'].tolist() == second(dense_fed)['docno'].tolist()
+
+
 def test_pickle_travels_without_the_matrix(corpus):
     docs, query_vecs = corpus
     retriever = PrunedRetriever(index=docs, num_results=K)
