@@ -38,9 +38,9 @@ def flex_layout_path(index: object) -> Path:
     by the index's resolved path and size."""
     folder = Path(index.index_path)
     beside = folder / LAYOUT_NAME
-    if beside.exists() or os.access(folder, os.W_OK):
-        return beside
     source = folder / 'vecs.f4'
+    if beside.exists() or os.access(folder, os.W_OK) or not source.is_file():  # (not built: nothing is written)
+        return beside
     key = hashlib.sha1(f'{folder.resolve()}:{source.stat().st_size}'.encode()).hexdigest()[:16]
     return default_cache_dir() / 'layouts' / f'{folder.name}-{key}.npy'
 

@@ -51,10 +51,11 @@ class Layout:
         self._in_memory: Optional[Tuple[np.ndarray, np.ndarray]] = None  # an array index's matrix and abs_max
         self._docno_array: Optional[np.ndarray] = None
         self._whole = False  # a FlexIndex found whole
+        self._row_file: Optional[Tuple[tuple, RowFile]] = None  # and the identity of its vecs.f4
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, 'index': portable_index(self.index), '_lock': None, '_in_memory': None,
-                '_docno_array': None, '_whole': False}
+                '_docno_array': None, '_whole': False, '_row_file': None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
@@ -119,9 +120,14 @@ class Layout:
 
     def rescoring_rows(self) -> Optional[object]:
         """What the compressed path re-scores its few documents from, by ``rows[docids]``: a FlexIndex's ``vecs.f4``
-        through a :class:`~pyterrier_rdime._index_files.RowFile`, an array index's C-ordered rows, else None (the
-        dimension-major matrix then)."""
-        return self.doc_rows() if self.is_array else RowFile(self.doc_rows())
+        through a :class:`~pyterrier_rdime._index_files.RowFile` (opened again when the file changes), an array
+        index's C-ordered rows, else None (the dimension-major matrix then)."""
+        if self.is_array:
+            return self.doc_rows()
+        now = store.snapshot([Path(self.index.index_path) / 'vecs.f4'])
+        if self._row_file is None or self._row_file[0] != now:
+            self._row_file = (now, RowFile(self.doc_rows()))
+        return self._row_file[1]
 
     def lookup_docnos(self, docids: np.ndarray) -> np.ndarray:
         """The docnos of these docids, as an object array."""
