@@ -37,11 +37,10 @@ def flex_layout_path(index: object) -> Path:
     folder if a layout is there or the folder is writable, else in ``default_cache_dir()/layouts`` under a name keyed
     by the index's resolved path and size."""
     folder = Path(index.index_path)
-    beside = folder / LAYOUT_NAME
-    source = folder / 'vecs.f4'
-    if beside.exists() or os.access(folder, os.W_OK) or not source.is_file():  # (not built: nothing is written)
-        return beside
-    key = hashlib.sha1(f'{folder.resolve()}:{source.stat().st_size}'.encode()).hexdigest()[:16]
+    beside, source = os.path.join(folder, LAYOUT_NAME), os.path.join(folder, 'vecs.f4')
+    if os.path.exists(beside) or os.access(folder, os.W_OK) or not os.path.isfile(source):  # not built: no write
+        return Path(beside)
+    key = hashlib.sha1(f'{folder.resolve()}:{os.stat(source).st_size}'.encode()).hexdigest()[:16]
     return default_cache_dir() / 'layouts' / f'{folder.name}-{key}.npy'
 
 

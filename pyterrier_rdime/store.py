@@ -109,13 +109,18 @@ def stat_fields(path: Path) -> dict:
     return dict(zip(STAT_FIELDS, (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)))
 
 
-def snapshot(paths: Sequence[Path]) -> tuple:
+def snapshot(paths: Sequence[Union[str, os.PathLike]]) -> tuple:
     """The stat identity of each path (None where it cannot be read): equal snapshots mean no file was written,
-    replaced or touched in between."""
-    def one(path):
-        with contextlib.suppress(OSError):
-            return tuple(stat_fields(path).values())
-    return tuple(one(path) for path in paths)
+    replaced or touched in between. Called on every use of a derived file, so it stays a bare ``stat``."""
+    identities = []
+    for path in paths:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            identities.append(None)
+            continue
+        identities.append((stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino))
+    return tuple(identities)
 
 
 #: Fingerprints taken in this process, by resolved path: a file whose stat is unchanged is not hashed twice.
@@ -212,8 +217,8 @@ def derived(path: Path, kind: str, *, folder: Path, sources: Sequence[str], buil
     ``build=None``, None then.
     """
     record = path.with_suffix('.json') if data else path
-    own = [path, record] if data else [path]
-    watched = own + [folder / name for name in sources]
+    own = [str(path), str(record)] if data else [str(path)]
+    watched = own + [os.path.join(folder, name) for name in sources]
 
     def held(now: tuple) -> Optional[object]:
         with _REGISTRY_LOCK:
