@@ -109,7 +109,7 @@ class MeasuredChoice:
     def _state(self, name: str) -> dict:
         if self._buckets is None:
             self._path = self.record() if self.record is not None else None
-            self._buckets = read_timings(self._path) if self._path is not None else {}
+            self._buckets = _read_timings(self._path) if self._path is not None else {}
         return self._buckets.setdefault(name, {'calls': 0, 'seconds_per_unit': {}})
 
     def choose(self, costs: Dict[str, float], name: str) -> Choice:
@@ -175,7 +175,7 @@ def record_path(vecs: Path) -> Path:
     return default_cache_dir() / 'cost' / 'measured' / f'{machine_key()}-{vecs.parent.name}-{digest}.json'
 
 
-def read_timings(path: Path) -> Dict[str, dict]:
+def _read_timings(path: Path) -> Dict[str, dict]:
     """The buckets of the record at ``path``; none (the record is then rewritten from this process's timings) when
     it is missing, does not check (:mod:`pyterrier_rdime.store`) or holds anything but call counts and timings."""
     def number(x):
