@@ -21,7 +21,7 @@ import common  # first: it sets the environment (offline hub, temporary PyTerrie
 import numpy as np
 from common import log
 
-from pyterrier_rdime._io import atomic_open
+from pyterrier_rdime.store import atomic_open
 
 #: HNSW's graph degree and build-time beam width (FAISS's default efConstruction).
 HNSW_M = 32

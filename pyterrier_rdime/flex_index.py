@@ -1,6 +1,7 @@
 """Whether a pyterrier-dr FlexIndex folder holds a whole index: ``FlexIndex.built()`` only checks that the folder
 exists, so an indexing run stopped half way (Ctrl-C, a failed download) leaves a folder that ``built()`` accepts and
-every later search fails on (``FileNotFoundError: …/pt_meta.json``)."""
+every later search fails on (``FileNotFoundError: …/pt_meta.json``). The package's one answer to "is this FlexIndex
+whole": the retrievers, the statistics and the dense-vector cache all ask :func:`flex_index_problem`."""
 import json
 import os
 from pathlib import Path
@@ -13,8 +14,8 @@ FLEX_FILES = ('vecs.f4', 'docnos.npids', 'pt_meta.json')
 
 def flex_index_problem(index: Union[object, str, os.PathLike]) -> Optional[str]:
     """Why ``index`` (a pyterrier-dr ``FlexIndex`` or its folder) is not a whole index, in words, or ``None`` when it
-    is: its folder exists, ``pt_meta.json`` reads as JSON with ``vec_size`` and ``doc_count``, ``docnos.npids``
-    exists, and ``vecs.f4`` holds exactly ``doc_count x vec_size`` float32 values."""
+    is: its folder exists, ``pt_meta.json`` reads as JSON with ``vec_size`` and ``doc_count``, ``vecs.f4`` holds
+    exactly ``doc_count x vec_size`` float32 values and ``docnos.npids`` ``doc_count`` docnos."""
     folder = Path(getattr(index, 'index_path', index))
     if not folder.is_dir():
         return f'{folder} does not exist'
@@ -32,6 +33,13 @@ def flex_index_problem(index: Union[object, str, os.PathLike]) -> Optional[str]:
     if size != expected:
         return (f'{folder / "vecs.f4"} holds {size} bytes, not the {expected} of the {meta["doc_count"]} '
                 f'{meta["vec_size"]}-dimensional vectors pt_meta.json records')
+    from npids import Lookup  # pyterrier-dr's docno store
+    try:
+        count = len(Lookup(folder / 'docnos.npids'))
+    except Exception as e:  # whatever makes it unreadable
+        return f'{folder / "docnos.npids"} does not read as a docno lookup ({type(e).__name__}: {e})'
+    if count != int(meta['doc_count']):
+        return f'{folder / "docnos.npids"} holds {count} docnos, not the {meta["doc_count"]} pt_meta.json records'
     return None
 
 
@@ -48,3 +56,12 @@ def flex_index_complete(index: Union[object, str, os.PathLike]) -> bool:
             (model >> index.indexer(mode='overwrite')).index(dataset.get_corpus_iter())
     """
     return flex_index_problem(index) is None
+
+
+def check_whole(index: object, stage: str) -> None:
+    """Fails, naming ``stage``, with the fix, when ``index`` is not a whole FlexIndex (:func:`flex_index_problem`)."""
+    problem = flex_index_problem(index)
+    if problem is not None:
+        raise ValueError(f'{stage}: {index!r} is not built ({problem}); index the documents first, e.g. (encoder '
+                         ">> index.indexer(mode='overwrite')).index(docs), which also replaces a folder an interrupted "
+                         'run left half written')

@@ -14,6 +14,7 @@ import numpy as np
 import pyterrier as pt
 
 from .._config import check_int
+from ..flex_index import flex_index_problem
 from .collection import Collection, check_in_corpus, iter_texts
 from .encoders import encoder_fingerprint
 from .fingerprint import (
@@ -214,15 +215,15 @@ def _ensure_lookup_round_trips(folder: Path, hashes: np.ndarray) -> np.ndarray:
 
 
 def _read_cached(path: Path) -> Tuple[object, List[str], Optional[np.ndarray]]:
-    """The cached FlexIndex at ``path``, its docnos and its text hashes (``None`` when it has none); raises when a
-    file is missing, malformed or of the wrong size."""
+    """The cached FlexIndex at ``path``, its docnos and its text hashes (``None`` when it has none); raises when it
+    is not a whole FlexIndex (:func:`~pyterrier_rdime.flex_index_problem`)."""
     from pyterrier_dr import FlexIndex
+    problem = flex_index_problem(path)
+    if problem is not None:
+        raise ValueError(problem)
     index = FlexIndex(str(path), verbose=False)
-    lookup, meta = index.payload(return_dvecs=False)
-    expected = meta['doc_count'] * meta['vec_size'] * np.dtype(np.float32).itemsize
-    if (path / 'vecs.f4').stat().st_size != expected or len(lookup) != meta['doc_count']:
-        raise ValueError(f'vecs.f4 or docnos.npids does not hold the {meta["doc_count"]} vectors of pt_meta.json')
-    docnos = [str(d) for d in lookup.fwd[np.arange(meta['doc_count'])]]
+    lookup = index.payload(return_dvecs=False)[0]
+    docnos = [str(d) for d in lookup.fwd[np.arange(len(lookup))]]
     hashes = np.load(path / TEXT_HASHES) if (path / TEXT_HASHES).is_file() else None
     return index, docnos, hashes
 

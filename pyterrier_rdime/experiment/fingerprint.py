@@ -1,24 +1,19 @@
 """What a cached artefact was built from, recorded beside it and checked before it is used: the collection's
 documents (:attr:`Collection.fingerprint`), the encoder's content (:func:`encoder_fingerprint`) and, for a dense
 index, a hash of each document's text, so that a changed corpus re-encodes only the documents that changed."""
-import contextlib
 import hashlib
-import json
-import os
 import re
-import shutil
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
+from typing import Iterable, Optional, Union
 
 import numpy as np
 
-from .._io import atomic_open
+from .. import store
 
-#: The sidecar file of a cached artefact: a JSON object of what it was built from.
+#: The sidecar file of a cached artefact: a record (:mod:`pyterrier_rdime.store`) of what it was built from.
 FINGERPRINT = 'rdime_fingerprint.json'
 #: A dense index's per-document text hashes (uint64, in the index's docid order).
 TEXT_HASHES = 'rdime_text_hashes.npy'
-VERSION = 1
 
 
 def slug(label: str, key: Optional[str] = None) -> str:
@@ -40,36 +35,18 @@ def text_hashes(texts: Iterable[str]) -> np.ndarray:
 
 
 def read_fingerprint(folder: Union[str, Path]) -> Optional[dict]:
-    """The fingerprint recorded in ``folder``; ``None`` when there is none or it cannot be read (a cache written
-    before fingerprints, or by hand), which callers treat as built from unknown content."""
-    path = Path(folder) / FINGERPRINT
+    """The fingerprint recorded in ``folder``; ``None`` when there is none or it does not check (a cache written
+    before these records, damaged, or edited by hand), which callers treat as built from unknown content."""
     try:
-        recorded = json.loads(path.read_text(encoding='utf-8'))
-    except (OSError, ValueError):
+        return store.read_json(Path(folder) / FINGERPRINT, 'fingerprint')
+    except (store.Damaged, ValueError):
         return None
-    return recorded if isinstance(recorded, dict) and recorded.get('version') == VERSION else None
 
 
 def write_fingerprint(folder: Union[str, Path], **fields) -> None:
     """Records ``fields`` in ``folder``, atomically (a killed process leaves the old file or the new one)."""
-    with atomic_open(Path(folder) / FINGERPRINT) as f:
-        json.dump({'version': VERSION, **fields}, f, indent=1)
+    store.write_json(Path(folder) / FINGERPRINT, 'fingerprint', fields)
 
 
-@contextlib.contextmanager
-def cache_entry(path: Path) -> Iterator[None]:
-    """Held while the cache entry ``path`` is checked and built: one builder at a time (a second process waits,
-    then finds the entry built), and what a killed builder left (``pt.io.finalized_directory``'s hidden temporary
-    folders beside ``path``) is removed, since no other builder can be running."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # Windows: no advisory locks; concurrent builders still each write a whole entry
-        yield
-        return
-    with open(path.parent / f'.{path.name}.lock', 'w') as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        stem, suffix = os.path.splitext(path.name)
-        for leftover in path.parent.glob(f'.{stem}.*.tmp{suffix}'):
-            shutil.rmtree(leftover, ignore_errors=True)
-        yield
+#: Held while a cache entry (a folder) is checked and built (:func:`pyterrier_rdime.store.locked`).
+cache_entry = store.locked

@@ -16,8 +16,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import pandas as pd
 
 from .._config import check_int
-from .._io import atomic_open
 from ..llm import read_answers_tsv
+from ..store import atomic_open
 from . import evaluate as ev
 from .cells import run_cells
 from .collection import Collection, load_collection

@@ -9,7 +9,7 @@ from typing import List, Optional, Sequence, Union
 import pyterrier as pt
 
 from .._config import hub_offline
-from ..flex_index import flex_index_problem
+from ..flex_index import FLEX_FILES, flex_index_problem
 from .fingerprint import cache_entry, read_fingerprint, slug, write_fingerprint
 
 #: ``--retriever`` choices for full dense retrieval: name -> what it is.
@@ -23,9 +23,6 @@ RETRIEVERS = {
     'sharded': "this package's ShardedPrunedRetriever: PrunedRetriever over --shards shards of the index, one Ray "
                'actor each (on the cluster of --ray-address; the ray extra): the same ranking as pruned',
 }
-
-#: The files of a FlexIndex that its shards are cut from (a layout written beside them is not one).
-FLEX_FILES = ('pt_meta.json', 'vecs.f4', 'docnos.npids')
 
 
 def check_index_spec(spec: str) -> None:

@@ -10,7 +10,7 @@ from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence,
 import numpy as np
 import pandas as pd
 
-from .._io import atomic_open
+from .. import store
 from .fingerprint import slug
 
 logger = logging.getLogger(__name__)
@@ -36,12 +36,13 @@ def without_vectors(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 class SystemRecords:
-    """The finished systems of one cell, each a pickle of its result frame (without vectors) in
-    ``<folder>/<key>/``, written atomically when the system is finished and read back on the next run instead of
-    recomputed. The folder of any other key (a cell whose inputs, options or code changed since) is removed on
-    opening, so a changed input never reads a stale frame; :meth:`clear` removes the records once the cell's own
-    record is written. With ``folder=None`` nothing is written: the frames are only stripped of their vectors, so
-    that a recorded run and an unrecorded one hold the same frames.
+    """The finished systems of one cell, each a pickle of its result frame (without vectors) in a checksummed record
+    (:mod:`pyterrier_rdime.store`) in ``<folder>/<key>/``, written atomically when the system is finished and read
+    back on the next run instead of recomputed (a record that does not check, or holds no frame of that system, is
+    recomputed with a warning). The folder of any other key (a cell whose inputs, options or code changed since) is
+    removed on opening, so a changed input never reads a stale frame; :meth:`clear` removes the records once the
+    cell's own record is written. With ``folder=None`` nothing is written: the frames are only stripped of their
+    vectors, so that a recorded run and an unrecorded one hold the same frames.
 
     Example::
 
@@ -102,23 +103,19 @@ class SystemRecords:
         return self.folder / f'{slug(f"{key[0]}-{key[1]}", digest)}.pkl'
 
     def _read(self, key: Key) -> Optional[pd.DataFrame]:
-        if self.root is None:
-            return None
-        path = self._path(key)
-        if not path.is_file():
+        if self.root is None or not self._path(key).is_file():
             return None
         try:
-            with open(path, 'rb') as f:
-                recorded_key, frame = pickle.load(f)
+            recorded_key, frame = pickle.loads(store.read_record(self._path(key), 'system-frame'))
+            if recorded_key != key or not isinstance(frame, pd.DataFrame):
+                raise TypeError(f'it holds no frame of {key!r}')
         except Exception as e:  # a damaged record of any kind is recomputed, never the cell aborted
-            logger.warning('the record %s of %r does not read back (%s: %s); recomputing it', path, key,
+            logger.warning('the record %s of %r does not read back (%s: %s); recomputing it', self._path(key), key,
                            type(e).__name__, e)
             return None
-        return frame if recorded_key == key else None  # a digest collision: recompute rather than mix systems
+        return frame
 
     def _write(self, key: Key, frame: pd.DataFrame) -> pd.DataFrame:
-        if self.root is not None:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            with atomic_open(self._path(key), 'wb') as f:  # a kill leaves the record whole or absent
-                pickle.dump((key, frame), f, protocol=pickle.HIGHEST_PROTOCOL)
+        if self.root is not None:  # a kill leaves the record whole or absent
+            store.write_record(self._path(key), 'system-frame', pickle.dumps((key, frame), pickle.HIGHEST_PROTOCOL))
         return frame

@@ -16,7 +16,7 @@ import numpy as np
 import pyterrier as pt
 
 from .._config import default_cache_dir
-from .._io import atomic_open
+from ..store import atomic_open
 from . import compressed, dense, int8_copy
 from .cost import RESCORED_PER_RESULT, CostModel
 from .plan import batch_features, nonzero_fractions

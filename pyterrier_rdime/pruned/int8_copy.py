@@ -6,35 +6,21 @@ quantisation error of each dimension (measured while quantising, at most ``scale
 For a FlexIndex the copy is one file per index (``rdime.dim_major.i8.npy`` beside where the float32 layout is or
 would be, a quarter of the vectors' size), built on first use by streaming the index's own vectors (``vecs.f4``) a
 block of documents at a time, with the scales from the index's cached vector statistics: no float32
-dimension-major copy is needed for it. It follows the layout's protocol: a temporary file renamed into place when
-complete and flushed, a JSON record written after it with the fingerprints of the files it was built from (checked
-by ``stat`` on every open, hashed only where a time moved) and the identity of the copy itself; a copy whose record is
-missing or does not match is rebuilt with a warning; concurrent builds are serialised by a lock. An array index gets
-an in-memory copy.
+dimension-major copy is needed for it. It is kept by the protocol of :mod:`pyterrier_rdime.store`, as the layout is.
+An array index gets an in-memory copy.
 """
 import dataclasses
 import os
 import threading
-import warnings
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import pyterrier as pt
 
-from .._index_files import (
-    SOURCES,
-    check_finite,
-    current_sources,
-    exclusive,
-    fingerprint,
-    flex_layout_path,
-    identity,
-    read_json,
-    row_reader,
-    write_json,
-)
-from .._io import atomic_open
+from .. import store
+from .._index_files import SOURCES, check_finite, flex_layout_path, row_reader
+from ..flex_index import check_whole
 from .layout import BUILD_BLOCK, Layout, npy_problem
 
 #: The largest code: int8 values are in ``[-CODE_MAX, CODE_MAX]`` (-128 unused, so that the scale is symmetric).
@@ -42,9 +28,6 @@ CODE_MAX = 127
 #: Dimensions quantised per step of a build: ``ROWS_PER_STEP x docs x 8`` bytes of temporary memory (64 MiB per
 #: million documents).
 ROWS_PER_STEP = 8
-_REGISTRY_LOCK = threading.Lock()
-_BUILD_LOCKS: Dict[Path, threading.Lock] = {}
-_OPEN: Dict[Path, Tuple[tuple, 'Codes']] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +61,9 @@ def quantise(dim_major: np.ndarray) -> Codes:
 
 
 class CompressedCopy:
-    """The int8 copy of one :class:`.layout.Layout`'s index, opened (or built) on first use. Thread-safe; pickles
-    without the copy (the other side reopens the file, or quantises its own matrix again)."""
+    """The int8 copy of one :class:`.layout.Layout`'s index, opened (or built) on first use, for a FlexIndex checked
+    by ``stat`` on every call. Thread-safe; pickles without the copy (the other side reopens the file, or quantises
+    its own matrix again)."""
 
     def __init__(self, layout: Layout):
         self.layout = layout
@@ -93,13 +77,11 @@ class CompressedCopy:
         self.__init__(state['layout'])
 
     def codes(self) -> Codes:
-        if self._codes is None:
-            with self._lock:
-                if self._codes is None:
-                    if self.layout.is_array:
-                        self._codes = quantise(self.layout.matrix())
-                    else:
-                        self._codes = open_flex_compressed(self.layout)
+        if not self.layout.is_array:
+            return open_flex_compressed(self.layout)
+        with self._lock:
+            if self._codes is None:
+                self._codes = quantise(self.layout.matrix())
         return self._codes
 
 
@@ -115,37 +97,25 @@ def open_flex_compressed(layout: Layout) -> Codes:
     if it is missing, incomplete, damaged or was built from other vectors or docnos. No float32 layout is opened."""
     index, stage = layout.index, layout.stage
     folder = Path(index.index_path)
-    dims, docs = layout.shape
-    path = compressed_path(flex_layout_path(index))
-    with _REGISTRY_LOCK:
-        build_lock = _BUILD_LOCKS.setdefault(path, threading.Lock())
-    with build_lock:
-        with _REGISTRY_LOCK:
-            opened = _OPEN.get(path)
-        if opened is not None and opened[0] == identity(path) and _check(path, folder, (dims, docs)) is None:
-            return opened[1]
-        if _check(path, folder, (dims, docs)) is not None:
-            with exclusive(folder / 'vecs.f4'):  # another process may be building it: wait, then look again
-                reason = _check(path, folder, (dims, docs), verify=True)
-                if reason is not None:
-                    if path.exists() or record_path(path).exists():
-                        warnings.warn(f'{stage}: rebuilding the compressed copy {path}: {reason}', stacklevel=4)
-                    for stale in path.parent.glob(f'.{path.name}.*.tmp'):  # from a killed build: no one writes it now
-                        stale.unlink(missing_ok=True)
-                    record_path(path).unlink(missing_ok=True)
-                    abs_max = layout.abs_max()  # the vectors' statistics; docnos checked for repeats
-                    docnos, vecs, _ = index.payload()
-                    # hashed before the build: vectors changed during it show as a changed ctime on the next open
-                    sources = {name: fingerprint(folder / name) for name in SOURCES}
-                    scale, error = build_compressed(vecs, path, abs_max, docnos=docnos.fwd, stage=stage,
-                                                    source=str(folder), verbose=layout.verbose)
-                    _write_record(path, sources, scale, error)
-        record = _read_record(path)
-        copy = Codes(np.load(path, mmap_mode='r'), np.asarray(record['scale'], dtype=np.float32),
-                     np.asarray(record['error'], dtype=np.float64))
-        with _REGISTRY_LOCK:
-            _OPEN[path] = (identity(path), copy)
-        return copy
+
+    def write(path: Path) -> dict:
+        abs_max = layout.abs_max()  # the vectors' statistics; docnos checked for repeats
+        docnos, vecs, _ = index.payload()
+        scale, error = build_compressed(vecs, path, abs_max, docnos=docnos.fwd, stage=stage, source=str(folder),
+                                        verbose=layout.verbose)
+        return {'scale': scale.tolist(), 'error': error.tolist()}
+
+    def check(path: Path, content: dict) -> Optional[str]:
+        dims, docs = layout.shape
+        problem = npy_problem(path, (dims, docs), np.dtype('i1'))
+        return None if problem is None and len(content['scale']) == len(content['error']) == dims else \
+            f'{problem or "its record is of another shape"} (damaged, or a build was interrupted)'
+    return store.derived(compressed_path(flex_layout_path(index)), 'int8-copy', folder=folder, sources=SOURCES,
+                         build=write, check=check, before_build=lambda: check_whole(index, stage),
+                         open_with=lambda path, content: Codes(np.load(path, mmap_mode='r'),
+                                                               np.asarray(content['scale'], dtype=np.float32),
+                                                               np.asarray(content['error'], dtype=np.float64)),
+                         what='the compressed copy', stage=stage)
 
 
 def scales(abs_max: np.ndarray) -> np.ndarray:
@@ -169,7 +139,7 @@ def build_compressed(vecs: np.ndarray, path: Path, abs_max: np.ndarray, *, docno
     scale = scales(abs_max)
     error = np.zeros(dims)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(path, 'wb') as out:
+    with store.atomic_open(path, 'wb') as out:
         np.lib.format.write_array_header_1_0(out, {'descr': '|i1', 'fortran_order': False, 'shape': (dims, docs)})
         header = out.tell()
         out.truncate(header + dims * docs)
@@ -189,41 +159,3 @@ def build_compressed(vecs: np.ndarray, path: Path, abs_max: np.ndarray, *, docno
                 progress.update(len(rows))
         os.fsync(out.fileno())
     return scale, error
-
-
-def record_path(path: Path) -> Path:
-    """The JSON record that describes the int8 copy at ``path``."""
-    return path.with_suffix('.json')
-
-
-def _write_record(path: Path, sources: Dict[str, dict], scale: np.ndarray, error: np.ndarray) -> None:
-    """The copy's record, written (atomically) after the copy is in place: a build killed before this leaves a copy
-    without a record, which is rebuilt."""
-    write_json(record_path(path), {'sources': sources, 'codes': list(identity(path)),
-                                   'scale': [float(x) for x in scale], 'error': [float(x) for x in error]})
-
-
-def _read_record(path: Path) -> dict:
-    record = read_json(record_path(path))
-    if record is None:
-        raise OSError(f'{record_path(path)} is missing or unreadable')
-    return record
-
-
-def _check(path: Path, folder: Path, shape: Tuple[int, int], *, verify: bool = False) -> Optional[str]:
-    """None for a complete int8 copy of this shape whose record matches both it and the ``SOURCES`` files of the
-    index in ``folder`` (:func:`~pyterrier_rdime._index_files.current_sources`); else why not."""
-    problem = npy_problem(path, shape, np.dtype('i1'))
-    if problem is not None:
-        return problem + ' (damaged, or a build was interrupted)'
-    record = read_json(record_path(path))
-    try:
-        if len(record['scale']) != shape[0] or len(record['error']) != shape[0] or \
-                sorted(record['sources']) != sorted(SOURCES):
-            raise ValueError('scale')
-    except (ValueError, KeyError, TypeError):
-        return f'its record {record_path(path).name} is missing or unreadable (a build was interrupted)'
-    if tuple(record['codes']) != identity(path):
-        return f'its record {record_path(path).name} describes another file (damaged, or a build was interrupted)'
-    return current_sources(record['sources'], folder, verify=verify, built='the copy',
-                           save=lambda sources: _write_record(path, sources, record['scale'], record['error']))

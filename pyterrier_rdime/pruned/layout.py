@@ -3,62 +3,36 @@
 For a FlexIndex there is one copy per index, on disk: ``rdime.dim_major.npy`` in the index folder (or, when the folder
 is read-only, in the cache folder under a name keyed by the index's path and size), memory-mapped read-only, so every
 retriever on the index, in every process, shares the operating system's page cache instead of holding its own copy.
-It is built once, streaming the index in blocks of documents (bounded memory), into a temporary file renamed into
-place only when complete and flushed: an interrupted build leaves nothing that a later run would open. Beside it, a
-small JSON record (``rdime.dim_major.json``) holds the fingerprint of each file it was built from (``vecs.f4``,
-and ``docnos.npids``, checked then for a repeated docno), the identity of the layout file it describes and the
-largest absolute value of each dimension, and is written after the layout is renamed into place. On open, each
-source is checked by :func:`pyterrier_rdime._index_files.current_sources`: a ``stat`` while nothing changed, a full
-hash where a time or the inode moved, a rebuild where the size or the content differs.
-
-A rebuild warns, naming the reason. An array index gets an in-memory copy instead (its docnos checked once, there).
-
-Longer than the package's ~250-line habit on purpose: the build, its fault safety (temporary file, lock, record) and
-the check on every open are one atomic protocol, easier to audit in one place than spread over modules.
+It is built once, streaming the index in blocks of documents (bounded memory), and kept by the protocol of
+:mod:`pyterrier_rdime.store`: written atomically, recorded (the fingerprints of ``vecs.f4`` and ``docnos.npids``, the
+layout's own identity, the largest absolute value of each dimension), checked by ``stat`` on every call, rebuilt with a
+warning when a source changed or anything is missing or damaged. An array index gets an in-memory copy instead (its
+docnos checked once, there).
 """
-import contextlib
 import os
 import threading
-import warnings
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from .._index_files import (
-    SOURCES,
-    RowFile,
-    check_built,
-    check_finite,
-    current_sources,
-    exclusive,
-    fingerprint,
-    flex_layout_path,
-    identity,
-    portable_index,
-    read_json,
-    row_reader,
-    vector_stats,
-    write_json,
-)
-from .._io import atomic_open
+from .. import store
+from .._index_files import SOURCES, RowFile, check_finite, flex_layout_path, portable_index, row_reader, vector_stats
+from ..flex_index import check_whole
 
 #: Docnos hashed at a time when looking for a repeated one (their text is held only a block at a time).
 DOCNO_BLOCK = 2 ** 20
 #: Documents per block when building: ``2 x block x dims x 4`` bytes of memory (200 MiB for 768 dimensions).
 BUILD_BLOCK = 32768
 
-_REGISTRY_LOCK = threading.Lock()
-_BUILD_LOCKS: Dict[Path, threading.Lock] = {}
-_OPEN: Dict[Path, Tuple[Tuple[int, int, int], np.ndarray, np.ndarray]] = {}
-
 
 class Layout:
     """The dimension-major matrix and the docnos of one index, opened (or built) on first use. Thread-safe: two threads
-    asking at once get the same matrix, built once. Pickles without the matrix (a memory map, or a copy that the
-    other side rebuilds), so a worker process reopens the shared file.
+    asking at once get the same matrix, built once. For a FlexIndex, every call checks its files by ``stat``
+    (:func:`pyterrier_rdime.store.derived`), so an open retriever follows a change of ``vecs.f4`` or ``docnos.npids``
+    on its next call. Pickles without the matrix, so a worker process reopens the shared file.
 
     Args:
         index: a pyterrier-dr ``FlexIndex`` or a ``(docs, dims)`` array.
@@ -74,25 +48,17 @@ class Layout:
         self.stage = stage
         self.verbose = verbose
         self._lock = threading.Lock()
-        self._matrix: Optional[np.ndarray] = None
-        self._abs_max: Optional[np.ndarray] = None
+        self._in_memory: Optional[Tuple[np.ndarray, np.ndarray]] = None  # an array index's matrix and abs_max
         self._docno_array: Optional[np.ndarray] = None
-        self._row_file: Optional[RowFile] = None
+        self._whole = False  # a FlexIndex found whole
+        self._row_file: Optional[Tuple[tuple, RowFile]] = None  # and the identity of its vecs.f4
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state['index'] = portable_index(self.index)
-        for transient in ('_lock', '_matrix', '_abs_max', '_docno_array', '_row_file'):
-            state.pop(transient)
-        return state
+        return {**self.__dict__, 'index': portable_index(self.index), '_lock': None, '_in_memory': None,
+                '_docno_array': None, '_whole': False, '_row_file': None}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-        self._matrix = None
-        self._abs_max = None
-        self._docno_array = None
-        self._row_file = None
+        self.__dict__.update(state, _lock=threading.Lock())
 
     @property
     def is_array(self) -> bool:
@@ -103,53 +69,44 @@ class Layout:
         """``(dims, docs)`` of the index, read from its metadata (no copy is opened or built)."""
         if self.is_array:
             return self.index.shape[1], self.index.shape[0]
-        check_built(self.index, self.stage)
-        meta = self.index.payload(return_dvecs=False, return_docnos=False)[0]
-        return int(meta['vec_size']), int(meta['doc_count'])
+        self._check_whole()
+        return flex_shape(self.index)
+
+    def _check_whole(self) -> None:
+        if not self._whole:
+            check_whole(self.index, self.stage)
+            self._whole = True
 
     def matrix(self) -> np.ndarray:
         """The ``(dims, docs)`` float32 C-contiguous matrix (for a FlexIndex, the on-disk layout, built on first
         use)."""
-        self._open()
-        return self._matrix
+        if self.is_array:
+            return self._array_copy()[0]
+        return open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)[0]
 
     def has_matrix(self) -> bool:
-        """Whether the float32 matrix is at hand without a build: an array index, a layout opened here, or a FlexIndex
-        layout on disk that matches the index (``stat`` only)."""
-        if self.is_array or self._matrix is not None:
-            return True
-        if _check(flex_layout_path(self.index), self.shape, Path(self.index.index_path)) is not None:
-            return False
-        self._open()  # at hand: opened now, so that later calls need no check (each read the layout's record)
-        return True
+        """Whether the float32 matrix is at hand without a build: an array index, or a FlexIndex layout on disk that
+        matches the index (``stat`` only)."""
+        return self.is_array or open_flex_layout(self.index, stage=self.stage, build=False) is not None
 
     def abs_max(self) -> np.ndarray:
         """The largest absolute value of each dimension over the documents, float64 ``(dims,)``: bounds the scores.
         For a FlexIndex, from its cached vector statistics (one streaming pass on first use), so that no copy of the
         vectors is built for it."""
         if self.is_array:
-            self._open()
-            return self._abs_max
-        if self._abs_max is None:
-            abs_max = vector_stats(self.index, stage=self.stage, verbose=self.verbose)['abs_max']
-            check_flex_docnos(self.index, self.stage)
-            self._abs_max = abs_max
-        return self._abs_max
+            return self._array_copy()[1]
+        abs_max = vector_stats(self.index, stage=self.stage, verbose=self.verbose)['abs_max']
+        check_flex_docnos(self.index, self.stage)
+        return abs_max
 
-    def _open(self) -> None:
-        if self._matrix is None:
-            with self._lock:
-                if self._matrix is None:
-                    if self.is_array:
-                        if self.docnos is not None:
-                            self._docno_array = np.asarray(self.docnos, dtype=object)
-                            check_unique_docnos(self._docno_array.__getitem__, len(self._docno_array),
-                                                stage=self.stage, source='the array index',
-                                                fix='give each row its own docno')
-                        matrix, self._abs_max = dimension_major(self.index, docnos=self.docnos, stage=self.stage)
-                    else:
-                        matrix, _ = open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)
-                    self._matrix = matrix
+    def _array_copy(self) -> Tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            if self._in_memory is None:
+                if self.docnos is not None:
+                    check_unique_docnos(self.lookup_docnos, len(self.docnos), stage=self.stage,
+                                        source='the array index', fix='give each row its own docno')
+                self._in_memory = dimension_major(self.index, docnos=self.docnos, stage=self.stage)
+            return self._in_memory
 
     def doc_rows(self) -> Optional[np.ndarray]:
         """The ``(docs, dims)`` float32 C-contiguous vectors the index holds, where there are such (a FlexIndex's
@@ -158,18 +115,19 @@ class Layout:
         if self.is_array:
             index = self.index
             return index if index.dtype == np.float32 and index.flags.c_contiguous else None
-        check_built(self.index, self.stage)
+        self._check_whole()
         return self.index.payload(return_docnos=False)[0]
 
     def rescoring_rows(self) -> Optional[object]:
         """What the compressed path re-scores its few documents from, by ``rows[docids]``: a FlexIndex's ``vecs.f4``
-        through a :class:`~pyterrier_rdime._index_files.RowFile` (opened once), an array index's C-ordered rows, else
-        None (the dimension-major matrix then)."""
+        through a :class:`~pyterrier_rdime._index_files.RowFile` (opened again when the file changes), an array
+        index's C-ordered rows, else None (the dimension-major matrix then)."""
         if self.is_array:
             return self.doc_rows()
-        if self._row_file is None:
-            self._row_file = RowFile(self.doc_rows())
-        return self._row_file
+        now = store.snapshot([Path(self.index.index_path) / 'vecs.f4'])
+        if self._row_file is None or self._row_file[0] != now:
+            self._row_file = (now, RowFile(self.doc_rows()))
+        return self._row_file[1]
 
     def lookup_docnos(self, docids: np.ndarray) -> np.ndarray:
         """The docnos of these docids, as an object array."""
@@ -183,25 +141,25 @@ class Layout:
         return self._docno_array[docids]
 
 
+def flex_shape(index: object) -> Tuple[int, int]:
+    """``(dims, docs)`` of a FlexIndex, from its ``pt_meta.json``."""
+    meta = index.payload(return_dvecs=False, return_docnos=False)[0]
+    return int(meta['vec_size']), int(meta['doc_count'])
+
+
 def check_flex_docnos(index: object, stage: str) -> None:
     """Refuses a FlexIndex where two documents share a docno (:func:`check_unique_docnos`), once per docno file: a
     record beside the layout (``rdime.dim_major.docnos.json``) keeps the fingerprint of the ``docnos.npids`` found
     unique, checked by ``stat`` afterwards, so that no path, the dense one included, returns a docno twice."""
-    folder = Path(index.index_path)
-    path = flex_layout_path(index).with_suffix('.docnos.json')
-    record = read_json(path)
-    sources = record.get('sources') if record is not None else None
-    if isinstance(sources, dict) and set(sources) == {'docnos.npids'}:
-        if current_sources(sources, folder, verify=True, built='the docno check',
-                           save=lambda current: write_json(path, {'sources': current})) is None:
-            return
-    checked = {'docnos.npids': fingerprint(folder / 'docnos.npids')}  # before the check: a change shows later
-    docnos = index.payload(return_dvecs=False)[0]
-    check_unique_docnos(docnos.fwd.__getitem__, len(docnos), stage=stage, source=str(folder),
-                        fix='index each document once (drop the repeats from the documents) and rebuild the index '
-                            "with indexer(mode='overwrite')")
-    with contextlib.suppress(OSError):
-        write_json(path, {'sources': checked})
+    def check(path: Path) -> dict:
+        docnos = index.payload(return_dvecs=False)[0]
+        check_unique_docnos(docnos.fwd.__getitem__, len(docnos), stage=stage, source=str(index.index_path),
+                            fix='index each document once (drop the repeats from the documents) and rebuild the '
+                                "index with indexer(mode='overwrite')")
+        return {}
+    store.derived(flex_layout_path(index).with_suffix('.docnos.json'), 'docno-check', folder=Path(index.index_path),
+                  sources=('docnos.npids',), data=False, build=check, before_build=lambda: check_whole(index, stage),
+                  what='the docno check', stage=stage)
 
 
 def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None, stage: str = 'PrunedRetriever',
@@ -223,52 +181,29 @@ def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None,
     return out, abs_max
 
 
-def record_path(path: Path) -> Path:
-    """The JSON record that describes the layout at ``path``."""
-    return path.with_suffix('.json')
-
-
-def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever',
-                     verbose: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever', verbose: bool = False,
+                     build: bool = True) -> Optional[Tuple[np.ndarray, np.ndarray]]:
     """The read-only memory-mapped layout of a FlexIndex and the largest absolute value of each dimension, built
-    first if the layout is missing or was not built from the index's current vectors and docnos (an index with a
-    repeated docno is refused then). Every caller in this process gets the same array; concurrent builds (threads,
-    or processes where ``fcntl`` exists) wait for the first one and then open its file."""
-    check_built(index, stage)
-    meta = index.payload(return_dvecs=False, return_docnos=False)[0]
-    shape = (int(meta['vec_size']), int(meta['doc_count']))
+    first (unless ``build`` is False: None then) if the layout is missing, damaged or was not built from the index's
+    current vectors and docnos (an index with a repeated docno is refused then). Every caller in this process gets
+    the same array; concurrent builds (threads, or processes) wait for the first one and then open its file."""
     folder = Path(index.index_path)
-    source = folder / 'vecs.f4'
-    path = flex_layout_path(index)
-    with _REGISTRY_LOCK:
-        build_lock = _BUILD_LOCKS.setdefault(path, threading.Lock())
-    with build_lock:
-        with _REGISTRY_LOCK:
-            opened = _OPEN.get(path)
-        if opened is not None and opened[0] == identity(path) and _check(path, shape, folder) is None:
-            return opened[1], opened[2]
-        if _check(path, shape, folder) is not None:
-            with exclusive(source):  # another process may be building it: wait, then look again (hashing now)
-                reason = _check(path, shape, folder, verify=True)
-                if reason is not None:
-                    if path.exists() or record_path(path).exists():
-                        warnings.warn(f'{stage}: rebuilding the dimension-major layout {path}: {reason}',
-                                      stacklevel=4)
-                    for stale in path.parent.glob(f'.{path.name}.*.tmp'):  # from a killed build: no one writes it now
-                        stale.unlink(missing_ok=True)
-                    record_path(path).unlink(missing_ok=True)
-                    check_flex_docnos(index, stage)
-                    docnos, vecs, _ = index.payload()
-                    # hashed before the build: vectors changed during it show as a changed ctime on the next open
-                    sources = {name: fingerprint(folder / name) for name in SOURCES}
-                    abs_max = build_layout(vecs, path, docnos=docnos.fwd, stage=stage, source=str(folder),
-                                           verbose=verbose)
-                    _write_record(path, sources, abs_max)
-        matrix = np.load(path, mmap_mode='r')
-        abs_max = np.asarray(_read_record(path)['abs_max'], dtype=np.float64)
-        with _REGISTRY_LOCK:
-            _OPEN[path] = (identity(path), matrix, abs_max)
-        return matrix, abs_max
+
+    def write(path: Path) -> dict:
+        check_flex_docnos(index, stage)
+        docnos, vecs, _ = index.payload()
+        abs_max = build_layout(vecs, path, docnos=docnos.fwd, stage=stage, source=str(folder), verbose=verbose)
+        return {'abs_max': abs_max.tolist()}
+
+    def check(path: Path, content: dict) -> Optional[str]:
+        problem = npy_problem(path, flex_shape(index), np.dtype('<f4'))
+        return None if problem is None and len(content['abs_max']) == flex_shape(index)[0] else \
+            f'{problem or "its record is of another shape"} (a build was interrupted, or the index changed)'
+    return store.derived(flex_layout_path(index), 'layout', folder=folder, sources=SOURCES, check=check,
+                         build=write if build else None, before_build=lambda: check_whole(index, stage),
+                         open_with=lambda path, content: (np.load(path, mmap_mode='r'),
+                                                          np.asarray(content['abs_max'], dtype=np.float64)),
+                         what='the dimension-major layout', stage=stage)
 
 
 def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = None, stage: str = 'PrunedRetriever',
@@ -287,7 +222,7 @@ def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = Non
     docs, dims = vecs.shape
     block = block or BUILD_BLOCK
     abs_max = np.zeros(dims)
-    with atomic_open(path, 'wb') as out:
+    with store.atomic_open(path, 'wb') as out:
         np.lib.format.write_array_header_1_0(out, {'descr': '<f4', 'fortran_order': False, 'shape': (dims, docs)})
         header = out.tell()
         out.truncate(header + dims * docs * 4)
@@ -335,20 +270,6 @@ def check_unique_docnos(lookup: Callable[[np.ndarray], np.ndarray], count: int, 
                          f'and {docids[1]}), so a ranking could hold it twice; {fix}')
 
 
-def _write_record(path: Path, sources: Dict[str, dict], abs_max: Sequence[float]) -> None:
-    """The layout's record, written (atomically) after the layout is in place: a build killed before this leaves
-    a layout without a record, which is rebuilt."""
-    write_json(record_path(path), {'sources': sources, 'layout': list(identity(path)),
-                                   'abs_max': [float(x) for x in abs_max]})
-
-
-def _read_record(path: Path) -> dict:
-    record = read_json(record_path(path))
-    if record is None:
-        raise OSError(f'{record_path(path)} is missing or unreadable')
-    return record
-
-
 def npy_problem(path: Path, shape: Tuple[int, int], dtype: np.dtype) -> Optional[str]:
     """None for a complete C-ordered ``.npy`` matrix of this shape and dtype at ``path``; else why not (no file, not a
     readable ``.npy``, or cut short / another shape or type)."""
@@ -366,27 +287,3 @@ def npy_problem(path: Path, shape: Tuple[int, int], dtype: np.dtype) -> Optional
     if not (complete and tuple(got_shape) == tuple(shape) and not fortran and got_dtype == dtype):
         return f'it is incomplete or not a {dtype.name} {tuple(shape)} matrix'
     return None
-
-
-def _check(path: Path, shape: Tuple[int, int], folder: Path, *, verify: bool = False) -> Optional[str]:
-    """None for a complete layout of this shape whose record matches both it and the ``SOURCES`` files of the index
-    in ``folder``; else why not. A source whose size, times and inode are as recorded is taken as unchanged (its
-    inode change time cannot be set back short of the system clock); one whose size is the same but a time or the
-    inode differs is hashed with ``verify`` (else reported as a reason, for the caller to verify under its lock), and
-    on the same content the record is brought up to date."""
-    problem = npy_problem(path, shape, np.dtype('<f4'))
-    if problem is not None:
-        return problem + ' (a build was interrupted, or the index changed)'
-    try:
-        record = _read_record(path)
-        if len(record['abs_max']) != shape[0] or sorted(record['sources']) != sorted(SOURCES) or not all(
-                {'size', 'mtime_ns', 'ctime_ns', 'inode', 'sha256'} <= set(fields)
-                for fields in record['sources'].values()):
-            raise ValueError('abs_max or sources')
-    except (OSError, ValueError, KeyError, TypeError):
-        return (f'its record {record_path(path).name} is missing or unreadable (a build was interrupted, or the '
-                'layout predates these records)')
-    if tuple(record['layout']) != identity(path):
-        return f'its record {record_path(path).name} describes another file (a build was interrupted)'
-    return current_sources(record['sources'], folder, verify=verify, built='the layout',
-                           save=lambda sources: _write_record(path, sources, record['abs_max']))

@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
+import numpy as np
+
+from .. import store
 from .._config import default_cache_dir
-from .._index_files import read_json, stat_fields, write_json
 from .calibration import machine_key
 from .plan import Choice
 
@@ -51,13 +53,8 @@ class MeasuredChoice:
     def _state(self, name: str) -> dict:
         if self._buckets is None:
             self._path = self.record() if self.record is not None else None
-            saved = (read_json(self._path) or {}).get('buckets') if self._path is not None else None
-            self._buckets = saved if isinstance(saved, dict) else {}
-        state = self._buckets.get(name)
-        if not (isinstance(state, dict) and isinstance(state.get('calls'), int)
-                and isinstance(state.get('seconds_per_unit'), dict)):  # new, or a record edited by hand
-            state = self._buckets[name] = {'calls': 0, 'seconds_per_unit': {}}
-        return state
+            self._buckets = _read_timings(self._path) if self._path is not None else {}
+        return self._buckets.setdefault(name, {'calls': 0, 'seconds_per_unit': {}})
 
     def timed(self, choice: Choice, score: Callable[[], object]) -> object:
         """Runs ``score`` (the call, scored on ``choice.path``), records its time (where ``choice`` was measured:
@@ -84,7 +81,7 @@ class MeasuredChoice:
                           choice.path, seconds_per_unit)
                 if self._path is not None:
                     try:
-                        write_json(self._path, {'buckets': self._buckets})
+                        store.write_json(self._path, 'measured-timings', {'buckets': self._buckets})
                     except OSError as error:  # the choice still holds in this process
                         _log.warning('strategy=auto: cannot save its timings to %s (%s); set PYTERRIER_RDIME_CACHE '
                                      'to a writable folder to keep them for later runs', self._path, error)
@@ -100,6 +97,25 @@ class MeasuredChoice:
 def record_path(vecs: Path) -> Path:
     """Where the record of the index whose vectors are the file ``vecs`` is kept on this machine: keyed by the
     machine and by the file's path, size, times and inode."""
-    identity = json.dumps({'path': str(vecs.resolve()), **stat_fields(vecs)}, sort_keys=True)
+    identity = json.dumps({'path': str(vecs.resolve()), **store.stat_fields(vecs)}, sort_keys=True)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return default_cache_dir() / 'cost' / 'measured' / f'{machine_key()}-{vecs.parent.name}-{digest}.json'
+
+
+def _read_timings(path: Path) -> Dict[str, dict]:
+    """The buckets of the record at ``path``; none (the record is then rewritten from this process's timings) when
+    it is missing, does not check (:mod:`pyterrier_rdime.store`) or holds anything but call counts and timings."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) and x >= 0
+    try:
+        buckets = store.read_json(path, 'measured-timings')['buckets']
+        if not all(isinstance(state, dict) and set(state) == {'calls', 'seconds_per_unit'}
+                   and isinstance(state['calls'], int) and isinstance(state['seconds_per_unit'], dict)
+                   and all(isinstance(times, list) and all(map(number, times))
+                           for times in state['seconds_per_unit'].values()) for state in buckets.values()):
+            raise ValueError('it holds something other than timings')
+        return buckets
+    except (store.Damaged, KeyError, TypeError, AttributeError, ValueError) as e:
+        if path.exists():
+            _log.warning('strategy=auto: ignoring the timings recorded in %s (%s); measuring again', path, e)
+        return {}

@@ -220,9 +220,10 @@ def test_an_index_of_one_needed_document_holds_a_second_one(tmp_path, model, enc
 @pytest.mark.parametrize('damage', [
     lambda path: (path / 'vecs.f4').write_bytes((path / 'vecs.f4').read_bytes()[:-8]),
     lambda path: (path / FINGERPRINT).write_text('{"version": 1, "encoder": '),
+    lambda path: (path / FINGERPRINT).write_bytes((path / FINGERPRINT).read_bytes().replace(b'true', b'1')),
     lambda path: (path / 'pt_meta.json').write_text('not json'),
     lambda path: (path / TEXT_HASHES).unlink(),
-], ids=['truncated-vectors', 'truncated-record', 'bad-meta', 'no-text-hashes'])
+], ids=['truncated-vectors', 'truncated-record', 'edited-record', 'bad-meta', 'no-text-hashes'])
 def test_a_damaged_cache_is_encoded_again(tmp_path, model, encoded, caplog, damage):
     folder = _write(tmp_path / 'coll', {f'd{i}': t for i, t in enumerate(TEXTS)})
     path = dense_index(load_collection(folder), model, 'minilm', tmp_path / 'cache', None, verbose=False).index_path

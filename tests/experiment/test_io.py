@@ -4,7 +4,7 @@ import stat
 
 import pytest
 
-from pyterrier_rdime._io import atomic_open
+from pyterrier_rdime.store import atomic_open
 
 
 def test_written_whole_or_not_at_all(tmp_path):

@@ -46,7 +46,7 @@ def test_pruned_retriever_on_a_half_written_index_says_how_to_rebuild_it(tmp_pat
     index = pyterrier_dr.FlexIndex(str(tmp_path / 'half.flex'), verbose=False)
     with pytest.raises(KeyboardInterrupt):
         index.indexer().index(_docs(5, fail_at=3))
-    with pytest.raises(ValueError, match=r"PrunedRetriever: .* is not built \(no pt_meta.json in .*half.flex\); .*"
+    with pytest.raises(ValueError, match=r"PrunedRetriever: .* is not built \(.*half.flex lacks pt_meta.json .*\); .*"
                                          r"indexer\(mode='overwrite'\)\)\.index\(docs\), which also replaces a folder"):
         PrunedRetriever(index=index, num_results=2).search(np.ones((1, 3), dtype=np.float32))
     with pytest.raises(RuntimeError, match='already exists'):  # why the fix needs mode='overwrite'

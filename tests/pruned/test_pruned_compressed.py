@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
-from pyterrier_rdime import PrunedRetriever
+from pyterrier_rdime import PrunedRetriever, store
 from pyterrier_rdime.pruned import compressed, int8_copy, kept, shard_data
 
 NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
@@ -424,7 +424,7 @@ def test_one_copy_per_flex_index_rebuilt_when_stale_or_damaged(corpus, tmp_path,
     assert not (folder / 'rdime.dim_major.npy').exists() and not list(folder.glob('.rdime.dim_major.npy.*'))
     assert count_builds == [path] and np.load(path).shape == (DIMS, len(docs))
     np.testing.assert_array_equal(np.load(path), int8_copy.quantise(np.ascontiguousarray(docs.T)).codes)
-    assert int8_copy.record_path(path).is_file() and path.stat().st_size < docs.nbytes / 3
+    assert path.with_suffix('.json').is_file() and path.stat().st_size < docs.nbytes / 3
     PrunedRetriever(index=FlexIndex(str(folder)), num_results=K, strategy='compressed')(frame)
     assert len(count_builds) == 1  # opened, not rebuilt
 
@@ -433,28 +433,29 @@ def test_one_copy_per_flex_index_rebuilt_when_stale_or_damaged(corpus, tmp_path,
         with pytest.warns(UserWarning, match=match):
             again = PrunedRetriever(index=FlexIndex(str(folder)), num_results=K, strategy='compressed')(frame)
         assert len(count_builds) == before + 1 and again['docid'].tolist() == expected['docid'].tolist()
-        assert int8_copy._check(path, folder, (DIMS, len(docs))) is None
+        assert store.read_json(path.with_suffix('.json'), 'int8-copy')['data'][0] == path.stat().st_size
 
     with open(path, 'r+b') as f:  # damaged: cut short
         f.truncate(path.stat().st_size - 10)
     rebuilt('incomplete')
-    int8_copy.record_path(path).write_text('{"scale": [1.0]}')  # damaged record
+    path.with_suffix('.json').write_text('{"scale": [1.0]}')  # damaged record
     rebuilt('record')
     with open(path, 'r+b') as f:  # damaged in place, same size: the record no longer describes the file
         f.seek(200)
         f.write(b'\x7f' * 16)
-    rebuilt('describes another file')
+    rebuilt('not the file its record describes')
     # stale: other vectors written in place (same shape, old times put back): the content's hash tells
     source = folder / 'vecs.f4'
     stat = source.stat()
     with open(source, 'r+b') as f:
         f.write(docs[::-1].tobytes())
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    int8_copy._OPEN.clear()  # a new process: nothing opened yet
+    store._OPENED.clear()  # a new process: nothing opened yet
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         moved = PrunedRetriever(index=FlexIndex(str(folder)), num_results=K, strategy='compressed')(frame)
     messages = [str(w.message) for w in caught]
-    assert len(messages) == 1 and 'rebuilding the compressed copy' in messages[0] and 'SHA-256' in messages[0]
+    assert len(messages) == 2 and all('SHA-256' in message for message in messages)  # each derived file says so
+    assert 'rebuilding the vector statistics' in messages[0] and 'rebuilding the compressed copy' in messages[1]
     assert moved['docid'].tolist() == [len(docs) - 1 - d for d in expected['docid']]
     assert not (folder / 'rdime.dim_major.npy').exists()

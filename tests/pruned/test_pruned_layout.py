@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from pruned_data import DIMS, DOCS, K, flex_index, full_topk, make_corpus, query_frame
 
-from pyterrier_rdime import PrunedRetriever
+from pyterrier_rdime import PrunedRetriever, store
 from pyterrier_rdime import _index_files as index_files
 from pyterrier_rdime.pruned import layout
 
@@ -79,7 +79,10 @@ def test_layout_rebuilt_when_the_index_changes(corpus, tmp_path, count_builds):
         f.write(docs[200:300].tobytes())
     meta = tmp_path / 'x.flex' / 'pt_meta.json'
     meta.write_text(meta.read_text().replace('"doc_count": 200', '"doc_count": 300'))
+    from npids import Lookup
     from pyterrier_dr import FlexIndex
+    (tmp_path / 'x.flex' / 'docnos.npids').unlink()
+    Lookup.build([f'd{i}' for i in range(300)], tmp_path / 'x.flex' / 'docnos.npids')
     with pytest.warns(UserWarning, match=r'rebuilding the dimension-major layout .*x.flex/rdime.dim_major.npy: it is '
                                          r'incomplete or not a float32 \(48, 300\) matrix'):
         matrix = PrunedRetriever(index=FlexIndex(str(tmp_path / 'x.flex'))).dim_major()
@@ -109,9 +112,9 @@ def test_a_row_rewritten_in_place_with_its_mtime_put_back_rebuilds_the_layout(tm
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     now = source.stat()
     assert (now.st_mtime_ns, now.st_size, now.st_ino) == (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-    layout._OPEN.clear()  # a new process: nothing opened yet
+    store._OPENED.clear()  # a new process: nothing opened yet
     with pytest.warns(UserWarning, match=r'rebuilding the dimension-major layout .*c.flex/rdime.dim_major.npy: '
-                                         r'.*c.flex/vecs.f4 changed since the layout was built \(its content: '
+                                         r'.*c.flex/vecs.f4 changed since it was built \(its content: '
                                          r'SHA-256\)'):
         out = PrunedRetriever(index=index, num_results=5, strategy='pruned')(query_frame(query))
     assert out['docid'].tolist() == full_topk(docs, query[0], 5)[1].tolist() and out['docid'].iloc[0] == row
@@ -123,18 +126,18 @@ def test_same_content_with_new_times_is_hashed_once_and_not_rebuilt(corpus, tmp_
     index = flex_index(tmp_path / 't.flex', docs[:300])
     np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
     hashed = []
-    real = index_files.fingerprint
-    monkeypatch.setattr(index_files, 'fingerprint', lambda source: hashed.append(source.name) or real(source))
-    record = layout.record_path(tmp_path / 't.flex' / index_files.LAYOUT_NAME)
-    before = layout._read_record(record.with_suffix('.npy'))['sources']
+    real = store.fingerprint
+    monkeypatch.setattr(store, 'fingerprint', lambda source: hashed.append(source.name) or real(source))
+    record = (tmp_path / 't.flex' / index_files.LAYOUT_NAME).with_suffix('.json')
+    before = store.read_json(record, 'layout')['sources']
     source = tmp_path / 't.flex' / 'vecs.f4'
     os.chmod(source, 0o444)  # a new ctime; touch, cp -a or mv give new times or a new inode the same way
     os.utime(source)
     for _ in range(2):
-        layout._OPEN.clear()
+        store._OPENED.clear()
         np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
     assert hashed == ['vecs.f4'] and len(count_builds) == 1  # the first open verified the content and recorded
-    after = layout._read_record(record.with_suffix('.npy'))['sources']
+    after = store.read_json(record, 'layout')['sources']
     assert after['vecs.f4']['ctime_ns'] == source.stat().st_ctime_ns != before['vecs.f4']['ctime_ns']
     assert after['vecs.f4']['sha256'] == before['vecs.f4']['sha256'] and after['docnos.npids'] == before['docnos.npids']
 
@@ -151,7 +154,7 @@ def test_the_docnos_are_checked_when_the_layout_is_built(corpus, tmp_path, monke
     monkeypatch.setattr(layout, 'check_unique_docnos', lambda *a, **k: checks.append(a[1]) or real(*a, **k))
     index = flex_index(tmp_path / 'ok.flex', docs[:300])
     for _ in range(2):  # once per build, not per open or per query
-        layout._OPEN.clear()
+        store._OPENED.clear()
         PrunedRetriever(index=index, num_results=3, strategy='pruned')(query_frame(query_vecs[:2]))
     assert checks == [300]
     # other docnos over the same vectors (same size, as a re-index of the same documents renamed): rebuilt, checked
@@ -160,8 +163,8 @@ def test_the_docnos_are_checked_when_the_layout_is_built(corpus, tmp_path, monke
     npids = tmp_path / 'ok.flex' / 'docnos.npids'
     npids.unlink()
     Lookup.build([f'e{i}' for i in range(300)], npids)
-    layout._OPEN.clear()
-    with pytest.warns(UserWarning, match=r'docnos.npids changed since the layout was built'):
+    store._OPENED.clear()
+    with pytest.warns(UserWarning, match=r'layout .*docnos.npids changed since it was built'):
         out = PrunedRetriever(index=FlexIndex(str(tmp_path / 'ok.flex')), num_results=3,
                               strategy='pruned')(query_frame(query_vecs[:1]))
     assert checks == [300, 300] and out['docno'].str.startswith('e').all()
@@ -189,7 +192,7 @@ def test_layout_of_a_read_only_index_goes_to_the_cache(corpus, tmp_path, monkeyp
     matrix = PrunedRetriever(index=index).dim_major()
     assert os.path.dirname(matrix.filename) == str(tmp_path / 'cache' / 'layouts')
     assert os.path.basename(matrix.filename).startswith('ro.flex-')
-    assert layout.record_path(layout.Path(matrix.filename)).is_file()
+    assert layout.Path(matrix.filename).with_suffix('.json').is_file()
     assert not (tmp_path / 'ro.flex' / index_files.LAYOUT_NAME).exists()
     np.testing.assert_array_equal(matrix, docs[:300].T)
 
@@ -212,25 +215,27 @@ def test_interrupted_or_partial_layouts_are_not_trusted(corpus, tmp_path, monkey
     with open(folder / index_files.LAYOUT_NAME, 'wb') as f:
         np.lib.format.write_array_header_1_0(f, {'descr': '<f4', 'fortran_order': False, 'shape': (DIMS, 300)})
         f.write(b'\0' * 100)
-    with pytest.warns(UserWarning, match='incomplete'):
+    with pytest.warns(UserWarning, match='record rdime.dim_major.json is missing'):
         matrix = PrunedRetriever(index=index).dim_major()
     np.testing.assert_array_equal(matrix, docs[:300].T)
     assert not list(folder.glob('.*.tmp')) and len(count_builds) == 2
     # killed after the layout was renamed into place but before its record was: a complete-looking layout whose
     # content was never vouched for
     path = folder / index_files.LAYOUT_NAME
-    layout.record_path(path).unlink()
-    layout._OPEN.clear()
+    path.with_suffix('.json').unlink()
+    store._OPENED.clear()
     with pytest.warns(UserWarning, match='record rdime.dim_major.json is missing'):
         np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
     assert len(count_builds) == 3
-    # a record of an earlier version (a sampled hash of vecs.f4 only) or with a fingerprint cut short: not trusted
-    record = layout._read_record(path)
-    for old in ({'source_fingerprint': {'size': 1, 'mtime_ns': 1, 'sha1': '0'}},
-                {'sources': {**record['sources'], 'vecs.f4': {'size': 300 * DIMS * 4, 'sha256': '0'}}}):
-        layout.record_path(path).write_text(json.dumps({**{k: v for k, v in record.items() if k != 'sources'}, **old}))
-        layout._OPEN.clear()
-        with pytest.warns(UserWarning, match='missing or unreadable .*predates these records'):
+    # a record of an earlier version (plain JSON), or whose fingerprint was cut short: not trusted
+    def short(record):
+        return {**record, 'sources': {**record['sources'], 'vecs.f4': {'size': 300 * DIMS * 4, 'sha256': '0'}}}
+    for write, message in ((lambda record: path.with_suffix('.json').write_text(json.dumps(record)), 'not a record'),
+                           (lambda record: store.write_json(path.with_suffix('.json'), 'layout', short(record)),
+                            'changed since')):
+        write(store.read_json(path.with_suffix('.json'), 'layout'))
+        store._OPENED.clear()
+        with pytest.warns(UserWarning, match=message):
             np.testing.assert_array_equal(PrunedRetriever(index=index).dim_major(), docs[:300].T)
     assert len(count_builds) == 5
 

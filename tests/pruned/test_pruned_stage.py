@@ -87,7 +87,7 @@ def test_pickle_travels_without_the_matrix(corpus):
     retriever = PrunedRetriever(index=docs, num_results=K)
     expected = retriever(query_frame(query_vecs))
     clone = pickle.loads(pickle.dumps(retriever))
-    assert clone._layout._matrix is None and retriever._layout._matrix is not None
+    assert clone._layout._in_memory is None and retriever._layout._in_memory is not None
     pd.testing.assert_frame_equal(clone(query_frame(query_vecs)), expected)
 
 

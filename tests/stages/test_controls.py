@@ -13,7 +13,7 @@ import pytest
 from frames import assert_vec, interleaved, one_row_per_query, vec
 from pruned_data import flex_index
 
-from pyterrier_rdime import PrfDime, Rdime, SameBudget, ScoreMass, TopK, VectorScorer, controls, maths
+from pyterrier_rdime import PrfDime, Rdime, SameBudget, ScoreMass, TopK, VectorScorer, controls, maths, store
 from pyterrier_rdime import _index_files as index_files
 from pyterrier_rdime._config import default_cache_dir
 
@@ -159,15 +159,15 @@ def test_in_a_pipeline_before_the_scorer():
 
 def test_the_variance_order_of_a_flex_index_is_cached_and_invalidated(tmp_path, monkeypatch):
     passes, hashed = [], []
-    compute, real_hash = index_files._stats_pass, index_files.fingerprint
+    compute, real_hash = index_files._stats_pass, store.fingerprint
     monkeypatch.setattr(index_files, '_stats_pass', lambda *a, **k: passes.append(1) or compute(*a, **k))
-    monkeypatch.setattr(index_files, 'fingerprint', lambda source: hashed.append(source.name) or real_hash(source))
+    monkeypatch.setattr(store, 'fingerprint', lambda source: hashed.append(source.name) or real_hash(source))
     index = flex_index(tmp_path / 'docs.flex', DOCS)
     np.testing.assert_allclose(controls.document_variance(index), DOCS.astype(np.float64).var(axis=0))
     assert passes == [1] and hashed == ['vecs.f4'] and (tmp_path / 'docs.flex' / 'rdime.dim_major.stats.json').is_file()
     stage = SameBudget(control='variance', index=index)
     stage.transform(thresholded(TopK(count=3)))
-    monkeypatch.setattr(index_files, '_STATS', {})  # a new process: from the record beside the index
+    monkeypatch.setattr(store, '_OPENED', {})  # a new process: from the record beside the index
     opened = []
     real_open = open
 
@@ -204,7 +204,7 @@ def test_an_in_place_edit_of_the_vectors_is_seen_by_the_variance_control(tmp_pat
 def test_a_read_only_index_folder_caches_under_the_package_cache(tmp_path, monkeypatch):
     index = flex_index(tmp_path / 'docs.flex', DOCS)
     monkeypatch.setattr(os, 'access', lambda *a: False)  # as flex_layout_path sees a read-only folder
-    monkeypatch.setattr(index_files, '_STATS', {})
+    monkeypatch.setattr(store, '_OPENED', {})
     controls.document_variance(index)
     assert not (tmp_path / 'docs.flex' / 'rdime.dim_major.stats.json').exists()
     assert list((default_cache_dir() / 'layouts').glob('docs.flex-*.stats.json'))

@@ -1,0 +1,174 @@
+"""The one store of derived files (pyterrier_rdime.store) and the cracks it closes: a damaged or wrongly typed
+progress record is recomputed with a warning; a float32 layout edited in place with its mtime put back is rebuilt;
+a retriever opened before its vectors were edited in place follows the edit on its next call, on every path; a
+measured-timings record holding strings is ignored and rewritten; a failed write of the layout (disk full) does not
+block the next build; an inf in a document's vector is named by its docno."""
+import errno
+import logging
+import os
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from pruned_data import flex_index, full_topk, make_corpus, query_frame
+
+from pyterrier_rdime import PrunedRetriever, controls, store
+from pyterrier_rdime.experiment.progress import SystemRecords
+from pyterrier_rdime.pruned import measured
+
+KEY = ('frames', 'prf/RDIME')
+
+
+def test_a_record_checks_its_kind_length_and_checksum(tmp_path):
+    path = tmp_path / 'r.json'
+    store.write_json(path, 'thing', {'a': [1, 2.5]})
+    assert store.read_json(path, 'thing') == {'a': [1, 2.5]}
+    with pytest.raises(store.Damaged, match="a record of 'thing', not of 'other'"):
+        store.read_json(path, 'other')
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'2.5', b'2.6'))  # one value edited
+    with pytest.raises(store.Damaged, match='fails its checksum'):
+        store.read_json(path, 'thing')
+    path.write_bytes(data[:-3])  # cut short
+    with pytest.raises(store.Damaged, match='fails its checksum'):
+        store.read_json(path, 'thing')
+    path.write_text('{"a": [1, 2.5]}')  # plain JSON: an earlier version, or written by hand
+    with pytest.raises(store.Damaged, match='not a record of this version'):
+        store.read_json(path, 'thing')
+    with pytest.raises(store.Damaged, match='missing'):
+        store.read_json(tmp_path / 'none.json', 'thing')
+
+
+def _frame():
+    return pd.DataFrame({'qid': ['1'] * 4 + ['2'] * 4, 'docno': list('abcdabcd'), 'score': np.arange(8) / 4})
+
+
+@pytest.mark.parametrize('damage', ['32 random bytes', 'one score'])
+def test_a_damaged_progress_record_is_recomputed_with_a_warning(tmp_path, caplog, damage):
+    frame, computed = _frame(), []
+    SystemRecords(tmp_path, 'k').frame(KEY, lambda: frame)
+    record = next(tmp_path.glob('k/*'))
+    data = bytearray(record.read_bytes())
+    scores = frame['score'].to_numpy().tobytes()
+    at = bytes(data).find(scores)
+    assert at > 0  # the scores' bytes lie inside the record
+    if damage == 'one score':
+        data[at:at + 8] = np.float64(9.0).tobytes()
+    else:
+        data[at + 8:at + 40] = np.random.default_rng(0).bytes(32)
+    record.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        again = SystemRecords(tmp_path, 'k').frame(KEY, lambda: computed.append(1) or frame)
+    assert computed == [1] and 'does not read back' in caplog.text
+    pd.testing.assert_frame_equal(again, frame)
+
+
+def test_a_progress_record_of_the_wrong_type_is_recomputed_with_a_warning(tmp_path, caplog):
+    SystemRecords(tmp_path, 'k')._write(KEY, ['not', 'a', 'frame'])
+    computed = []
+    with caplog.at_level(logging.WARNING):
+        again = SystemRecords(tmp_path, 'k').frame(KEY, lambda: computed.append(1) or _frame())
+    assert computed == [1] and 'does not read back' in caplog.text
+    pd.testing.assert_frame_equal(again, _frame())
+
+
+def _edit_rows(path, offset, values, *, keep_mtime):
+    stat = path.stat()
+    with open(path, 'r+b') as f:
+        f.seek(offset)
+        f.write(np.asarray(values, dtype=np.float32).tobytes())
+    if keep_mtime:
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # touch -r: only the ctime tells
+
+
+def test_a_layout_edited_in_place_with_its_mtime_put_back_is_rebuilt(tmp_path):
+    from pyterrier_dr import FlexIndex
+    docs, query_vecs = make_corpus()
+    index = flex_index(tmp_path / 'e.flex', docs)
+    query = query_frame(query_vecs[:1])
+    before = PrunedRetriever(index=index, num_results=5, strategy='pruned', verbose=False)(query)
+    assert before['docid'].tolist() == full_topk(docs, query_vecs[0], 5)[1].tolist()
+    layout = tmp_path / 'e.flex' / 'rdime.dim_major.npy'
+    header = layout.stat().st_size - docs.nbytes
+    worst = int(full_topk(docs, query_vecs[0], len(docs))[1][-1])
+    _edit_rows(layout, header + worst * 4, [1000.0], keep_mtime=True)  # dimension 0 of the worst document
+    with pytest.warns(UserWarning, match='rebuilding the dimension-major layout .*not the file its record describes'):
+        after = PrunedRetriever(index=FlexIndex(str(tmp_path / 'e.flex')), num_results=5, strategy='pruned',
+                                verbose=False)(query)
+    assert after['docid'].tolist() == before['docid'].tolist()
+
+
+def test_an_open_retriever_follows_its_vectors_edited_in_place_on_every_path(tmp_path):
+    docs, query_vecs = make_corpus()
+    index = flex_index(tmp_path / 'o.flex', docs)
+    query = query_frame(query_vecs[:1])
+    retrievers = {strategy: PrunedRetriever(index=index, num_results=5, strategy=strategy, verbose=False)
+                  for strategy in ('pruned', 'compressed', 'dense')}
+    for retriever in retrievers.values():
+        assert retriever(query)['docid'].tolist() == full_topk(docs, query_vecs[0], 5)[1].tolist()
+    edited = docs.copy()
+    worst = int(full_topk(docs, query_vecs[0], len(docs))[1][-1])
+    edited[worst] = 3 * np.sign(query_vecs[0])  # now the best document of the query
+    _edit_rows(tmp_path / 'o.flex' / 'vecs.f4', worst * docs.shape[1] * 4, edited[worst], keep_mtime=True)
+    expected = full_topk(edited, query_vecs[0], 5)[1].tolist()
+    assert expected[0] == worst
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # each derived file says it is rebuilt
+        for strategy, retriever in retrievers.items():
+            assert retriever(query)['docid'].tolist() == expected, strategy
+
+
+def test_a_measured_timings_record_holding_strings_is_ignored_and_rewritten(tmp_path):
+    path = tmp_path / 'measured.json'
+    path.write_text('{"buckets": {"b": {"calls": 3, "seconds_per_unit": {"dense": ["x"], "compressed": ["y"]}}}}')
+    choice = measured.MeasuredChoice(lambda: path, clock=iter(range(100)).__next__)
+    costs = {'dense': 1.0, 'compressed': 1.2}
+    first = choice.choose(costs, 'b')
+    assert first.reason == 'explore' and first.path == 'dense'
+    for _ in range(2):  # the first run of a path is cold, not recorded; the second is, and the record rewritten
+        choice.timed(first, lambda: None)
+    assert store.read_json(path, 'measured-timings')['buckets']['b']['seconds_per_unit'] == {'dense': [1.0]}
+    store.write_json(path, 'measured-timings', {'buckets': {'b': {'calls': 1, 'seconds_per_unit': {'dense': ['x']}}}})
+    assert measured.MeasuredChoice(lambda: path).choose(costs, 'b').reason == 'explore'  # checks, but not timings
+
+
+def test_a_failed_write_of_the_layout_does_not_block_the_next_build(tmp_path, monkeypatch):
+    """The layout written, then the disk full before its record; once space is freed, the disk holds one layout:
+    the next build must not need room for a second copy beside the unusable one."""
+    docs, query_vecs = make_corpus()
+    index = flex_index(tmp_path / 'f.flex', docs)
+    folder = tmp_path / 'f.flex'
+    real_replace, real_pwrite = os.replace, os.pwrite
+
+    def full_before_the_record(src, dst):
+        if os.path.basename(dst) == 'rdime.dim_major.json':
+            raise OSError(errno.ENOSPC, 'No space left on device')
+        return real_replace(src, dst)
+
+    def room_for_one_layout(fd, data, offset):
+        if (folder / 'rdime.dim_major.npy').exists():
+            raise OSError(errno.ENOSPC, 'No space left on device')
+        return real_pwrite(fd, data, offset)
+    monkeypatch.setattr(os, 'replace', full_before_the_record)
+    monkeypatch.setattr(os, 'pwrite', room_for_one_layout)
+    retriever = PrunedRetriever(index=index, num_results=5, strategy='pruned', verbose=False)
+    with pytest.raises(OSError, match='No space left'):
+        retriever(query_frame(query_vecs[:1]))
+    monkeypatch.setattr(os, 'replace', real_replace)  # space freed
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        out = PrunedRetriever(index=index, num_results=5, strategy='pruned', verbose=False)(query_frame(query_vecs[:1]))
+    assert out['docid'].tolist() == full_topk(docs, query_vecs[0], 5)[1].tolist()
+    assert not list(folder.glob('.*.tmp'))
+
+
+def test_an_infinite_value_is_named_by_the_docno_of_its_document(tmp_path):
+    docs, query_vecs = make_corpus()
+    docs = docs[:1000].copy()
+    docs[777, 3] = np.inf
+    index = flex_index(tmp_path / 'inf.flex', docs, docnos=[f'doc-{i}' for i in range(1000)])
+    for search in (lambda: PrunedRetriever(index=index, verbose=False)(query_frame(query_vecs[:1])),
+                   lambda: controls.document_variance(index)):
+        with pytest.raises(ValueError, match=r"document 'doc-777' \(docid 777\) of .*inf.flex has NaN or infinite"):
+            search()
