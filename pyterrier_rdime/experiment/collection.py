@@ -67,13 +67,14 @@ class Collection:
     dropped_queries: tuple = ()
     num_docs: Optional[int] = None
 
-    @property
-    def slug(self) -> str:
-        """A file-name-safe key of the collection for cache folders: the ir_datasets id, or the folder's name (not
-        its path, so that a collection and its cache copied elsewhere keep their key). Two folders of the same name
-        share the key; every cached artefact records :attr:`fingerprint` and is checked against it on use."""
+    #: A file-name-safe key of the collection for cache folders, set when it is built: the ir_datasets id, or the
+    #: folder's name (not its path, so that a collection and its cache copied elsewhere keep their key). Two folders
+    #: of the same name share the key; every cached artefact records :attr:`fingerprint` and is checked against it.
+    slug: str = field(init=False)
+
+    def __post_init__(self):
         identity = self.name if self.name.startswith('irds:') else Path(self.name).resolve().name
-        return slug(identity.replace('irds:', ''), hashlib.sha1(identity.encode()).hexdigest()[:8])
+        self.slug = slug(identity.replace('irds:', ''), hashlib.sha1(identity.encode()).hexdigest()[:8])
 
     @property
     def graded(self) -> bool:
