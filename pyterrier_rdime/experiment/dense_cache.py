@@ -65,7 +65,8 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
     of each document's text. When the collection changed, the vectors of unchanged documents are kept, changed and
     new ones encoded, removed ones dropped, and one line says so; when the encoder changed, or the cache has no
     fingerprint, everything is encoded again. A docno the corpus lacks is an error naming it, before any encoding.
-    A killed run leaves the cached index as it was (the new one is written beside it and moved into place).
+    A killed run leaves the cached index as it was (the new one is written beside it and moved into place), and the
+    vectors it encoded in chunks beside it (:class:`_EncodedSoFar`): the next run reads them back.
     """
     check_int('dense_index', 'batch_size (--batch-size)', batch_size, 1)
     needed = None if docnos is None else list(dict.fromkeys(str(d) for d in docnos))

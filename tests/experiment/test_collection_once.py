@@ -186,3 +186,18 @@ def test_an_interrupted_encoding_is_carried_on_by_the_next_run(tmp_path, model, 
     order = [docnos.fwd[i] for i in range(len(index))]
     np.testing.assert_allclose(np.asarray(vecs), encode([texts[d] for d in order]), atol=1e-5)
     assert not list((tmp_path / 'cache').rglob('*encoded-so-far*'))  # kept only until the index is complete
+
+
+def test_a_first_stage_run_file_is_parsed_once(tmp_path, monkeypatch, capsys):
+    from pyterrier_rdime.experiment import collection as collection_module
+    folder = _folder(tmp_path / 'coll', run=False)
+    run = tmp_path / 'first.run'
+    run.write_text(''.join(f'{q} Q0 doc-{i * 7 + 20:x} {i + 1} {10 - i} bm25\n' for q in (1, 2) for i in range(8)))
+    read = collection_module.utf8_lines
+    parsed = []
+    monkeypatch.setattr(collection_module, 'utf8_lines', lambda path, *a: parsed.append(Path(path)) or read(path, *a))
+    status = main([str(folder), '--first-stage', str(run), '--dimes', 'prf', '--ks', '0.5', '--controls', '',
+                   '--no-sweep', '--depth', '5', '--quiet', '--cache', str(tmp_path / 'c'),
+                   '--out', str(tmp_path / 'o')])
+    assert status == 0, capsys.readouterr().err
+    assert parsed.count(run) == 1  # checking the command's options, then the cell: one parse
