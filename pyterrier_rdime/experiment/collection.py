@@ -121,11 +121,12 @@ def _judged_only(collection: Collection) -> Collection:
     if not judged.any():
         raise ValueError(f'collection {collection.name!r}: none of its {len(topics)} queries has relevance '
                          'judgments; check that the qrels and the queries use the same qids')
-    unasked = qrels['qid'][~qrels['qid'].isin(set(topics['qid']))].unique()
-    if len(unasked):
+    unasked = ~qrels['qid'].isin(set(topics['qid']))
+    if unasked.any():  # said once, here: the steps evaluate the queries only
+        qids = qrels['qid'][unasked].unique()
         logger.warning('collection %s: the qrels judge %d queries that are not among its %d queries (e.g. qid %r); '
-                       'their %d judgments are left out', collection.name, len(unasked), len(topics), unasked[0],
-                       int((~qrels['qid'].isin(set(topics['qid']))).sum()))
+                       'their %d judgments are left out', collection.name, len(qids), len(topics), qids[0],
+                       int(unasked.sum()))
     run = collection.run
     if run is not None:
         run = run[run['qid'].isin(set(topics['qid'][judged]))]
