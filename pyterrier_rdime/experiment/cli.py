@@ -152,7 +152,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         backend = _parallel_backend(args.workers, args.ray_address, args.retriever, args.cells)
         return _run(args, encoders, settings, out, cache, backend, start)
     except KeyboardInterrupt:
-        return _error('interrupted; every cache holds only what was complete, so the same command carries on', 130)
+        return _error('interrupted; every cache holds only what was complete (and the documents encoded so far), '
+                      'so the same command carries on', 130)
     except Exception as e:  # the user's errors get one line, bugs their traceback
         return _failure(e)
 

@@ -5,8 +5,10 @@ number before anything (an index, a cache) is built from it.
 
 Longer than the package's ~250-line habit on purpose: the loader, the readers of its four file formats (docs,
 queries, qrels, runs) and their line-by-line checks are one job, and each reader is short."""
+import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import pandas as pd
 import pyterrier as pt
 
@@ -28,6 +31,8 @@ QRELS_FORMAT = 'each line of qrels is "qid 0 docno label" with an integer label'
 RUN_FORMAT = 'each line of a TREC run is "qid Q0 docno rank score tag" with an integer rank and a finite score'
 _INTEGER = re.compile(r'[+-]?[0-9]+')
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class Collection:
@@ -37,10 +42,12 @@ class Collection:
         name: the id or folder given by the user.
         topics: ``qid, query`` of the judged queries.
         qrels: ``qid, docno, label``.
-        docs: ``docs(docnos=None)`` iterates ``{'docno', 'text'}`` dicts, of all documents or of the given ones.
-            For a folder, every line is checked again while iterating: a bad line raises ``ValueError`` naming
-            ``docs.jsonl:<line>`` at that point, and so does a file whose content changed since loading (checked
-            when the iteration ends, so that nothing built from it is finalised).
+        docs: ``docs(docnos=None)`` iterates ``{'docno', 'text'}`` dicts, of all documents or of the given ones
+            (in corpus order; a docno the corpus lacks is a ``ValueError`` naming it, raised by the call, before
+            anything is read). For a folder, all documents are read again and every line checked while iterating (a
+            bad line raises ``ValueError`` naming ``docs.jsonl:<line>``, a changed content when the iteration ends,
+            so that nothing built from it is finalised); given ones are read at their byte offsets, indexed when
+            the collection was loaded, after checking that the file is the one loaded (size, times, inode).
         absent: ``absent(docnos)`` lists those of ``docnos`` that the corpus does not hold (in their order).
         fingerprint: what the documents' content is keyed by in caches: for a folder, ``sha256:`` of
             ``docs.jsonl``'s bytes; for ir_datasets, its id (a dataset's documents never change under its id).
@@ -60,13 +67,14 @@ class Collection:
     dropped_queries: tuple = ()
     num_docs: Optional[int] = None
 
-    @property
-    def slug(self) -> str:
-        """A file-name-safe key of the collection for cache folders: the ir_datasets id, or the folder's name (not
-        its path, so that a collection and its cache copied elsewhere keep their key). Two folders of the same name
-        share the key; every cached artefact records :attr:`fingerprint` and is checked against it on use."""
+    #: A file-name-safe key of the collection for cache folders, set when it is built: the ir_datasets id, or the
+    #: folder's name (not its path, so that a collection and its cache copied elsewhere keep their key). Two folders
+    #: of the same name share the key; every cached artefact records :attr:`fingerprint` and is checked against it.
+    slug: str = field(init=False)
+
+    def __post_init__(self):
         identity = self.name if self.name.startswith('irds:') else Path(self.name).resolve().name
-        return slug(identity.replace('irds:', ''), hashlib.sha1(identity.encode()).hexdigest()[:8])
+        self.slug = slug(identity.replace('irds:', ''), hashlib.sha1(identity.encode()).hexdigest()[:8])
 
     @property
     def graded(self) -> bool:
@@ -113,6 +121,12 @@ def _judged_only(collection: Collection) -> Collection:
     if not judged.any():
         raise ValueError(f'collection {collection.name!r}: none of its {len(topics)} queries has relevance '
                          'judgments; check that the qrels and the queries use the same qids')
+    unasked = ~qrels['qid'].isin(set(topics['qid']))
+    if unasked.any():  # said once, here: the steps evaluate the queries only
+        qids = qrels['qid'][unasked].unique()
+        logger.warning('collection %s: the qrels judge %d queries that are not among its %d queries (e.g. qid %r); '
+                       'their %d judgments are left out', collection.name, len(qids), len(topics), qids[0],
+                       int(unasked.sum()))
     run = collection.run
     if run is not None:
         run = run[run['qid'].isin(set(topics['qid'][judged]))]
@@ -143,14 +157,16 @@ def _load_irds(name: str) -> Collection:
         # Not every ir_datasets handler can count its documents without building a docstore.
         num_docs = None
 
-    def docs(docnos: Optional[Sequence[str]] = None) -> Iterator[Dict[str, str]]:
-        source = irds.docs_iter() if docnos is None else irds.docs_store().get_many_iter(docnos)
-        for doc in source:
-            yield {'docno': doc.doc_id, 'text': _doc_text(doc)}
-
     def absent(docnos: Sequence[str]) -> List[str]:
         found = irds.docs_store().get_many(list(dict.fromkeys(docnos)))
         return [d for d in docnos if d not in found]
+
+    def docs(docnos: Optional[Sequence[str]] = None) -> Iterator[Dict[str, str]]:
+        if docnos is not None:
+            docnos = list(dict.fromkeys(docnos))
+            _refuse_absent(absent(docnos), name)
+        source = irds.docs_iter() if docnos is None else irds.docs_store().get_many_iter(docnos)
+        return ({'docno': doc.doc_id, 'text': _doc_text(doc)} for doc in source)
 
     return Collection(name=name, topics=topics, qrels=qrels, docs=docs, absent=absent, fingerprint=name,
                       num_docs=num_docs)
@@ -175,35 +191,101 @@ def _load_folder(path: Path) -> Collection:
                          'keep one, or pass the one to use as the first stage explicitly')
     run = read_trec_run(runs[0]) if runs else None
     answers = read_answers_tsv(path / 'llm_answers.tsv') if (path / 'llm_answers.tsv').is_file() else None
-    docs_path = path / 'docs.jsonl'
-    loaded = hashlib.sha256()
-    docnos = frozenset(docno for docno, _ in _read_docs(docs_path, loaded))
-    if not docnos:
-        raise ValueError(f'{docs_path} holds no documents; {DOCS_FORMAT}')
-    fingerprint = f'sha256:{loaded.hexdigest()}'
+    documents = DocsFile(path / 'docs.jsonl')
     if run is not None:
-        _check_run_docnos(run, runs[0], docnos, docs_path)
+        _check_run_docnos(run, runs[0], documents.absent(list(run['docno'].unique())), documents.path)
+    return Collection(name=str(path), topics=topics, qrels=qrels, docs=documents.docs, absent=documents.absent,
+                      fingerprint=documents.fingerprint, run=run, answers=answers, num_docs=len(documents.docnos))
 
-    def docs(wanted: Optional[Sequence[str]] = None) -> Iterator[Dict[str, str]]:
-        wanted = None if wanted is None else set(wanted)
+
+class DocsFile:
+    """A collection folder's ``docs.jsonl``, read once when loaded: every line checked, the bytes hashed
+    (:attr:`fingerprint`) and the byte range of each document's line indexed, so that a few documents are a few
+    reads at their offsets, not a pass over the corpus."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        tracker = _LineSpans()
+        self.docnos: List[str] = []
+        starts, ends = [], []
+        for docno, _ in _read_docs(path, tracker):
+            self.docnos.append(docno)
+            starts.append(tracker.start)
+            ends.append(tracker.end)
+        if not self.docnos:
+            raise ValueError(f'{path} holds no documents; {DOCS_FORMAT}')
+        self.identity = _file_identity(path)
+        self.fingerprint = f'sha256:{tracker.digest.hexdigest()}'
+        self.row = {docno: i for i, docno in enumerate(self.docnos)}
+        self.starts = np.array(starts, dtype=np.int64)
+        self.ends = np.array(ends, dtype=np.int64)
+
+    def absent(self, wanted: Sequence[str]) -> List[str]:
+        """Those of ``wanted`` that the corpus does not hold (in their order)."""
+        return [d for d in wanted if d not in self.row]
+
+    def docs(self, wanted: Optional[Sequence[str]] = None) -> Iterator[Dict[str, str]]:
+        """:attr:`Collection.docs`; a docno the corpus lacks fails here, at the call."""
+        if wanted is None:
+            return self._all()
+        wanted = list(dict.fromkeys(wanted))
+        _refuse_absent(self.absent(wanted), str(self.path.parent))
+        return self._at(np.sort(np.fromiter((self.row[d] for d in wanted), dtype=np.int64, count=len(wanted))))
+
+    def _all(self) -> Iterator[Dict[str, str]]:
         now = hashlib.sha256()
-        for docno, text in _read_docs(docs_path, now):
-            if wanted is None or docno in wanted:
-                yield {'docno': docno, 'text': text}
-        if f'sha256:{now.hexdigest()}' != fingerprint:
-            # Caches are keyed by the content loaded: a file edited since must not pass for it.
-            raise ValueError(f'{docs_path} changed since the collection was loaded; load the collection again')
+        for docno, text in _read_docs(self.path, now):
+            yield {'docno': docno, 'text': text}
+        if f'sha256:{now.hexdigest()}' != self.fingerprint:
+            raise self._changed()  # caches are keyed by the content loaded: a file edited since must not pass for it
 
-    def absent(wanted: Sequence[str]) -> List[str]:
-        return [d for d in wanted if d not in docnos]
+    def _at(self, rows: np.ndarray) -> Iterator[Dict[str, str]]:
+        with open(self.path, 'rb', buffering=0) as f:
+            if _file_identity(self.path, f) != self.identity:
+                raise self._changed()
+            for row in rows:
+                f.seek(self.starts[row])
+                doc = json.loads(f.read(self.ends[row] - self.starts[row]).decode('utf-8').removeprefix('\ufeff'))
+                if doc.get('docno') != self.docnos[row]:
+                    raise self._changed()
+                yield {'docno': doc['docno'], 'text': doc['text']}
 
-    return Collection(name=str(path), topics=topics, qrels=qrels, docs=docs, absent=absent, fingerprint=fingerprint,
-                      run=run, answers=answers, num_docs=len(docnos))
+    def _changed(self) -> ValueError:
+        return ValueError(f'{self.path} changed since the collection was loaded; load the collection again')
 
 
-def _check_run_docnos(run: pd.DataFrame, run_path: Path, docnos: frozenset, docs_path: Path) -> None:
+class _LineSpans:
+    """A ``digest`` for :func:`utf8_lines` that hashes every byte (sha256) and keeps the byte range of the line
+    read last, so that one pass both fingerprints the file and indexes where each line is."""
+
+    def __init__(self):
+        self.digest = hashlib.sha256()
+        self.start = self.end = 0
+
+    def update(self, raw: bytes) -> None:
+        self.digest.update(raw)
+        self.start, self.end = self.end, self.end + len(raw)
+
+
+def _file_identity(path: Path, opened=None) -> Tuple[int, int, int, int]:
+    """What changes when a file is written, replaced or touched: its size, modification and change times and
+    inode."""
+    stat = os.fstat(opened.fileno()) if opened is not None else path.stat()
+    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
+
+
+def _refuse_absent(missing: List[str], name: str, source: str = 'the documents asked for') -> None:
+    """The one message for docnos that the corpus of collection ``name`` lacks (``source`` names them)."""
+    if missing:
+        more = f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''
+        raise ValueError(f'{source} names docno {missing[0]!r}{more}, which is not in the corpus of collection '
+                         f'{name!r}; the ranking and the corpus do not match: use the run made for this corpus, or '
+                         'add the documents to it')
+
+
+def _check_run_docnos(run: pd.DataFrame, run_path: Path, absent: List[str], docs_path: Path) -> None:
     """A run naming a document the corpus lacks fails at load time, before anything is encoded."""
-    unknown = run.loc[~run['docno'].isin(docnos), ['qid', 'docno']]
+    unknown = run.loc[run['docno'].isin(set(absent)), ['qid', 'docno']]
     if len(unknown):
         qid, docno = unknown.iloc[0]
         raise ValueError(f'{run_path}: docno {docno!r} (qid {qid!r}) is not in {docs_path}, nor are '
@@ -280,6 +362,13 @@ def read_trec_run(path: Union[str, os.PathLike]) -> pd.DataFrame:
     skipped.
     """
     path = Path(path)
+    return _parsed_run(path, _file_identity(path)).copy()
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_run(path: Path, identity: Tuple[int, int, int, int]) -> pd.DataFrame:
+    """:func:`read_trec_run`, parsed once per file content (``identity``: checking the command's options and running
+    the cell read the same file)."""
     rows = []
     first_line: Dict[Tuple[str, str], int] = {}
     for line_no, line in utf8_lines(path):
@@ -313,12 +402,7 @@ def check_in_corpus(collection: Collection, docnos: Sequence[str], source: str) 
     """Fails, naming the first missing docno and the collection, when the corpus lacks documents of ``docnos``
     (taken from ``source``, e.g. a run file): before anything is encoded, rather than giving a missing document
     another one's vector or failing after the others were encoded."""
-    missing = collection.absent(list(dict.fromkeys(docnos)))
-    if missing:
-        more = f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''
-        raise ValueError(f'{source} names docno {missing[0]!r}{more}, which is not in the corpus of collection '
-                         f'{collection.name!r}; the ranking and the corpus do not match: use the run made for this '
-                         'corpus, or add the documents to it')
+    _refuse_absent(collection.absent(list(dict.fromkeys(docnos))), collection.name, source)
 
 
 def iter_texts(collection: Collection, docnos: Optional[Iterable[str]]) -> Iterator[Dict[str, str]]:

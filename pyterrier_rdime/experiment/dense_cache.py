@@ -2,20 +2,22 @@
 (the encoder's files, the collection's documents, each document's text) and checked on every use."""
 import hashlib
 import itertools
+import json
 import logging
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyterrier as pt
 
 from .._config import check_int
 from ..flex_index import flex_index_problem
-from .collection import Collection, check_in_corpus, iter_texts
+from ..store import atomic_open
+from .collection import Collection, check_in_corpus
 from .encoders import encoder_fingerprint
 from .fingerprint import (
     TEXT_HASHES,
@@ -64,12 +66,11 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
     of each document's text. When the collection changed, the vectors of unchanged documents are kept, changed and
     new ones encoded, removed ones dropped, and one line says so; when the encoder changed, or the cache has no
     fingerprint, everything is encoded again. A docno the corpus lacks is an error naming it, before any encoding.
-    A killed run leaves the cached index as it was (the new one is written beside it and moved into place).
+    A killed run leaves the cached index as it was (the new one is written beside it and moved into place), and the
+    vectors it encoded in chunks beside it (:class:`_EncodedSoFar`): the next run reads them back.
     """
     check_int('dense_index', 'batch_size (--batch-size)', batch_size, 1)
     needed = None if docnos is None else list(dict.fromkeys(str(d) for d in docnos))
-    if needed is not None:
-        check_in_corpus(collection, needed, 'the ranking to re-score')
     path = dense_index_path(collection, encoder_name, cache_dir)
     with cache_entry(path):
         return _dense_index(path, collection, model, encoder_name, needed, batch_size, verbose)
@@ -93,22 +94,25 @@ def _dense_index(path: Path, collection: Collection, model, encoder_name: str, n
         total = len(wanted)
     else:
         total = collection.num_docs - len(held) if collection.num_docs is not None else None
+    new_docs = collection.docs(wanted)  # a docno the corpus lacks fails here, before any encoding
     logger.info('encoding %s documents of %s into %s', 'all the' if total is None else total, collection.name, path)
     vectors = cached.index.payload(return_docnos=False)[0] if cached.index is not None else None
     new_hashes: List[np.ndarray] = []
+    partial = _EncodedSoFar(path.with_name(path.name + PARTIAL_SUFFIX), encoder)
 
     def records() -> Iterator[dict]:
         """Streams the reused vectors, then the new ones a batch at a time (bounded memory, a progress bar that
-        moves with every batch)."""
+        moves with every batch); the vectors an interrupted run encoded are read back, not encoded again."""
         for docid, docno in zip(cached.docids, cached.docnos):
             yield {'docno': docno, 'doc_vec': np.asarray(vectors[docid])}
-        new_docs = (doc for doc in iter_texts(collection, wanted) if doc['docno'] not in held)
-        with pt.tqdm(total=total, desc='encoding documents', unit='doc', disable=not verbose) as progress:
-            for chunk in iter(lambda: list(itertools.islice(new_docs, batch_size)), []):
-                texts = [doc['text'] for doc in chunk]
-                new_hashes.append(text_hashes(texts))
-                for doc, vec in zip(chunk, model.encode_docs(texts)):
-                    yield {'docno': doc['docno'], 'doc_vec': vec}
+        fresh = (doc for doc in new_docs if doc['docno'] not in held)
+        with pt.tqdm(total=total, desc='encoding documents', unit='doc', disable=not verbose) as progress, partial:
+            for chunk in iter(lambda: list(itertools.islice(fresh, batch_size)), []):
+                docnos, texts = [doc['docno'] for doc in chunk], [doc['text'] for doc in chunk]
+                hashes = text_hashes(texts)
+                new_hashes.append(hashes)
+                for docno, vec in zip(docnos, partial.vectors(docnos, hashes, texts, model)):
+                    yield {'docno': docno, 'doc_vec': vec}
                 progress.update(len(chunk))
 
     start = time.time()
@@ -120,8 +124,75 @@ def _dense_index(path: Path, collection: Collection, model, encoder_name: str, n
         write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, encoder=encoder,
                           encoder_name=encoder_name, complete=needed is None, num_docs=len(hashes))
         shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
+    partial.discard()
     logger.info('encoded the documents in %.0f s', time.time() - start)
     return FlexIndex(str(path), verbose=False)
+
+
+#: Beside a dense index being encoded: the vectors encoded so far (:class:`_EncodedSoFar`), until it is complete.
+PARTIAL_SUFFIX = '.encoded-so-far'
+
+
+class _EncodedSoFar:
+    """The vectors encoded for a dense index not built yet, kept in chunks beside it so that an interrupted run
+    (Ctrl-C, a crash, a kill) loses at most the last :data:`FLUSH_EVERY` documents: the next run reads back those of
+    the same encoder and text (docno and text hash) instead of encoding them again. A chunk is a ``.npy`` of vectors
+    and a JSON of their docnos, text hashes and encoder, each written atomically (the JSON last); one that does not
+    read back is ignored. Used as a context manager around the encoding: leaving it writes what is pending."""
+    FLUSH_EVERY = 4096
+
+    def __init__(self, folder: Path, encoder: str):
+        self.folder, self.encoder = folder, encoder
+        self.found: Dict[Tuple[str, int], np.ndarray] = {}
+        self.pending: List[Tuple[str, int, np.ndarray]] = []
+        self.chunks = 0
+        for record in sorted(folder.glob('chunk-*.json')) if folder.is_dir() else []:
+            try:
+                kept = json.loads(record.read_text(encoding='utf-8'))
+                vecs = np.load(record.with_suffix('.npy'), mmap_mode='r')
+                if kept['encoder'] != encoder or not len(kept['docnos']) == len(kept['hashes']) == len(vecs):
+                    continue
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a chunk cut short by a kill, or another version's: encoded again
+            self.found.update(((d, int(h)), v) for d, h, v in zip(kept['docnos'], kept['hashes'], vecs))
+            self.chunks += 1
+        if self.found:
+            logger.info('%s: %d documents encoded by an interrupted run are read back', folder, len(self.found))
+
+    def vectors(self, docnos: List[str], hashes: np.ndarray, texts: List[str], model) -> List[np.ndarray]:
+        """The vectors of a batch: read back where an earlier run encoded the same docno and text, else encoded
+        now (in one call of the model) and kept."""
+        keys = list(zip(docnos, (int(h) for h in hashes)))
+        todo = [i for i, key in enumerate(keys) if key not in self.found]
+        encoded = model.encode_docs([texts[i] for i in todo]) if todo else []
+        out = {i: vec for i, vec in zip(todo, encoded)}
+        self.pending.extend((*keys[i], out[i]) for i in todo)
+        if len(self.pending) >= self.FLUSH_EVERY:
+            self._write()
+        return [out[i] if i in out else np.asarray(self.found[key]) for i, key in enumerate(keys)]
+
+    def _write(self) -> None:
+        if not self.pending:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        stem = self.folder / f'chunk-{self.chunks:07d}-{os.getpid()}'
+        with atomic_open(stem.with_suffix('.npy'), 'wb') as f:
+            np.save(f, np.stack([np.asarray(vec, dtype=np.float32) for _, _, vec in self.pending]))
+        with atomic_open(stem.with_suffix('.json')) as f:
+            json.dump({'encoder': self.encoder, 'docnos': [d for d, _, _ in self.pending],
+                       'hashes': [h for _, h, _ in self.pending]}, f)
+        self.chunks += 1
+        self.pending = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._write()
+
+    def discard(self) -> None:
+        """Removes the chunks once the index holding their vectors is in place."""
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _another_docno(collection: Collection, docnos: List[str]) -> List[str]:
@@ -159,7 +230,8 @@ def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached
                            path)
             return _Cached(index, np.arange(len(docnos)), docnos, hashes, False, bool(recorded.get('complete')))
         return _Cached(index, np.arange(len(docnos)), docnos, hashes, True, bool(recorded.get('complete')))
-    now = {doc['docno']: text_hash(doc['text']) for doc in collection.docs(docnos)}
+    removed = set(collection.absent(docnos))
+    now = {doc['docno']: text_hash(doc['text']) for doc in collection.docs([d for d in docnos if d not in removed])}
     keep = np.array([now.get(d) == int(h) for d, h in zip(docnos, hashes)], dtype=bool)
     # The corpus's documents that the index does not hold: added since, for a complete index; for a partial one
     # (the candidates of a re-ranking), possibly never needed.

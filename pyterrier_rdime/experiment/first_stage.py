@@ -94,7 +94,8 @@ def _build_pisa(path: Path, collection: Collection, depth: int) -> None:
 def first_stage_results(collection: Collection, first_stage: str, depth: int, cache_dir) -> Tuple[pd.DataFrame, str]:
     """The first ranking (``qid, query, docno, score, rank``, top-``depth``) and a description of its source.
 
-    ``first_stage``: ``'auto'`` (the collection's run if it ships one, else BM25), ``'bm25'``, or a TREC run file.
+    ``first_stage``: ``'auto'`` (the collection's run if it ships one, else BM25), ``'bm25'``, or a TREC run file
+    (as :class:`~.options.Options` checks it).
     """
     if first_stage == 'auto':
         first_stage = 'run' if collection.run is not None else 'bm25'
@@ -103,14 +104,13 @@ def first_stage_results(collection: Collection, first_stage: str, depth: int, ca
         with pisa_output_silenced():
             results = retriever_(collection.topics)
         return results[['qid', 'query', 'docno', 'score', 'rank']], f'PISA BM25 (top {depth})'
-    if first_stage == 'run':
-        run, source = collection.run, "the collection's run"
-    elif Path(first_stage).is_file():
-        run, source = read_trec_run(first_stage), str(first_stage)
+    if first_stage == 'run':  # its docnos were checked when the collection was loaded
+        run = collection.run[collection.run['rank'] < depth]
+        source = "the collection's run"
     else:
-        raise ValueError(f"--first-stage {first_stage!r} is not 'auto', 'bm25' or an existing TREC run file")
-    run = run[run['rank'] < depth]
-    check_in_corpus(collection, run['docno'], f'the first-stage run {source}')
+        run, source = read_trec_run(first_stage), str(first_stage)
+        run = run[run['rank'] < depth]
+        check_in_corpus(collection, run['docno'], f'the first-stage run {source}')
     results = run.merge(collection.topics, on='qid')
     if results.empty:
         raise ValueError(f'the first-stage run {source} shares no qid with the queries of {collection.name}')

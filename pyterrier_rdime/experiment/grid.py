@@ -86,6 +86,8 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     loaded = [c if isinstance(c, Collection) else load_collection(c) for c in collections]
     for collection in loaded:
         ev.check_rel(settings.get('rel'), collection.qrels)
+        if settings.get('index') is None:
+            options.check_documents(collection.num_docs, f'collection {collection.name!r}')
     loaded = _once(loaded, [_digest(collection_inputs(c, answers_key)) for c in loaded], 'collection',
                    lambda c: c.name)
     encoders = _once(list(encoders), [encoder_fingerprint(e) for e in encoders], '--encoder', str)

@@ -101,6 +101,13 @@ class Options:
         if self.shards != 1 and self.retriever != 'sharded':
             raise ValueError(f'{STAGE}: --shards applies to --retriever sharded; pass both, or leave --shards out')
 
+    def check_documents(self, num_docs: Optional[int], source: str) -> None:
+        """The options bounded by the documents of the index to search (``num_docs`` of ``source``; ``None`` when
+        unknown), checked before any work: ``--shards``, each shard holding at least one document."""
+        if self.retriever == 'sharded' and num_docs is not None and self.shards > num_docs:
+            raise ValueError(f'{STAGE}: --shards {self.shards} is more than the {num_docs} documents of {source}, and '
+                             f'each shard holds at least one; pass --shards {num_docs} or fewer')
+
     @property
     def fractions(self) -> List[float]:
         """The Top-k sweep's fractions (none without ``sweep``)."""

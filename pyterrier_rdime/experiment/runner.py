@@ -111,6 +111,8 @@ def run_experiment(
     if not isinstance(collection, Collection):
         collection = load_collection(collection)
     ev.check_rel(rel, collection.qrels)
+    if index is None:
+        options.check_documents(collection.num_docs, f'collection {collection.name!r}')
     topics = collection.topics if options.max_queries is None else collection.topics.head(options.max_queries)
     notes = _measure_notes(measure_objects, rel, options)
     if collection.dropped_queries:
@@ -120,6 +122,7 @@ def run_experiment(
     external = existing_index(index) if index is not None else None
     if external is not None:
         check_index_matches(external, model.encode_queries(['dimension check']).shape[1], encoder, index)
+        options.check_documents(len(external), f'--index {index}')
     if llm_generator is not None:
         watch.lap('load')
         llm_answers = _generate_answers(llm_generator, topics, cache_dir, verbose)
@@ -238,8 +241,8 @@ def _judged_documents(collection: Collection, topics: pd.DataFrame, external) ->
     if external is not None:
         lookup = external.payload(return_dvecs=False)[0]
         return [d for d, i in zip(judged, lookup.inv[judged]) if i >= 0]
-    present = {doc['docno'] for doc in collection.docs(judged)}
-    return [d for d in judged if d in present]
+    absent = set(collection.absent(judged))
+    return [d for d in judged if d not in absent]
 
 
 def _measure_notes(measures: list, rel: Optional[int], options: Options) -> List[str]:
