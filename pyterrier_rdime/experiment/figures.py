@@ -159,9 +159,11 @@ def sources_plot(sources: List[str], curves: Dict[str, Dict[str, List[float]]], 
         ax.set_xticks(x, sources, rotation=45, ha='right', fontsize=7)
         ax.set_ylabel(measure)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc='lower left')
+    handles, names = axes[0].get_legend_handles_labels()
+    legend = fig.legend(handles, names, fontsize=7, loc='center right')
     fig.suptitle(f'LLM DIME by answer source — {title}', fontsize=9)
-    fig.tight_layout()
+    width, _ = _legend_inches(fig, legend)  # the panels end where the legend begins
+    fig.tight_layout(rect=(0, 0, 1 - (width + LEGEND_GAP) / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=120)
     return fig
 
