@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One entry point on a fresh machine: installs the project into .venv (the CPU torch wheel first) and runs
-# the experiment (default), the tests or the benchmark. Extra arguments go to that command.
+# the experiment (default), the tests or the benchmark. Extra arguments go to that command: ./run.sh [experiment]
+# [ARGS] (e.g. ./run.sh --encoder minilm DATA/cranfield), ./run.sh test [ARGS], ./run.sh benchmark [ARGS].
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ ! -f .venv/.installed ] || [ setup.cfg -nt .venv/.installed ] || [ constraints.txt -nt .venv/.installed ]; then
@@ -22,11 +23,10 @@ if [ -z "${IR_DATASETS_HOME:-}" ] && [ -d ../shared/irds ]; then
     mkdir -p .cache && cp -r ../shared/irds "$IR_DATASETS_HOME" && chmod -R u+w "$IR_DATASETS_HOME"
   fi
 fi
-command=${1:-experiment}
-[ $# -gt 0 ] && shift
-case "$command" in
-  experiment) exec .venv/bin/rdime-experiment "$@" ;;
-  test) exec .venv/bin/pytest "$@" ;;
-  benchmark) exec .venv/bin/python benchmarks/run.py "$@" ;;
-  *) echo "usage: ./run.sh [experiment|test|benchmark] [arguments...]" >&2; exit 2 ;;
+# the first argument names the command; any other first argument (an option, a collection) is the experiment's
+case "${1:-}" in
+  test) shift; exec .venv/bin/pytest "$@" ;;
+  benchmark) shift; exec .venv/bin/python benchmarks/run.py "$@" ;;
+  experiment) shift; exec .venv/bin/rdime-experiment "$@" ;;
+  *) exec .venv/bin/rdime-experiment "$@" ;;
 esac

@@ -26,7 +26,7 @@ from common import log, ratio_stats, table, timed
 from search import Compressed, K, carry_out, check_topk, make_queries, pruned_query_sets
 
 from pyterrier_rdime import PrunedRetriever
-from pyterrier_rdime.pruned import calibration, cost, dense, kept
+from pyterrier_rdime.pruned import calibration, dense, kept, planner
 from pyterrier_rdime.pruned.plan import Plan
 
 #: Exploring calls per row are capped: a row whose choice still explores after this many passes is reported so.
@@ -36,15 +36,14 @@ GOAL = 0.98
 
 def model_choice(matrix: np.ndarray, queries: np.ndarray) -> str:
     """The path of least estimated cost: what ``'auto'`` took before it measured."""
-    return cost.plan(queries, strategy='auto', matrix_bytes=matrix.nbytes, compiled=kept.NUMBA_AVAILABLE,
-                     model=calibration.model, k=K).path
+    return planner.choose(queries, strategy='auto', matrix_bytes=matrix.nbytes, compiled=kept.NUMBA_AVAILABLE,
+                          model=calibration.model, k=K).path
 
 
 def exploring(auto: PrunedRetriever, queries: np.ndarray) -> bool:
     """Whether ``auto``'s next call on these queries explores (or re-checks) a path: not when it has one candidate,
     or scores densely without asking the model (a matrix in the CPU caches)."""
-    choice = auto.measured_choice(queries)
-    return choice is not None and choice.reason in ('explore', 'recheck')
+    return auto.choice(queries).reason in ('explore', 'recheck')
 
 
 def explore(auto: PrunedRetriever, calls) -> list:

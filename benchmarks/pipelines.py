@@ -8,6 +8,8 @@ over rounds reported):
 - dense: query encoder + exact dense retrieval (top-1000);
 - the paper: query encoder + dense top-10 for the feedback + ``vec_loader`` + ``PrfDime`` + ``Rdime`` + a second
   dense retrieval with the zeroed query (and the same with ``PrunedRetriever`` as the second retrieval);
+- the fast paper pipeline: the same, its feedback top-10 on the compressed path (the int8 copy's bound, the full
+  query, exact) and ``PrunedRetriever`` as the second retrieval: the same documents and scores, less work;
 - BM25 feedback: BM25 top-10 + query encoder + ``vec_loader`` + ``PrfDime`` + ``Rdime`` + ``PrunedRetriever``;
 - LLM answer: query encoder + answer encoder + ``LlmDime`` + ``Rdime`` + ``PrunedRetriever`` (the answer generated
   offline, as ``LlmAnswers`` reads it: its generation is not counted).
@@ -95,6 +97,7 @@ def search_costs(args, kept_fracs: dict) -> dict:
     one = [frame.iloc[[i]] for i in range(len(frame))]
     dense = PrunedRetriever(index=index, num_results=NUM_RESULTS, strategy='dense')
     feedback = PrunedRetriever(index=index, num_results=10, strategy='dense')
+    compressed_feedback = PrunedRetriever(index=index, num_results=10, strategy='compressed')
     loader = index.vec_loader()
     fed = [feedback(q) for q in one]
     loaded = [loader(f) for f in fed]
@@ -105,6 +108,7 @@ def search_costs(args, kept_fracs: dict) -> dict:
     pruned = {name: [TopK(fraction=f)(s) for s in scored] for name, f in kept_fracs.items()}
     fns = {'dense retrieval': lambda: [dense(q) for q in one],
            'dense top-10 (feedback)': lambda: [feedback(q) for q in one],
+           'compressed top-10 (feedback)': lambda: [compressed_feedback(q) for q in one],
            'vec_loader (10 docs)': lambda: [loader(f) for f in fed],
            'PrfDime + Rdime': lambda: [Rdime()(prf(x)) for x in loaded],
            'LlmDime + Rdime': lambda: [Rdime()(LlmDime()(a)) for a in answered],
@@ -112,6 +116,9 @@ def search_costs(args, kept_fracs: dict) -> dict:
               for name, p in pruned.items()}}
     for fn in fns.values():
         fn()
+    for got, want in zip(fns['compressed top-10 (feedback)'](), fed):  # exact: the same feedback as the dense top-10
+        pd.testing.assert_frame_equal(got[['qid', 'docno']].reset_index(drop=True),
+                                      want[['qid', 'docno']].reset_index(drop=True))
     times = {name: ms / len(one) for name, ms in median_ms(fns, args).items()}
     times['choices'] = {name: auto.choose_strategy(np.stack(p[0]['query_vec'])) for name, p in pruned.items()}
     return times
@@ -159,24 +166,28 @@ def effectiveness(args) -> dict:
 
 
 def plot(result: dict, ndcg: dict, path: Path, load: float) -> None:
-    """nDCG@10 (MiniLM on vaswani) against per-query latency with the MiniLM encoder, one point per pipeline,
-    written as SVG; ``load``: the load average when the latencies were measured."""
+    """nDCG@10 (MiniLM on vaswani) against per-query latency with the MiniLM encoder, one point per pipeline (its
+    marker the feedback, its colour the retriever, named in the legend), written as SVG; ``load``: the load average
+    when the latencies were measured."""
     import matplotlib
     matplotlib.use('Agg')
     matplotlib.rcParams['svg.fonttype'] = 'none'  # text as text: a small, diffable file
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    markers = {'dense retrieval': 's', 'dense-PRF': 'o', 'BM25': '^', 'LLM': 'D'}
+    fig, ax = plt.subplots(figsize=(7, 4))
     for key, row in result.items():
         encoder, name = key.split('/', 1)
         if name in ndcg and encoder == 'MiniLM':
-            ax.scatter(row['ms'], ndcg[name], color='C0' if 'Pruned' in name else 'C1')
-            label = f'{name.split(" + ")[0]}, {"PrunedRetriever" if "Pruned" in name else "dense retrieval"}'
-            ax.annotate(label if name != 'dense retrieval' else name, (row['ms'], ndcg[name]), fontsize=7,
-                        xytext=(4, 3), textcoords='offset points')
-    ax.set_xlabel(f'latency per query, ms (MiniLM encoder, synthetic 1M x 768 index, 2-core machine at load '
-                  f'{load:.1f})')
-    ax.set_ylabel('nDCG@10 (vaswani, MiniLM)')
+            marker = next(m for feedback, m in markers.items() if name.startswith(feedback))
+            ax.plot(row['ms'], ndcg[name], marker=marker, ms=8, linestyle='none',
+                    color='C0' if 'Pruned' in name else 'C1', label=f'{name} ({row["ms"]:.0f} ms)')
+    ax.set_title('vaswani, MiniLM: effectiveness against latency per query', fontsize=10)
+    ax.set_xlabel(f'latency per query (ms; synthetic 1M x 768 index, 2 cores, load {load:.1f})')
+    ax.set_ylabel('nDCG@10 (top 1000)')
+    ax.set_xlim(0, 1.15 * max(ax.get_xlim()))
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc='center right', title='pipeline (orange: dense search, blue: PrunedRetriever)',
+              title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, format='svg', metadata={'Date': None})
     log(f'plot written to {path}')
@@ -218,6 +229,7 @@ def main(argv=None) -> int:
         for encoder in [k.split()[0] for k in text if k.endswith(' query')]:
             enc, ans = text[f'{encoder} query'], text[f'{encoder} answer']
             dense, fb = search['dense retrieval'], search['dense top-10 (feedback)']
+            compressed_fb = search['compressed top-10 (feedback)']
             load = search['vec_loader (10 docs)']
             prf, llm = search['PrfDime + Rdime'], search['LlmDime + Rdime']
 
@@ -229,6 +241,8 @@ def main(argv=None) -> int:
                                                                              kept_fracs['dense PRF']),
                 'dense-PRF feedback + RDIME + PrunedRetriever': (enc + fb + load + prf + pruned('dense PRF'),
                                                                  kept_fracs['dense PRF']),
+                'compressed dense-PRF feedback + RDIME + PrunedRetriever (fast paper)': (
+                    enc + compressed_fb + load + prf + pruned('dense PRF'), kept_fracs['dense PRF']),
                 'BM25 feedback + RDIME + PrunedRetriever': (text['BM25 top-10'] + enc + load + prf + pruned('BM25 PRF'),
                                                             kept_fracs['BM25 PRF']),
                 'LLM answer + RDIME + PrunedRetriever': (enc + ans + llm + pruned('LLM'), kept_fracs['LLM']),

@@ -294,6 +294,16 @@ def _plot(points: List[dict], path: Path, docs: int) -> None:
             ax.plot(p['latency_ms'], p['nDCG@10'], marker='s', ms=8, color='black', linestyle='none',
                     label='dense (every dimension)')
     ax.set_xscale('log')
+    # the kept fraction of a few sweep points, on top: latency is not monotone in it (the compressed path slows
+    # below ~40 % kept at 8.8M), so each sweep line turns back on itself
+    import matplotlib.transforms as transforms
+    top = transforms.blended_transform_factory(ax.transData, ax.transAxes)
+    first = sorted((p for p in points if p['dime'] == dimes[0] and '/k=' in p['system']), key=lambda p: p['kept'])
+    for p in (p for p in first if round(p['kept'], 2) in (0.1, 0.2, 1.0)):
+        ax.annotate(f'{100 * p["kept"]:.0f} % kept', (p['latency_ms'], 1.0), xycoords=top, xytext=(0, 2),
+                    textcoords='offset points', ha='center', va='bottom', fontsize=6.5, color='dimgray')
+    ax.set_title(f'{docs:,} passages: nDCG@10 against latency per query (sweep lines in order of kept fraction)',
+                 fontsize=9, pad=14)
     ax.set_xlabel(f'retrieval latency per query, one query at a time (ms, log scale; {docs:,} passages)')
     ax.set_ylabel('nDCG@10 (DL19)')
     ax.grid(alpha=0.3)

@@ -48,7 +48,7 @@ import pandas as pd
 from common import fmt_ratio, interleaved, log, ratio_stats, table, timed
 
 from pyterrier_rdime import PrfDime, PrunedRetriever, Rdime, TopK
-from pyterrier_rdime.pruned import calibration, compressed, cost, dense, int8_copy, kept
+from pyterrier_rdime.pruned import calibration, compressed, dense, int8_copy, kept, planner
 from pyterrier_rdime.pruned.plan import Plan
 
 K = 100
@@ -92,8 +92,8 @@ def check_topk(matrix: np.ndarray, query_vec: np.ndarray, ref, new, atol: float)
 def plan_of(matrix: np.ndarray, queries: np.ndarray, strategy: str) -> Plan:
     """The plan the cost model decides for these queries under ``strategy`` (``'pruned'``, ``'compressed'``: query
     by query or in one pass; ``'auto'``: the model's prior, which ``PrunedRetriever`` then measures)."""
-    return cost.plan(queries, strategy=strategy, matrix_bytes=matrix.nbytes, compiled=kept.NUMBA_AVAILABLE,
-                     model=calibration.model, k=K)
+    return planner.choose(queries, strategy=strategy, matrix_bytes=matrix.nbytes, compiled=kept.NUMBA_AVAILABLE,
+                          model=calibration.model, k=K).plan
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,5 @@
-"""Argument checks shared by every stage, the maths and the runner (pure Python and numpy: :mod:`maths` uses them).
-
-Each raises a ValueError that names the stage (or function), the option, the value given and what is accepted.
-``hint`` adds the fix where the accepted range alone does not say it."""
+"""Argument checks of the stages, the maths and the runner (pure Python and numpy): each ValueError names the stage,
+the option, the value and what is accepted, and ``hint`` the fix where that does not say it."""
 import numbers
 from typing import Optional, Sequence
 
@@ -26,15 +24,14 @@ def check_nonnegative(stage: str, name: str, value: object, hint: str = '') -> N
         _fail(stage, name, 'a non-negative number', value, hint)
 
 
-
 def check_weights(stage: str, alpha: object, beta: object, positive: str, negative: str) -> None:
-    """The weights of a positive and a negative feedback term: each >= 0, and not both 0 (every importance would be
-    0); ``positive`` and ``negative`` name what each weighs, for the error."""
+    """The weights of a positive and a negative feedback term (named ``positive``, ``negative``): >= 0, not both 0."""
     check_nonnegative(stage, 'alpha', alpha)
     check_nonnegative(stage, 'beta', beta)
     if alpha == 0 and beta == 0:
         raise ValueError(f'{stage}: alpha and beta are both 0, so every importance would be 0 (no signal); give '
                          f'{positive} (alpha) or {negative} (beta) a positive weight')
+
 
 def check_fraction(stage: str, name: str, value: object, hint: str = '') -> None:
     """A real number in (0, 1]."""
@@ -49,7 +46,7 @@ def check_choice(stage: str, name: str, value: object, choices: Sequence[str], h
 
 
 def check_bool(stage: str, name: str, value: object, hint: str = '') -> None:
-    """``True`` or ``False`` (not a truthy stand-in such as 1 or 'yes', which usually means a misplaced argument)."""
+    """``True`` or ``False`` (a truthy 1 or 'yes' usually means a misplaced argument)."""
     if not isinstance(value, (bool, np.bool_)):
         _fail(stage, name, 'True or False', value, hint)
 
@@ -63,7 +60,7 @@ def _fail(stage: str, name: str, accepted: str, value: object, hint: str) -> Non
 
 
 def check_topk(stage: str, fraction: Optional[float], count: Optional[int]) -> None:
-    """Top-k's size: exactly one of a ``fraction`` of the dimensions in (0, 1] and a ``count`` >= 1."""
+    """Exactly one of a ``fraction`` in (0, 1] and a ``count`` >= 1 (Top-k's size)."""
     if (fraction is None) == (count is None):
         raise ValueError(f'{stage}: give fraction= (a share of the dimensions) or count= (a number of dimensions), '
                          f'not {"both" if count is not None else "neither"}; got fraction={fraction!r}, '

@@ -1,5 +1,5 @@
-"""Configuration of the package's transformers: repr, equality and hashing from their arguments, argument checks,
-the default cache folder and whether the Hugging Face hub is offline."""
+"""The transformers' configuration (repr, equality, hash from their arguments), the argument checks, the cache folder
+and whether the Hugging Face hub is offline."""
 import inspect
 import numbers
 import os
@@ -11,7 +11,7 @@ from typing import Any, Dict
 import numpy as np
 import pyterrier as pt
 
-# the argument checks live in the pure module (maths uses them too); stages and the runner import them from here
+# the checks live in the pure module, which maths imports too
 from ._checks import (
     check_bool,
     check_choice,
@@ -29,10 +29,9 @@ __all__ = ['ConfigTransformer', 'default_cache_dir', 'hub_offline', 'check_bool'
 
 
 class ConfigTransformer(pt.Transformer):
-    """A transformer whose keyword-only constructor arguments, stored under their own names, are its identity:
-    the repr lists the non-default ones, and two instances with the same arguments are equal (so that
-    ``pt.Experiment`` can share common pipeline prefixes). ``verbose`` shows in the repr but not in equality or
-    the hash: it changes what is printed, not what is computed."""
+    """A transformer whose keyword-only constructor arguments, stored under their own names, are its identity: the
+    repr lists the non-default ones, equal arguments make equal stages (``pt.Experiment`` shares their prefixes).
+    ``verbose`` is left out of equality and the hash."""
 
     def _config(self) -> Dict[str, Any]:
         params = inspect.signature(type(self).__init__).parameters
@@ -61,8 +60,7 @@ _SCALARS = (str, numbers.Number, bool, type(None))
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Scalars and mappings compare by value (an int count and a float fraction differ), on-disk indexes by path;
-    other objects (encoders, arrays, qrels frames, callables) by identity."""
+    """Scalars (of one type) and mappings by value, indexes by path, other objects by identity."""
     if isinstance(a, _SCALARS) and isinstance(b, _SCALARS):
         return type(a) is type(b) and a == b
     if isinstance(a, Mapping) and isinstance(b, Mapping):
@@ -83,7 +81,7 @@ def _hashable(value: Any) -> Any:
 
 
 def _short_repr(value: Any) -> str:
-    """Data arguments (qrels, answers) as a one-line summary, so reprs stay short in messages and system names."""
+    """Data arguments (qrels, answers, arrays) as a one-line summary, so reprs stay short."""
     if hasattr(value, 'shape') and hasattr(value, 'columns'):
         return f'<{type(value).__name__} of {value.shape[0]} rows>'
     if isinstance(value, np.ndarray) and value.ndim == 2:
@@ -92,23 +90,21 @@ def _short_repr(value: Any) -> str:
         return f'<{type(value).__name__} of {len(value)} items>'
     if isinstance(value, list) and any(isinstance(v, np.ndarray) for v in value):  # the array shards of an index
         text = '[' + ', '.join(_short_repr(v) for v in value) + ']'
-        return text if len(text) <= 80 else text[:77] + '...'
-    text = repr(value)
+    else:
+        text = repr(value)
     return text if len(text) <= 80 else text[:77] + '...'
 
 
 def default_cache_dir() -> Path:
-    """Where indexes and generated answers are cached by default: ``$PYTERRIER_RDIME_CACHE`` if set, else
-    ``$XDG_CACHE_HOME/pyterrier_rdime`` (``~/.cache/pyterrier_rdime``)."""
+    """``$PYTERRIER_RDIME_CACHE``, else ``$XDG_CACHE_HOME/pyterrier_rdime`` (``~/.cache/pyterrier_rdime``)."""
     if os.environ.get('PYTERRIER_RDIME_CACHE'):
         return Path(os.environ['PYTERRIER_RDIME_CACHE']).expanduser()
     return Path(os.environ.get('XDG_CACHE_HOME') or '~/.cache').expanduser() / 'pyterrier_rdime'
 
 
 def hub_offline() -> bool:
-    """Whether the Hugging Face hub is off limits: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set to a true
-    value as huggingface_hub reads it (``1``, ``ON``, ``YES``, ``TRUE``), or the hub not answering within 3 seconds
-    (rather than after a minute of retries)."""
+    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) true as huggingface_hub reads it, or the hub not answering
+    within 3 seconds (rather than after a minute of retries)."""
     flag = os.environ.get('HF_HUB_OFFLINE') or os.environ.get('TRANSFORMERS_OFFLINE') or ''
     return flag.upper() in ('1', 'ON', 'YES', 'TRUE') or not _hub_reachable()
 

@@ -1,7 +1,4 @@
-"""Pandas edges shared by the stages: stacking vector columns with clear errors, grouping rows by query.
-
-A little over ~250 lines: every stage's pandas edge is here, so that the maths and the stages stay free of pandas
-idioms, and each helper is short."""
+"""The stages' pandas edges: stacking vector columns with clear errors, grouping rows by query."""
 import re
 import warnings
 from typing import Collection, Iterable, NamedTuple, Optional, Sequence
@@ -13,17 +10,14 @@ _COMPLEX_WARNING = getattr(getattr(np, 'exceptions', np), 'ComplexWarning')
 
 
 def stack_vectors(inp: pd.DataFrame, column: str, rows: np.ndarray, stage: object, id_column: str) -> np.ndarray:
-    """Stack ``inp[column]`` at positions ``rows`` into a float64 (len(rows), p) array.
-
-    Raises a ValueError naming ``stage``, the column and the offending ``id_column`` value when a value is not a
-    non-empty 1-D vector of real numbers, when vectors differ in length, or when they hold NaN/inf.
-    """
+    """``inp[column]`` at positions ``rows`` as a float64 (len(rows), p) array; a value that is not a finite 1-D real
+    vector of the common length is a ValueError naming ``stage``, the column and the row's ``id_column``."""
     values = inp[column].to_numpy()[rows]
     ids = inp[id_column].to_numpy()[rows]
     if len(values) == 0:
         return np.zeros((0, 0))
     arr = _stack_regular(values)
-    if arr is None:  # not a clean (rows, p) stack: find the offending row (a per-row check, off the hot path)
+    if arr is None:  # find the offending row, off the hot path
         _raise_irregular(values, ids, column, stage, id_column)
     finite = np.isfinite(arr).all(axis=1)
     if not finite.all():
@@ -65,9 +59,8 @@ def _raise_irregular(values: np.ndarray, ids: np.ndarray, column: str, stage: ob
 
 
 def numeric_column(frame: pd.DataFrame, column: str, stage: object, fix: str) -> np.ndarray:
-    """``frame[column]`` as float64 (NaN where missing). A value that is not a real number (text, a list, a complex
-    number) is a ValueError naming ``stage``, the column, the first offending row by its qid and docno, and ``fix``
-    (numpy would only say "could not convert string to float")."""
+    """``frame[column]`` as float64 (NaN where missing); a value that is no real number is a ValueError naming
+    ``stage``, the column, the row's qid and docno, and ``fix``."""
     values = frame[column].to_numpy()
     try:
         with warnings.catch_warnings():
@@ -105,8 +98,7 @@ def _is_number(value: object) -> bool:
 
 
 def per_row(vectors: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """A column of per-row vectors from per-query ``vectors`` (n, p): row ``i`` holds ``vectors[codes[i]]``. The rows
-    of a query share one array (as pyterrier-dr's query encoder does); no per-row Python loop."""
+    """A column whose row ``i`` holds ``vectors[codes[i]]``: the rows of a query share one array."""
     per_query = np.empty(len(vectors), dtype=object)
     for i, vector in enumerate(vectors):
         per_query[i] = vector
@@ -121,9 +113,8 @@ def check_same_dims(stage: object, dims: int, other_dims: int, column: str, wher
 
 
 def query_vectors(inp: pd.DataFrame, column: str, groups: 'QueryGroups', stage: object) -> np.ndarray:
-    """The per-query vectors of the query-level ``column`` (n, p), float64, after checking that every row of a query
-    holds the same vector: a stage uses one vector per query, and rows that disagree (frames of two runs concatenated,
-    a column overwritten row by row) would otherwise be scored with the first row's vector, silently."""
+    """The query-level ``column`` as one float64 vector per query (n, p); rows of one query that disagree (two runs
+    concatenated) are an error, not silently scored with the first row's vector."""
     vectors = stack_vectors(inp, column, groups.first_rows, stage, 'qid')
     values = inp[column].to_numpy()
     firsts = values[groups.first_rows][groups.codes]
@@ -138,7 +129,7 @@ def query_vectors(inp: pd.DataFrame, column: str, groups: 'QueryGroups', stage: 
 
 
 def _same_bytes(a: object, b: object) -> bool:
-    """Equal arrays of one dtype and shape (the usual copies), by their bytes: ~10x faster than ``np.array_equal``."""
+    """Equal arrays of one dtype and shape, by their bytes: ~10x faster than ``np.array_equal``."""
     return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
             and a.tobytes() == b.tobytes())
 
@@ -154,28 +145,24 @@ class QueryGroups(NamedTuple):
 
 
 def group_queries(inp: pd.DataFrame, stage: object) -> QueryGroups:
-    """Group the rows of ``inp`` by qid; a missing qid (NaN, None, ``pd.NA``) is an error naming ``stage``: grouping
-    would otherwise drop those rows, or give them the vector of another query."""
+    """The rows of ``inp`` grouped by qid (a missing qid is an error, see :func:`check_qids`)."""
     qids = inp['qid'].to_numpy()
     check_qids(inp, stage, qids)
     codes = _contiguous_codes(qids)
-    if codes is not None:  # the usual frame: each query's rows together; same codes as pd.factorize, no hashing
+    if codes is not None:  # the usual frame: the codes of pd.factorize without hashing
         return QueryGroups(codes, np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]))
     codes, uniques = pd.factorize(qids, sort=False)
     first_rows = np.full(len(uniques), -1, dtype=np.int64)
-    # reversed assignment leaves the first occurrence of each code
-    first_rows[codes[::-1]] = np.arange(len(codes))[::-1]
+    first_rows[codes[::-1]] = np.arange(len(codes))[::-1]  # reversed: the first occurrence wins
     return QueryGroups(codes, first_rows)
 
 
 def check_qids(inp: pd.DataFrame, stage: object, qids: Optional[np.ndarray] = None) -> None:
-    """Raise a ValueError naming ``stage`` and the first offending row when a qid is missing (NaN, None, pd.NA)."""
+    """A missing qid (NaN, None, pd.NA) is a ValueError naming ``stage`` and the row: grouping would drop the row or
+    give it another query's vector."""
     missing = pd.isna(inp['qid'].to_numpy() if qids is None else qids)
-    if missing.any():
-        _raise_missing_qid(inp, missing, stage)
-
-
-def _raise_missing_qid(inp: pd.DataFrame, missing: np.ndarray, stage: object):
+    if not missing.any():
+        return
     first = int(np.argmax(missing))
     detail = ', '.join(f'{c}={inp[c].iloc[first]!r}' for c in ('docno', 'query') if c in inp.columns)
     where = f'row {first}' + (f' ({detail})' if detail else '')
@@ -185,8 +172,7 @@ def _raise_missing_qid(inp: pd.DataFrame, missing: np.ndarray, stage: object):
 
 
 def _contiguous_codes(qids: np.ndarray):
-    """Query codes in order of first appearance when every qid's rows are contiguous, else None. No qid may be
-    missing (see :func:`check_qids`)."""
+    """Query codes in order of first appearance when every qid's rows are contiguous, else None."""
     if len(qids) == 0:
         return None
     change = np.ones(len(qids), dtype=bool)
@@ -205,10 +191,8 @@ class Feedback(NamedTuple):
 
 def select_feedback(inp: pd.DataFrame, groups: QueryGroups, slots: int, stage: object, *, from_bottom: bool = False,
                     skip_top: int = 0) -> Feedback:
-    """The ``slots`` highest-scored rows of each query (ties keep frame order), or with ``from_bottom`` the
-    ``slots`` lowest-scored ones, never taking any of the ``skip_top`` highest. The padded width is at most the size
-    of the largest query, whatever ``slots`` asks for. A NaN score is an error naming ``stage``: it cannot be
-    ranked."""
+    """The ``slots`` highest-scored rows of each query (ties keep frame order), or with ``from_bottom`` the lowest
+    below the ``skip_top`` highest; padded to at most the largest query. A NaN score is an error."""
     scores = numeric_column(inp, 'score', stage, 'the first stage must give numeric scores: convert the column '
                             "(inp.assign(score=pd.to_numeric(inp['score'])))")
     nan = np.isnan(scores)
@@ -235,8 +219,7 @@ def select_feedback(inp: pd.DataFrame, groups: QueryGroups, slots: int, stage: o
 
 
 def _ranked_order(scores: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """``np.lexsort((-scores, codes))`` (rows by query, then descending score, ties in frame order), without the sort
-    when the frame is already in that order (a retriever's output usually is)."""
+    """``np.lexsort((-scores, codes))``, without the sort when a retriever's output is already in that order."""
     step = np.diff(codes)
     if np.all((step > 0) | ((step == 0) & (np.diff(scores) <= 0))):
         return np.arange(len(codes))
@@ -246,21 +229,20 @@ def _ranked_order(scores: np.ndarray, codes: np.ndarray) -> np.ndarray:
 def gather_vectors(inp: pd.DataFrame, column: str, feedback: Feedback, dims: int, stage: object) -> np.ndarray:
     """(n, slots, p) vectors of the feedback rows; zeros where padded."""
     n, slots = feedback.rows.shape
-    if n and slots and feedback.mask.all():  # every query has all its slots: no padding to fill
-        vecs = stack_vectors(inp, column, feedback.rows.ravel(), stage, 'docno')
-        check_same_dims(stage, dims, vecs.shape[1], column)
-        return vecs.reshape(n, slots, dims)
+    unpadded = n and slots and feedback.mask.all()
     out = np.zeros((n, slots, dims))
-    taken = feedback.rows[feedback.mask]
+    taken = feedback.rows.ravel() if unpadded else feedback.rows[feedback.mask]
     if len(taken):
         vecs = stack_vectors(inp, column, taken, stage, 'docno')
         check_same_dims(stage, dims, vecs.shape[1], column)
+        if unpadded:
+            return vecs.reshape(n, slots, dims)
         out[feedback.mask] = vecs
     return out
 
 
 def empty_frame(inp: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
-    """The output of a stage for an empty input: no rows, the input's columns kept, new ones added."""
+    """A stage's output for an empty input: no rows, the input's columns and the new ones."""
     return pd.DataFrame({c: inp[c] if c in inp.columns else pd.Series(dtype=object) for c in columns})
 
 
@@ -274,10 +256,8 @@ def float_twin(qid: str) -> Optional[str]:
 
 def check_qids_written_alike(qids: Iterable[str], known: Collection[str], stage: object, source: str,
                              fix: str) -> None:
-    """Raises when a qid of the input (``qids``, as strings) is not in ``known`` (the qids of ``source``, e.g. the
-    qrels) but the same integer written the other way is (``'1'`` against ``'1.0'``: pandas reads a column of
-    integers with a gap as floats); PyTerrier compares qids as strings, so the query would silently match
-    nothing."""
+    """Raises when an input qid is not in ``known`` (the qids of ``source``) but its :func:`float_twin` is: PyTerrier
+    compares qids as strings, so the query would silently match nothing."""
     for qid in qids:
         if qid in known:
             continue

@@ -1,14 +1,12 @@
-"""The one reader of UTF-8 lines with errors naming file and line, and of ``qid<TAB>text`` files (LLM answers, a
-collection's queries) on top of it."""
+"""Readers of UTF-8 lines and of ``qid<TAB>text`` files (LLM answers, queries), with errors naming file and line."""
 import os
 from pathlib import Path
 from typing import Dict, Iterator, Tuple, Union
 
 
 def utf8_lines(path: Union[str, os.PathLike], digest=None) -> Iterator[Tuple[int, str]]:
-    """The non-blank lines of a UTF-8 file (a leading byte-order mark skipped), without line ends, with their 1-based
-    line numbers; every byte read goes into the hashlib object ``digest`` when one is given. A byte that is not UTF-8
-    is a ValueError naming the file, the line and the fix."""
+    """``(line number, line)`` of the non-blank lines of a UTF-8 file, without line ends or a leading byte-order
+    mark; every byte read goes into the hashlib ``digest`` when given."""
     path = Path(path)
     with open(path, 'rb') as f:
         for line_no, raw in enumerate(f, start=1):
@@ -28,13 +26,9 @@ def utf8_lines(path: Union[str, os.PathLike], digest=None) -> Iterator[Tuple[int
 
 
 def read_qid_tsv(path: Union[str, os.PathLike], *, what: str, allow_empty: bool) -> Dict[str, str]:
-    """Read ``qid<TAB><what>`` lines (UTF-8, no header; a leading byte-order mark is skipped) into a dict, in file
-    order. Further tabs belong to the text; blank lines are skipped; ``\\r\\n`` line ends are fine.
-
-    A ValueError names the file and line, and says how to fix it, for: a byte that is not UTF-8, a line without a
-    tab, a qid that is empty or holds whitespace (qrels and runs are whitespace-separated: such a qid could never be
-    judged), a qid given twice, and, unless ``allow_empty``, an empty text.
-    """
+    """``{qid: text}`` from ``qid<TAB><what>`` lines, in file order (further tabs belong to the text). A line without
+    a tab, a qid that is empty, holds whitespace or comes twice, and (unless ``allow_empty``) an empty text are a
+    ValueError naming the file, the line and the fix."""
     path = Path(path)
     rows: Dict[str, str] = {}
     first_line: Dict[str, int] = {}

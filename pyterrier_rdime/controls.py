@@ -16,51 +16,30 @@ CONTROLS = ('random', 'magnitude', 'variance', 'prefix')
 
 class SameBudget(ConfigTransformer):
     """A same-budget control: per query, keep exactly as many dimensions as the threshold before it kept
-    (``query_kept``), but chosen by a rule that ignores the DIME importance; the query vector is the original ``q``
-    on those dimensions and 0 elsewhere. Comparing ``Rdime`` (or ``TopK``) with its control at the same budget says
-    how much the DIME's choice of dimensions adds over that rule. Controls:
+    (``query_kept``), chosen by a rule that ignores the DIME importance; the query vector is the original ``q``
+    (``query_vec_full``) on those dimensions and 0 elsewhere. It says how much the DIME's choice adds over that rule.
 
-    - ``'random'``: a uniform draw of dimensions from a generator fixed by ``seed`` and the qid (a SHA-256 of the
-      qid's text, so runs repeat exactly in any process); the draw for ``k`` dimensions is contained in the draw for
-      ``k + 1``. Report the mean over several seeds.
-    - ``'magnitude'``: the largest ``q_j^2`` of the original query (the query alone, no feedback).
-    - ``'variance'``: the dimensions of largest variance over the collection's document vectors (``index``): one
-      global order, as an index-time (static) pruning would choose. For a FlexIndex the variances are computed once,
-      streaming the vectors, and cached beside the index's dimension-major layout (the index folder, or the package
-      cache folder when it is read-only) with the fingerprint of its vectors: a changed index is recomputed.
-    - ``'prefix'``: the first dimensions, as Matryoshka truncation keeps them. This means something only for a model
-      trained for truncation (Matryoshka representation learning); for others the order of dimensions is arbitrary
-      and ``'prefix'`` is one more random draw.
-
-    Ties keep the lower index (as :class:`~pyterrier_rdime.TopK`).
-
-    The original query comes from ``query_vec_full``, where every threshold (``Rdime``, ``TopK``, ``ScoreMass``)
-    keeps the query it was given: ``query_vec`` after a threshold is already pruned or weighted, and the dimensions
-    it zeroed cannot be recovered from it. The budget is ``query_kept``: after a soft modulator (``Rdime(modulator=
-    'wiener')``) that is the number of non-zero weights. The threshold's columns are kept true to what the control
-    kept: ``query_kept`` and ``query_kept_frac`` are unchanged (the same count), ``query_mean_weight`` becomes 1.0
-    (a control is a hard 0/1 selection); ``query_eps2`` and ``query_fallback`` pass through unchanged: they describe
-    how the budget was set (a query whose threshold fell back to the full query keeps every dimension here too).
+    Controls: ``'random'`` (a uniform draw fixed by ``seed`` and the qid; report the mean over seeds), ``'magnitude'``
+    (the largest ``q_j^2``), ``'variance'`` (the dimensions of largest variance over ``index``'s document vectors, one
+    global order, cached for a FlexIndex; the runner passes the run's candidates when re-ranking, the corpus when
+    retrieving), ``'prefix'`` (the first dimensions, Matryoshka truncation). Ties keep the lower index.
+    ``query_mean_weight`` becomes 1.0; the threshold's other columns pass through. pt_docs/thresholds.rst, "Same-budget
+    controls", has the details.
 
     Args:
         control: ``'random'``, ``'magnitude'``, ``'variance'`` or ``'prefix'``.
         seed: the seed of ``'random'`` (an integer >= 0; other controls ignore it).
-        index: for ``'variance'`` only, a pyterrier-dr ``FlexIndex`` or a ``(docs, p)`` array of document vectors
-            (an array is read once, on first use: do not change it in place afterwards).
+        index: for ``'variance'`` only, a pyterrier-dr ``FlexIndex`` or a ``(docs, p)`` array of document vectors.
 
-    Input columns: ``qid, query_vec, query_vec_full, query_kept`` (a query or result frame, after a threshold).
-    Output columns: the input's, with ``query_vec`` replaced (float32) and ``query_mean_weight`` set to 1.0 where
-    present.
+    Input columns: ``qid, query_vec, query_vec_full, query_kept`` (after a threshold). Output columns: the input's,
+    with ``query_vec`` replaced (float32) and ``query_mean_weight`` set to 1.0 where present.
 
     Example::
 
         dense = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> VectorScorer()
-        rdime = dense >> PrfDime() >> Rdime() >> VectorScorer()
         chance = dense >> PrfDime() >> Rdime() >> SameBudget(control='random', seed=0) >> VectorScorer()
-        static = dense >> PrfDime() >> Rdime() >> SameBudget(control='variance', index=index) >> VectorScorer()
 
-    Paper: the controls answer Takeshita et al. (arXiv 2508.17744: a random half of the dimensions costs under 10 %)
-    and index-time pruning (Siciliano et al., arXiv 2412.09983); no DIME reference reports them.
+    Paper: the controls answer Takeshita et al. (arXiv 2508.17744) and Siciliano et al. (arXiv 2412.09983).
     """
     schematic = {'label': 'same budget'}
 

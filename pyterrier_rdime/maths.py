@@ -1,9 +1,7 @@
-"""Pure numpy maths of Kernel DIME, RDIME and Top-k, vectorised over a batch of queries.
+"""Pure numpy maths of Kernel DIME, RDIME and Top-k, vectorised over ``n`` queries of ``p`` dimensions.
 
-Shapes: ``n`` queries, ``p`` dimensions, ``m`` feedback-document slots per query. Feedback documents are padded
-to ``m`` slots and ``doc_mask`` (n, m) marks the real ones, so queries with fewer feedback documents than ``m``
-use what they have. Computation is in float64 (float32 encoder outputs make ``u > eps2`` ties fragile); callers
-cast results to float32 at the edges.
+Feedback documents are padded to ``m`` slots per query, ``doc_mask`` (n, m) marking the real ones. Float64 throughout
+(float32 makes ``u > eps2`` ties fragile); callers cast to float32 at the edges.
 """
 import hashlib
 from typing import Callable, Iterable, Optional, Tuple, Union
@@ -18,29 +16,14 @@ KERNELS = ('uniform', 'softmax', 'rbf', 'sigmoid', 'rank')
 KernelFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
-def kernel_weights(
-    kernel: Union[str, KernelFn],
-    query_vecs: np.ndarray,
-    doc_vecs: np.ndarray,
-    doc_mask: np.ndarray,
-    *,
-    tau: float = 0.1,
-) -> np.ndarray:
-    """Normalised Kernel DIME weights ``w`` (n, m): ``w_i = K(q, d_i) / sum_j K(q, d_j)`` over the real slots.
+def kernel_weights(kernel: Union[str, KernelFn], query_vecs: np.ndarray, doc_vecs: np.ndarray, doc_mask: np.ndarray,
+                   *, tau: float = 0.1) -> np.ndarray:
+    """Normalised Kernel DIME weights ``w_i = K(q, d_i) / sum_j K(q, d_j)`` (n, m) over the real slots (paper, Eq. 3).
 
-    Kernels (slot ``i`` is the feedback document at rank ``i + 1``):
-
-    - ``'uniform'``: ``K = 1`` (PRF DIME).
-    - ``'softmax'``: ``K = exp(q.d_i / tau)`` (SWC DIME).
-    - ``'rbf'``: ``K = exp(-||q - d_i||^2 / tau)``.
-    - ``'sigmoid'``: ``K = 1 / (1 + exp(-q.d_i / tau))``.
-    - ``'rank'``: ``K = 1 / (i + 1)``: the inverse-variance weights of the paper's appendix when, following the
-      Probability Ranking Principle, the noise variance of a feedback document grows linearly with its rank.
-    - a callable ``kernel(query_vecs, doc_vecs) -> (n, m)`` of finite non-negative similarities (normalised by
-      their per-query maximum first, so any finite scale works).
-
-    A query with no real slot, or whose callable kernel gives every real slot 0, gets all-zero weights: the caller
-    decides what that means (:class:`~pyterrier_rdime.KernelDime` raises).
+    ``kernel``: ``'uniform'`` (1, PRF DIME), ``'softmax'`` (``exp(q.d_i / tau)``, SWC DIME), ``'rbf'``
+    (``exp(-||q - d_i||^2 / tau)``), ``'sigmoid'`` (``1 / (1 + exp(-q.d_i / tau))``), ``'rank'`` (``1 / (i + 1)``,
+    the appendix's inverse-variance weights when the noise variance grows with the rank), or a callable
+    ``kernel(query_vecs, doc_vecs) -> (n, m)`` of finite similarities >= 0. A query with no weight gets all zeros.
     """
     doc_mask = np.asarray(doc_mask, dtype=bool)
     if callable(kernel):
@@ -53,8 +36,7 @@ def kernel_weights(
 
 def _callable_similarities(kernel: KernelFn, query_vecs: np.ndarray, doc_vecs: np.ndarray,
                            doc_mask: np.ndarray) -> np.ndarray:
-    """A user kernel's similarities (n, m), checked, divided by each query's maximum (so that large finite values,
-    1e308, cannot overflow the sum), 0 in padded slots."""
+    """A user kernel's similarities (n, m), checked, over each query's maximum (1e308 cannot overflow the sum)."""
     n, m = doc_mask.shape
     k = np.asarray(kernel(query_vecs, doc_vecs), dtype=np.float64)
     if k.shape != (n, m):
@@ -68,10 +50,9 @@ def _callable_similarities(kernel: KernelFn, query_vecs: np.ndarray, doc_vecs: n
 
 def _named_similarities(kernel: str, query_vecs: np.ndarray, doc_vecs: np.ndarray, doc_mask: np.ndarray,
                         tau: float) -> np.ndarray:
-    """A named kernel's similarities (n, m), computed in log space and exponentiated relative to each query's
-    maximum (so that softmax with a small tau cannot overflow), 0 in padded slots."""
+    """A named kernel's similarities (n, m), in log space relative to each query's maximum (no overflow)."""
     n, m = doc_mask.shape
-    with np.errstate(over='ignore'):  # an overflow with a tiny tau is reported below, with the fix
+    with np.errstate(over='ignore'):  # reported below, with the fix
         if kernel == 'uniform':
             log_k = np.zeros((n, m))
         elif kernel == 'softmax':
@@ -84,8 +65,7 @@ def _named_similarities(kernel: str, query_vecs: np.ndarray, doc_vecs: np.ndarra
             log_k = np.broadcast_to(-np.log(np.arange(1, m + 1, dtype=np.float64)), (n, m))
         else:
             check_choice('kernel_weights', 'kernel', kernel, KERNELS, 'or a callable kernel(query_vecs, doc_vecs)')
-    # +inf (or NaN) has no softmax, and a query whose every slot is -inf would get no weight at all (a -inf beside
-    # finite slots is a weight of 0, as it should be): only a tau so small that the scaled similarities overflow
+    # +inf/NaN, or -inf in every slot of a query, happen only when the similarities divided by tau overflow
     real = np.where(doc_mask, log_k, 0.0)
     unbounded = np.isnan(real) | (real == np.inf)
     weightless = doc_mask.any(axis=1) & np.all(~doc_mask | np.isneginf(log_k), axis=1)
@@ -107,16 +87,8 @@ def magnitude_dime(query_vecs: np.ndarray) -> np.ndarray:
     return query_vecs * query_vecs
 
 
-def eclipse_dime(
-    query_vecs: np.ndarray,
-    pos_vecs: np.ndarray,
-    pos_mask: np.ndarray,
-    neg_vecs: np.ndarray,
-    neg_mask: np.ndarray,
-    *,
-    alpha: float = 1.0,
-    beta: float = 0.5,
-) -> np.ndarray:
+def eclipse_dime(query_vecs: np.ndarray, pos_vecs: np.ndarray, pos_mask: np.ndarray, neg_vecs: np.ndarray,
+                 neg_mask: np.ndarray, *, alpha: float = 1.0, beta: float = 0.5) -> np.ndarray:
     """Eclipse DIME ``u = alpha * q * mean(positives) - beta * q * mean(negatives)``."""
     pos = kernel_dime(query_vecs, pos_vecs, kernel_weights('uniform', query_vecs, pos_vecs, pos_mask))
     neg = kernel_dime(query_vecs, neg_vecs, kernel_weights('uniform', query_vecs, neg_vecs, neg_mask))
@@ -124,10 +96,8 @@ def eclipse_dime(
 
 
 def oracle_dime(query_vecs: np.ndarray, doc_vecs: np.ndarray, labels: np.ndarray, doc_mask: np.ndarray) -> np.ndarray:
-    """Oracle DIME: per dimension ``j``, the Pearson correlation over the judged documents between the relevance
-    label and ``q_j * d_j``. Rows are NaN where it is undefined (fewer than two judged documents or constant
-    labels); a dimension where ``q_j * d_j`` is constant gets 0.
-    """
+    """Oracle DIME: per dimension ``j``, the Pearson correlation of the labels with ``q_j * d_j`` over the judged
+    documents; NaN rows where undefined (fewer than two documents, constant labels), 0 for a constant ``q_j * d_j``."""
     mask = np.asarray(doc_mask, dtype=bool)
     count = mask.sum(axis=1)
     x = query_vecs[:, None, :] * doc_vecs
@@ -146,24 +116,19 @@ def oracle_dime(query_vecs: np.ndarray, doc_vecs: np.ndarray, labels: np.ndarray
 
 
 def noise_variance(query_vecs: np.ndarray, importance: np.ndarray) -> np.ndarray:
-    """RDIME's plug-in noise variance ``eps2 = mean_j(q_j^2 - u_j)`` (n,): under ``q = theta + eps z``,
-    ``E[q_j^2] = theta_j^2 + eps^2`` and ``u_j`` estimates ``theta_j^2``. Can be <= 0 (sampling noise)."""
+    """RDIME's plug-in noise variance ``eps2 = mean_j(q_j^2 - u_j)`` (n,), since ``E[q_j^2] = theta_j^2 + eps^2``
+    (paper, Corollary 1); can be <= 0."""
     return np.mean(query_vecs * query_vecs - importance, axis=1)
 
 
 def rdime_threshold(query_vecs: np.ndarray, importance: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """RDIME: the kept set ``u_j > eps2`` (strict) with ``eps2`` from :func:`noise_variance`.
-
-    Returns ``(keep (n, p) bool, eps2 (n,))``. A row of ``keep`` can be all False: the caller decides the fallback.
-    """
+    """RDIME's kept set ``u_j > eps2`` (strict): ``(keep (n, p) bool, eps2 (n,))``; a row may keep nothing."""
     eps2 = noise_variance(query_vecs, importance)
     return importance > eps2[:, None], eps2
 
 
 def topk_count(dims: int, *, fraction: Optional[float] = None, count: Optional[int] = None) -> int:
-    """Number of dimensions Top-k keeps out of ``dims``: ``round(fraction * dims)`` (at least 1) for a ``fraction``
-    in (0, 1], ``min(count, dims)`` for a ``count`` >= 1. Exactly one of the two (checked as
-    :class:`~pyterrier_rdime.TopK` checks them)."""
+    """Dimensions Top-k keeps out of ``dims``: ``round(fraction * dims)`` (at least 1) or ``min(count, dims)``."""
     check_topk('topk_count', fraction, count)
     if count is not None:
         return int(min(count, dims))
@@ -182,29 +147,15 @@ MODULATOR_NAMES = ('hard', 'james-stein', 'wiener')
 
 
 def modulator_weights(theta2: np.ndarray, eps2: np.ndarray, modulator: str) -> np.ndarray:
-    """Weights ``f`` (n, p) of a modulation estimator ``theta_hat = f * q`` (Beran 1998), given the signal
-    ``theta^2`` (n, p) and the noise variance ``eps^2`` (n,) of each query, or estimates of them.
+    """Weights ``f`` (n, p) in [0, 1] of a modulation estimator ``theta_hat = f * q`` (Beran 1998) from ``theta^2``
+    (n, p) and ``eps^2`` (n,), true or estimated; the risks are in pt_docs/theory.rst.
 
-    Under the paper's model ``q = theta + eps * z``, a fixed weight ``f_j`` has the l2 risk
-    ``E[(f_j q_j - theta_j)^2] = (1 - f_j)^2 theta_j^2 + f_j^2 eps^2`` per dimension. The modulators:
+    - ``'hard'``: ``f_j = 1{theta_j^2 > eps^2}``, the best 0/1 weights (paper, Theorem 1; RDIME).
+    - ``'james-stein'``: ``f_j = (theta_j^2 - eps^2) / theta_j^2`` on the hard set, 0 elsewhere.
+    - ``'wiener'``: ``f_j = theta_j^2+ / (theta_j^2+ + eps^2)``, the risk minimiser; keeps every ``theta_j^2 > 0``.
 
-    - ``'hard'``: ``f_j = 1`` if ``theta_j^2 > eps^2`` else 0, the best 0/1 weights (the paper's Theorem 1;
-      RDIME); risk ``min(theta_j^2, eps^2)``.
-    - ``'james-stein'``: positive-part James-Stein, ``f_j = (1 - eps^2 / theta_j^2)_+``: the hard set, each kept
-      dimension shrunk towards 0; risk ``eps^2 (1 - r + r^2)`` with ``r = eps^2 / theta_j^2 < 1`` on the hard set,
-      ``theta_j^2`` elsewhere. Computed as ``(theta_j^2 - eps^2) / theta_j^2`` so that every dimension of the hard
-      set gets a non-zero weight (same kept set as ``'hard'``).
-    - ``'wiener'``: ``f_j = theta_j^2+ / (theta_j^2+ + eps^2)`` (``x+ = max(x, 0)``), the minimiser of the risk over
-      all fixed weights; risk ``theta_j^2 eps^2 / (theta_j^2 + eps^2)``. It keeps every dimension with
-      ``theta_j^2 > 0``.
-
-    With the true ``theta^2`` and ``eps^2`` the risks are therefore ordered Wiener <= James-Stein <= hard in every
-    dimension. A plug-in estimate ``eps^2 <= 0`` (a variance cannot be negative: the sampling noise of the estimate
-    swamped it) means no measurable noise, so the soft modulators use ``max(eps^2, 0)``: James-Stein shrinks
-    nothing (``f = 1`` on the hard set, i.e. hard), Wiener gives weight 1 to every ``theta_j^2 > 0``. The hard set
-    itself stays ``theta_j^2 > eps^2`` as RDIME defines it.
-
-    Returns float64 weights in [0, 1]; a row can be all zero (nothing kept): the caller decides the fallback.
+    The soft modulators read an ``eps^2 <= 0`` as no noise (James-Stein is then hard, Wiener 1 on every
+    ``theta_j^2 > 0``); the hard set stays ``theta_j^2 > eps^2``. A row may keep nothing.
     """
     check_choice('modulator_weights', 'modulator', modulator, MODULATOR_NAMES)
     theta2 = np.asarray(theta2, dtype=np.float64)
@@ -216,43 +167,32 @@ def modulator_weights(theta2: np.ndarray, eps2: np.ndarray, modulator: str) -> n
     keep = theta2 > eps2
     if modulator == 'hard':
         return keep.astype(np.float64)
-    # on the hard set with eps2 > 0, theta2 > eps2 > 0: the division is safe and the weight in (0, 1)
     shrink = np.divide(theta2 - eps2, theta2, out=np.ones_like(theta2), where=keep & (eps2 > 0))
     return np.where(keep, shrink, 0.0)
 
 
 def modulation_weights(query_vecs: np.ndarray, importance: np.ndarray, modulator: str = 'hard'
                        ) -> Tuple[np.ndarray, np.ndarray]:
-    """Soft RDIME: the modulator's weights with RDIME's plug-in estimates, ``u`` (Kernel DIME, unbiased for
-    ``theta^2``: Theorem 2) for ``theta^2`` and :func:`noise_variance` for ``eps^2`` (see :func:`modulator_weights`).
-    ``'hard'`` is RDIME (:func:`rdime_threshold`) as 0/1 weights.
-
-    Returns ``(weights (n, p) float64 in [0, 1], eps2 (n,))``, ``eps2`` as estimated (not clipped).
-    """
+    """:func:`modulator_weights` with RDIME's plug-in estimates ``u`` (unbiased for ``theta^2``: Theorem 2) and
+    :func:`noise_variance`: ``(weights (n, p), eps2 (n,) unclipped)``."""
     eps2 = noise_variance(query_vecs, importance)
     return modulator_weights(importance, eps2, modulator), eps2
 
 
 def modulate(query_vecs: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The modulated query ``f * q`` for weights ``f``: with a 0/1 (or bool) mask, the pruned query (dimensions not
-    kept set to 0; documents stay untouched); exactly 0 (never -0) where ``f = 0``."""
+    """The modulated (or, for a 0/1 mask, pruned) query ``f * q``; exactly 0 (never -0) where ``f = 0``."""
     return np.where(weights != 0, weights * query_vecs, 0.0)
 
 
 def score_mass_threshold(importance: np.ndarray, mass: float) -> np.ndarray:
-    """Score mass: keep the most important dimensions of each query until their share of the query's positive
-    importance mass ``sum_j max(u_j, 0)`` reaches ``mass`` (in (0, 1]); ties keep the lower index. ``mass = 1``
-    keeps exactly the dimensions with ``u_j > 0``. A share is compared with a relative tolerance of 1e-9, so that a
-    cut that is exact on paper (a share of 0.7 as ``7 / 10``) is not missed by a rounding error.
-
-    Returns ``keep`` (n, p) bool; a query with no positive importance keeps nothing (the caller decides the fallback).
-    """
+    """Score mass: keep the most important dimensions (ties: lower index) until their share of the positive mass
+    ``sum_j max(u_j, 0)`` reaches ``mass`` in (0, 1], with a relative tolerance of 1e-9 (so 7/10 reaches 0.7).
+    Returns ``keep`` (n, p) bool; no positive importance keeps nothing."""
     importance = np.asarray(importance, dtype=np.float64)
     order = np.argsort(-importance, axis=1, kind='stable')
     positive = np.maximum(np.take_along_axis(importance, order, axis=1), 0.0)
     total = positive.sum(axis=1, keepdims=True)
-    before = np.cumsum(positive, axis=1) - positive  # the mass of the dimensions ranked above each one
-    # a dimension is kept while the mass above it is still short of the target (and it adds some mass)
+    before = np.cumsum(positive, axis=1) - positive  # the mass ranked above each dimension
     kept_sorted = (before < mass * total * (1 - 1e-9)) & (positive > 0)
     keep = np.zeros(importance.shape, dtype=bool)
     np.put_along_axis(keep, order, kept_sorted, axis=1)
@@ -260,8 +200,8 @@ def score_mass_threshold(importance: np.ndarray, mass: float) -> np.ndarray:
 
 
 def keep_counts(order_key: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Keep the ``counts[i]`` dimensions of largest ``order_key[i]`` in each row ``i`` (n, p); among ties the lower
-    index wins, as :func:`topk_threshold`. ``order_key`` may be one ``(p,)`` order shared by every row."""
+    """Keep the ``counts[i]`` dimensions of largest ``order_key[i]`` (or one shared ``(p,)`` key) per row; ties:
+    lower index."""
     counts = np.asarray(counts, dtype=np.int64)
     order_key = np.broadcast_to(np.asarray(order_key, dtype=np.float64), (len(counts), np.shape(order_key)[-1]))
     order = np.argsort(-order_key, axis=1, kind='stable')
@@ -271,17 +211,15 @@ def keep_counts(order_key: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def query_rng(seed: int, key: str) -> np.random.Generator:
-    """A random generator fixed by ``seed`` and a query's ``key`` (its qid as text): the same pair gives the same
-    draws in every process and on every machine (a SHA-256 of the key, not Python's salted ``hash``), and the draws
-    of one query do not depend on which other queries are in the batch."""
+    """A generator fixed by ``seed`` and a query's ``key`` (a SHA-256, not the salted ``hash``): the same draws in
+    every process, whatever the batch."""
     digest = hashlib.sha256(str(key).encode('utf-8')).digest()
     return np.random.default_rng(np.random.SeedSequence([int(seed), int.from_bytes(digest[:8], 'little')]))
 
 
 def random_ranks(seeds: Iterable[Tuple[int, str]], dims: int) -> np.ndarray:
-    """For each ``(seed, key)``, a uniformly random order of the ``dims`` dimensions from :func:`query_rng`, as the
-    rank of each dimension (n, p): keeping the ranks below ``k`` is a uniform draw of ``k`` dimensions, and the draw
-    for ``k`` is contained in the draw for ``k + 1``."""
+    """Per ``(seed, key)``, the rank of each dimension (n, p) in a uniform random order: ranks below ``k`` are a
+    uniform draw of ``k`` dimensions, nested in ``k``."""
     perms = [query_rng(seed, key).permutation(dims) for seed, key in seeds]
     order = np.array(perms, dtype=np.int64).reshape(len(perms), dims)
     ranks = np.empty_like(order)
@@ -290,9 +228,8 @@ def random_ranks(seeds: Iterable[Tuple[int, str]], dims: int) -> np.ndarray:
 
 
 def column_variance(blocks: Iterable[np.ndarray]) -> Tuple[np.ndarray, int]:
-    """The population variance (ddof 0) of each column over the rows of ``blocks`` (arrays of shape (rows, p)), in one
-    pass of float64 sums per block combined with Chan et al.'s pairwise update (stable where a plain
-    ``E[x^2] - E[x]^2`` cancels). Returns ``(variance (p,), rows)``; no rows gives an empty variance."""
+    """``(variance (p,), rows)``: each column's population variance over the ``(rows, p)`` blocks, in one pass
+    (Chan et al.'s pairwise update, stable where ``E[x^2] - E[x]^2`` cancels)."""
     count, mean, m2 = 0, None, None
     for block in blocks:
         block = np.asarray(block, dtype=np.float64)

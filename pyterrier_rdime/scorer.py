@@ -8,12 +8,9 @@ from ._frames import check_same_dims, empty_frame, group_queries, query_vectors,
 
 
 class VectorScorer(ConfigTransformer):
-    """Re-scores each candidate by the inner product of ``query_vec`` and its ``doc_vec`` and re-ranks per query.
-
-    Unlike ``FlexIndex.scorer()``, it uses the vectors already in the frame (no second lookup), works on empty
-    input and shows no progress bar; the scores are the same (float32 arithmetic), except that an inner product
-    below float32's normal range (~1e-38, e.g. of vectors scaled to ~1e-30), which float32 flushes towards 0, is
-    computed in float64 so that such candidates are still ranked by their scores, not by input order.
+    """Re-scores each candidate by the inner product of ``query_vec`` and its ``doc_vec`` and re-ranks per query:
+    ``FlexIndex.scorer()``'s float32 scores from the vectors already in the frame (an inner product below float32's
+    normal range is computed in float64, so that tiny vectors still rank).
 
     Input columns: ``qid, query_vec, docno, doc_vec``. Output columns: the input's with new ``score`` and ``rank``,
     sorted by query and descending score.
@@ -40,8 +37,8 @@ class VectorScorer(ConfigTransformer):
         check_same_dims(self, query_vecs.shape[1], doc_vecs.shape[1], 'doc_vec')
         with np.errstate(over='ignore', invalid='ignore'):  # reported below, with the row to blame
             scores = np.einsum('rp,rp->r', query_vecs[groups.codes], doc_vecs).astype(np.float64)
-        small = np.abs(scores) < np.finfo(np.float32).tiny  # 0 or subnormal: float32 may have flushed the product
-        if small.any():  # tiny vectors (~1e-30) are legal: their float64 inner products keep the ranking
+        small = np.abs(scores) < np.finfo(np.float32).tiny  # 0 or subnormal: float32 may have flushed it
+        if small.any():
             rows = np.flatnonzero(small)
             scores[rows] = np.einsum('rp,rp->r', query_vecs64[groups.codes[rows]], doc_vecs64[rows])
         finite = np.isfinite(scores)

@@ -13,13 +13,9 @@ FALLBACKS = ('full', 'top1')
 
 
 class DimensionThreshold(ConfigTransformer):
-    """Base of the threshold rewriters: replaces ``query_vec`` by the pruned query and adds ``query_kept`` (number of
-    dimensions kept) and ``query_kept_frac`` (their fraction). Rows and other columns pass through, so it works on
-    result frames (re-ranking) and query frames (full retrieval) alike.
-
-    The query vector before any threshold is kept in ``query_vec_full`` (the input's own arrays, not a copy): a
-    same-budget control (:class:`~pyterrier_rdime.SameBudget`) after the threshold selects other dimensions of it.
-    When the input already has ``query_vec_full`` (a second threshold), it is left as it is."""
+    """Base of the threshold rewriters: replaces ``query_vec`` by the pruned query, adds ``query_kept`` and
+    ``query_kept_frac``, and keeps the unpruned query in ``query_vec_full`` (for :class:`~pyterrier_rdime.SameBudget`;
+    a second threshold leaves it). Works on result and query frames alike."""
     output_columns: Tuple[str, ...] = ('query_kept', 'query_kept_frac')
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
@@ -33,7 +29,7 @@ class DimensionThreshold(ConfigTransformer):
         query_vecs = query_vectors(inp, 'query_vec', groups, self)
         importance = query_vectors(inp, 'query_dime', groups, self)
         check_same_dims(self, query_vecs.shape[1], importance.shape[1], 'query_dime')
-        keep, extra = self._keep(query_vecs, importance)  # a 0/1 mask, or soft weights in [0, 1] (Rdime)
+        keep, extra = self._keep(query_vecs, importance)  # a 0/1 mask, or Rdime's soft weights
         pruned = maths.modulate(query_vecs, keep).astype(np.float32)
         kept = np.count_nonzero(keep, axis=1)
         per_query = {'query_kept': kept, 'query_kept_frac': kept / keep.shape[1], **extra}
@@ -47,39 +43,18 @@ class DimensionThreshold(ConfigTransformer):
 
 
 class Rdime(DimensionThreshold):
-    """RDIME: keep dimension ``j`` when ``u_j > eps2``, with ``eps2 = mean_j(q_j^2 - u_j)`` estimated per query from
-    its own importance vector ``u`` (``query_dime``); no hyper-parameter.
+    """RDIME: keep dimension ``j`` when ``u_j > eps2 = mean_j(q_j^2 - u_j)``, estimated per query from its own
+    ``query_dime``; no hyper-parameter. ``modulator='james-stein'`` or ``'wiener'`` weights the query instead
+    (:func:`~pyterrier_rdime.maths.modulator_weights`). An empty kept set falls back to ``fallback``: ``'full'`` (the
+    unpruned query) or ``'top1'`` (the most important dimension).
 
-    ``modulator`` chooses how the query is modulated, ``query_vec = f * q`` (the paper's modulation estimator view,
-    Beran 1998, with ``u`` standing for ``theta^2`` and ``eps2`` for ``eps^2``; see
-    :func:`pyterrier_rdime.maths.modulator_weights`):
-
-    - ``'hard'`` (default, the paper's RDIME): ``f_j = 1`` if ``u_j > eps2`` else 0;
-    - ``'james-stein'``: positive-part James-Stein, ``f_j = 1 - eps2 / u_j`` on the same kept set, 0 elsewhere;
-    - ``'wiener'``: ``f_j = u_j+ / (u_j+ + eps2)`` (``u+ = max(u, 0)``): every dimension with ``u_j > 0`` is kept,
-      shrunk by its estimated signal-to-noise ratio.
-
-    With the true ``theta^2`` and ``eps^2`` the l2 risk is ordered Wiener <= James-Stein <= hard. An estimate
-    ``eps2 <= 0`` means no measurable noise: James-Stein then equals hard and Wiener gives weight 1 to ``u_j > 0``.
-
-    The kept set (non-zero ``f``) can be empty (every ``u_j <= eps2``; for Wiener every ``u_j <= 0``). Searching with
-    an all-zero query would rank arbitrarily, so such a query falls back to ``fallback``:
-
-    - ``'full'`` (default): ``f = 1`` everywhere, i.e. the unpruned query (the baseline's ranking);
-    - ``'top1'``: the single most important dimension, with weight 1.
-
-    Input columns: ``qid, query_vec, query_dime`` (query or result frame). Output columns: the input's, with
-    ``query_vec`` modulated (float32), plus ``query_kept`` (number of non-zero weights), ``query_kept_frac``,
-    ``query_eps2`` (the estimated noise variance, as estimated), ``query_fallback`` (True where the kept set was
-    empty and the fallback applied) and ``query_mean_weight`` (the mean weight over the kept dimensions; 1.0 for
-    ``'hard'`` and for a fallback), and ``query_vec_full`` (the query before pruning, see
-    :class:`DimensionThreshold`).
+    Input columns: ``qid, query_vec, query_dime``. Output columns: the input's with ``query_vec`` modulated, plus
+    ``query_vec_full``, ``query_kept``, ``query_kept_frac``, ``query_eps2``, ``query_fallback`` and
+    ``query_mean_weight`` (over the kept dimensions).
 
     Example::
 
         pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> Rdime() >> VectorScorer()
-        soft = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() \\
-            >> Rdime(modulator='wiener') >> VectorScorer()
 
     Paper: D'Erasmo et al., *Statistical Foundations of DIME: Risk Estimation for Practical Index Selection*
     (EACL 2026), Corollary 1 (``'hard'``); the soft modulators follow from the same risk model.
@@ -102,18 +77,15 @@ class Rdime(DimensionThreshold):
 
 
 class TopK(DimensionThreshold):
-    """Top-k: keep the most important dimensions of each query, either a ``fraction`` of the dimensionality
-    (``round(fraction * p)``, at least 1; default 0.6) or a fixed ``count`` (at most ``p``). Give one of the two.
-    Ties keep the lower index.
+    """Top-k: keep the ``round(fraction * p)`` (``fraction`` in (0, 1], at least 1; default 0.6) or ``count`` (capped
+    at ``p``) most important dimensions of each query; ties keep the lower index.
 
     Input columns: ``qid, query_vec, query_dime``. Output columns: the input's, with ``query_vec`` pruned, plus
     ``query_vec_full`` (the query before pruning), ``query_kept`` and ``query_kept_frac``.
 
     Example::
 
-        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> TopK(fraction=0.6) \\
-            >> VectorScorer()
-        fixed = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> TopK(count=300) \\
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> TopK(count=300) \\
             >> VectorScorer()
 
     Paper: Top-k thresholding, Eq. 1 of D'Erasmo et al. (EACL 2026), with fractions 0.4, 0.6 and 0.8.
@@ -121,18 +93,11 @@ class TopK(DimensionThreshold):
     schematic = {'label': 'Top-k'}
 
     def __init__(self, *, fraction: Optional[float] = None, count: Optional[int] = None):
-        """
-        Args:
-            fraction: Share of the dimensions to keep, in (0, 1]; 0.6 when neither is given.
-            count: Number of dimensions to keep, >= 1 (capped at the dimensionality).
-        """
         if fraction is None and count is None:
             fraction = 0.6
         check_topk(type(self).__name__, fraction, count)
-        fraction = None if fraction is None else float(fraction)
-        count = None if count is None else int(count)
-        self.fraction = fraction
-        self.count = count
+        self.fraction = None if fraction is None else float(fraction)
+        self.count = None if count is None else int(count)
 
     def _keep(self, query_vecs, importance):
         count = maths.topk_count(importance.shape[1], fraction=self.fraction, count=self.count)
@@ -141,17 +106,8 @@ class TopK(DimensionThreshold):
 
 class ScoreMass(DimensionThreshold):
     """Score mass: keep the most important dimensions of each query until their share of its positive importance
-    mass ``sum_j max(u_j, 0)`` reaches ``mass``; ties keep the lower index. ``mass=1`` keeps every dimension with
-    ``u_j > 0``. Like Top-k it has a hyper-parameter, but it adapts the number kept to how concentrated each query's
-    importance is: a query whose importance sits in a few dimensions keeps few.
-
-    A query with no positive importance keeps nothing and falls back as :class:`Rdime` does: ``fallback='full'``
-    (default, the unpruned query) or ``'top1'`` (the single most important dimension), flagged in
-    ``query_fallback``.
-
-    The reference (pinecone-io/unveiling-dime, ``--score-mass-to-retain``) accumulates ``log |u_j|`` instead, whose
-    total is negative once most ``|u_j| < 1`` (a target share of a negative total is then reached at once or never);
-    this stage uses the positive mass itself, which is what the option's description says.
+    mass ``sum_j max(u_j, 0)`` reaches ``mass`` in (0, 1] (ties: lower index), so a concentrated query keeps few. A
+    query with no positive importance falls back as :class:`Rdime` does (``fallback``).
 
     Input columns: ``qid, query_vec, query_dime``. Output columns: the input's, with ``query_vec`` pruned, plus
     ``query_vec_full``, ``query_kept``, ``query_kept_frac`` and ``query_fallback``.
@@ -167,11 +123,6 @@ class ScoreMass(DimensionThreshold):
     output_columns = ('query_kept', 'query_kept_frac', 'query_fallback')
 
     def __init__(self, *, mass: float = 0.8, fallback: str = 'full'):
-        """
-        Args:
-            mass: Share of the positive importance mass to keep, in (0, 1].
-            fallback: ``'full'`` or ``'top1'``, for a query without positive importance.
-        """
         stage = type(self).__name__
         check_fraction(stage, 'mass', mass, 'a share of the positive importance mass')
         check_choice(stage, 'fallback', fallback, FALLBACKS)
@@ -185,9 +136,8 @@ class ScoreMass(DimensionThreshold):
 
 
 def _fall_back(weights: np.ndarray, importance: np.ndarray, fallback: str) -> Tuple[np.ndarray, np.ndarray]:
-    """Queries that keep no dimension (searching with an all-zero query would rank arbitrarily) get the full query
-    (``'full'``) or the single most important dimension (``'top1'``), with weight 1. Returns the weights and which
-    queries fell back."""
+    """``(weights, fell_back)``: a query that keeps nothing (an all-zero query ranks arbitrarily) gets the full
+    query or, for ``'top1'``, its most important dimension."""
     empty = ~weights.any(axis=1)
     if empty.any():
         if fallback == 'full':

@@ -12,21 +12,16 @@ from .._frames import QueryGroups, empty_frame, group_queries, per_row, query_ve
 
 
 class DimeScorer(ConfigTransformer):
-    """Base of the DIME scorers: adds ``query_dime``, the importance vector of each query (float32, like
-    ``query_vec``; float64 when a value would fall below float32's normal range, ~1e-38, as with vectors scaled to
-    ~1e-30: float32 would flush the importance to 0, and every query would lose its signal).
-
-    With ``keep_ranking=True`` (default; the re-ranking setting) every input row is kept, so that a following
-    threshold and scorer re-score the same candidates. With ``keep_ranking=False`` (the full-retrieval setting, like
-    pyterrier-dr's ``VectorPrf``) the output is one row per query holding its query columns, ready for a retriever.
-    """
+    """Base of the DIME scorers: adds ``query_dime``, each query's importance vector (float32, or float64 where
+    float32 would flush it to 0). ``keep_ranking=True`` keeps every row (re-ranking); ``False`` returns one row per
+    query with its query columns, for a retriever (as pyterrier-dr's ``VectorPrf``)."""
     keep_ranking: bool
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         self._validate(inp)
         if self.keep_ranking:
             columns = list(inp.columns)
-        else:  # PyTerrier's query columns, in the input's order (pt.model.query_columns returns them in set order)
+        else:  # the query columns in the input's order (pt.model.query_columns gives a set's)
             query_level = set(pt.model.query_columns(inp))
             columns = [c for c in inp.columns if c in query_level]
         added = ('query_dime',) + self._extra_columns()
@@ -62,8 +57,7 @@ class DimeScorer(ConfigTransformer):
 
     def _check_float32(self, importance: np.ndarray, query_vecs: np.ndarray, inp: pd.DataFrame,
                        groups: QueryGroups) -> None:
-        """``u`` multiplies two vector values: vectors beyond ~1e19 (finite in float32) overflow the float32
-        ``query_dime``, and a later stage would only see inf. Say so here, where it happens."""
+        """Vectors beyond ~1e19 overflow the float32 ``query_dime``: say so here, not as an inf later."""
         bad = ~(np.abs(importance) <= np.finfo(np.float32).max)  # NaN too
         if bad.any():
             row = int(np.argmax(bad.any(axis=1)))
@@ -78,17 +72,21 @@ class DimeScorer(ConfigTransformer):
                             inp: pd.DataFrame, groups: QueryGroups, reason: str) -> np.ndarray:
         """Use u = q * q (as the reference code does) for the queries flagged in ``missing``, and say so."""
         if missing.any():
-            qids = inp['qid'].to_numpy()[groups.first_rows[missing]]
-            shown = ', '.join(map(repr, qids[:5])) + (' ...' if len(qids) > 5 else '')
-            warnings.warn(f'{self}: {reason} for {len(qids)} quer{"y" if len(qids) == 1 else "ies"} ({shown}); '
-                          'using magnitude importance u = q * q for them', stacklevel=3)
+            warnings.warn(f'{self}: {reason} for {some_queries(inp, groups, missing)}; using magnitude importance '
+                          'u = q * q for them', stacklevel=3)
             importance = np.where(missing[:, None], maths.magnitude_dime(query_vecs), importance)
         return importance
 
 
+def some_queries(inp: pd.DataFrame, groups: QueryGroups, which: np.ndarray) -> str:
+    """``2 queries ('q1', 'q2')``: the queries flagged in ``which`` (the first five shown), for a warning."""
+    qids = inp['qid'].to_numpy()[groups.first_rows[which]]
+    shown = ', '.join(map(repr, qids[:5])) + (' ...' if len(qids) > 5 else '')
+    return f'{len(qids)} quer{"y" if len(qids) == 1 else "ies"} ({shown})'
+
+
 def _output_dtype(importance: np.ndarray) -> type:
-    """float32, unless float32 would flush a non-zero importance value towards 0 (below its smallest normal
-    number, where it loses precision and then becomes 0)."""
+    """float32, unless it would flush a non-zero importance value below its smallest normal number."""
     magnitude = np.abs(importance)
     tiny = (magnitude > 0) & (magnitude < np.finfo(np.float32).tiny)
     return np.float64 if tiny.any() else np.float32

@@ -7,28 +7,15 @@ import pandas as pd
 from .. import maths
 from .._config import check_bool, check_weights
 from .._frames import Feedback, gather_vectors, select_feedback
-from ._base import DimeScorer
+from ._base import DimeScorer, some_queries
 from .oracle import candidate_labels, check_qrels
 
 
 class ActiveFeedbackDime(DimeScorer):
-    """Active-feedback DIME, an oracle-like upper bound that reads the relevance judgments, as if a user had marked
-    one relevant document: ``u = alpha * q * d_rel`` (DIME-SIGIR-2024's ``Rel``), and with ``beta > 0`` also one
-    non-relevant document, ``u = alpha * q * d_rel - beta * q * d_non`` (the Missing-Role repository's
-    ``NegActiveFeedback``).
-
-    Both come from the judged candidates of the incoming ranking (as :class:`~pyterrier_rdime.OracleDime`: a
-    document needs its ``doc_vec``): ``d_rel`` is the one with the highest label (> 0), ``d_non`` the one with the
-    lowest label (<= 0); among equal labels the highest-scored, i.e. the first a user reading the ranking meets (the
-    references take an arbitrary one among equals). A query with no judged relevant candidate falls back to
-    ``u = q * q`` with a warning; with ``beta > 0``, a query with no judged non-relevant candidate gets no negative
-    term, with a warning. Its effectiveness is an upper bound, not a result a deployed system could reach: report it
-    beside the Oracle, never as a DIME.
-
-    Args:
-        qrels: judgments with columns ``qid, docno, label`` (as ``dataset.get_qrels()``).
-        alpha: weight of the relevant document.
-        beta: weight of the non-relevant document; 0 (default) leaves it out.
+    """Active-feedback DIME, an upper bound that reads the judgments (``qrels``: ``qid, docno, label``), as if a user
+    had marked one relevant document ``d_rel`` (the highest label > 0; among equals the highest-scored) and, with
+    ``beta > 0``, one non-relevant ``d_non`` (the lowest label <= 0): ``u = alpha * q * d_rel - beta * q * d_non``.
+    Without ``d_rel`` a query falls back to ``u = q * q``, without ``d_non`` it gets no negative term (warnings).
 
     Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``.
 
@@ -54,7 +41,7 @@ class ActiveFeedbackDime(DimeScorer):
 
     def _importance(self, inp, groups, query_vecs):
         labels = candidate_labels(inp, self.qrels, self)
-        ranked = select_feedback(inp, groups, len(inp), self)  # every candidate by score: ties go to the first met
+        ranked = select_feedback(inp, groups, len(inp), self)  # every candidate by score
         slot_labels = np.where(ranked.mask, labels[np.where(ranked.mask, ranked.rows, 0)], np.nan)
         with np.errstate(invalid='ignore'):  # NaN (unjudged, padding) compares False: never chosen
             relevant = np.where(slot_labels > 0, slot_labels, -np.inf)
@@ -65,11 +52,8 @@ class ActiveFeedbackDime(DimeScorer):
         if self.beta > 0 and not neg.mask.all():
             missing = ~neg.mask[:, 0] & pos.mask[:, 0]  # the queries without a positive are reported below
             if missing.any():
-                qids = inp['qid'].to_numpy()[groups.first_rows[missing]]
-                shown = ', '.join(map(repr, qids[:5])) + (' ...' if len(qids) > 5 else '')
-                warnings.warn(f'{self}: no judged non-relevant candidate for {len(qids)} '
-                              f'quer{"y" if len(qids) == 1 else "ies"} ({shown}); no negative term for them',
-                              stacklevel=4)
+                warnings.warn(f'{self}: no judged non-relevant candidate for {some_queries(inp, groups, missing)}; '
+                              'no negative term for them', stacklevel=4)
         importance = maths.eclipse_dime(query_vecs, gather_vectors(inp, 'doc_vec', pos, dims, self), pos.mask,
                                         gather_vectors(inp, 'doc_vec', neg, dims, self), neg.mask,
                                         alpha=self.alpha, beta=self.beta)

@@ -7,7 +7,7 @@ import numpy as np
 from .. import maths
 from .._config import check_bool, check_int, check_weights
 from .._frames import gather_vectors, select_feedback
-from ._base import DimeScorer
+from ._base import DimeScorer, some_queries
 from .llm import answer_vectors, check_encoder, validate_answers
 
 
@@ -44,11 +44,8 @@ class EclipseDime(DimeScorer):
 
 class LlmEclipseDime(DimeScorer):
     """Eclipse with an LLM answer as the positive: ``u = alpha * q * a - beta * q * mean(bottom-num_neg docs)``, ``a``
-    the embedding of an LLM-generated answer to the query (as :class:`~pyterrier_rdime.LlmDime` reads it) and the
-    negatives the ``num_neg`` lowest-scored candidates of the incoming ranking (defaults 5, 1.0, 0.5 as in the Eclipse
-    code). A query without an answer uses ``q`` in its place (``u = alpha * q * q - beta * ...``: the magnitude
-    fallback of LLM DIME, with the negatives still subtracted, as dime-library's Eclipse wrapper of its LLM filter
-    does), with a warning. It needs the bottom of the first ranking, so ``compile()`` does not cut it.
+    the answer's embedding (read as :class:`~pyterrier_rdime.LlmDime` reads it); a query without one uses ``q`` in its
+    place, with a warning. It needs the bottom of the first ranking, so ``compile()`` does not cut it.
 
     Input columns: ``qid, query_vec, docno, doc_vec, score`` and ``query_answer_vec`` or ``query_answer`` (text,
     encoded with ``encoder.encode_docs``). Output columns: the input's plus ``query_dime``.
@@ -82,11 +79,8 @@ class LlmEclipseDime(DimeScorer):
     def _importance(self, inp, groups, query_vecs):
         answers, present = answer_vectors(self, self.encoder, inp, groups, query_vecs)
         if not present.all():
-            qids = inp['qid'].to_numpy()[groups.first_rows[~present]]
-            shown = ', '.join(map(repr, qids[:5])) + (' ...' if len(qids) > 5 else '')
-            warnings.warn(f'{self}: no LLM answer for {len(qids)} quer{"y" if len(qids) == 1 else "ies"} ({shown}); '
-                          'using the query itself as their positive (u = alpha * q * q - beta * q * mean(negatives))',
-                          stacklevel=3)
+            warnings.warn(f'{self}: no LLM answer for {some_queries(inp, groups, ~present)}; using the query itself '
+                          'as their positive (u = alpha * q * q - beta * q * mean(negatives))', stacklevel=3)
             answers = np.where(present[:, None], answers, query_vecs)
         neg = select_feedback(inp, groups, self.num_neg, self, from_bottom=True)
         one = np.ones((groups.size, 1), dtype=bool)

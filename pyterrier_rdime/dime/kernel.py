@@ -12,12 +12,9 @@ from ._base import DimeScorer
 
 
 class KernelDime(DimeScorer):
-    """Kernel DIME: ``u = q * sum_i w_i d_i`` over the top-``num_docs`` documents of the incoming ranking, with
-    ``w_i`` a normalised kernel of the query and the document (see :func:`pyterrier_rdime.maths.kernel_weights`:
-    ``'uniform'``, ``'softmax'``, ``'rbf'``, ``'sigmoid'``, ``'rank'`` or a callable).
-
-    Feedback documents are the ``num_docs`` highest-``score`` rows of each query (ties keep input order); a query
-    with fewer rows uses the ones it has.
+    """Kernel DIME: ``u = q * sum_i w_i d_i`` over the ``num_docs`` highest-``score`` rows of each query (ties keep
+    input order), ``w_i`` a normalised kernel (:func:`~pyterrier_rdime.maths.kernel_weights`: ``'uniform'``,
+    ``'softmax'``, ``'rbf'``, ``'sigmoid'``, ``'rank'`` or a callable).
 
     Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``
     (one row per query with ``keep_ranking=False``).
@@ -46,8 +43,7 @@ class KernelDime(DimeScorer):
         self.keep_ranking = keep_ranking
 
     def compile(self) -> pt.Transformer:
-        """In the full-retrieval setting only the feedback documents are needed: cut the first ranking to them, by
-        score as this stage selects them (:class:`FeedbackCutoff`, fused into a preceding retriever)."""
+        """With ``keep_ranking=False``, cut the first ranking to the feedback documents (:class:`FeedbackCutoff`)."""
         return self if self.keep_ranking else FeedbackCutoff(num_docs=self.num_docs) >> self
 
     def _importance(self, inp, groups, query_vecs):
@@ -58,7 +54,7 @@ class KernelDime(DimeScorer):
         except ValueError as e:  # a callable kernel's output: name the stage
             raise ValueError(f'{self}: {e}') from None
         unweighted = feedback.mask.any(axis=1) & ~(weights.sum(axis=1) > 0)
-        if unweighted.any():  # only a callable kernel can give every feedback document 0: u = 0 would be no signal
+        if unweighted.any():  # only a callable kernel can do that: u = 0 would be no signal
             qid = inp['qid'].iloc[groups.first_rows[int(np.argmax(unweighted))]]
             raise ValueError(f'{self}: the kernel gives every feedback document of qid={qid!r} similarity 0, so its '
                              'importance would be all zero; a kernel must give some feedback document a positive '
@@ -67,12 +63,8 @@ class KernelDime(DimeScorer):
 
 
 class PrfDime(KernelDime):
-    """PRF DIME: Kernel DIME with uniform weights over the top-``num_docs`` feedback documents (default 2, as in the
-    RDIME code). Unbiased for the squared latent signal (the paper's Theorem 2).
-
-    Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``.
-
-    Example::
+    """PRF DIME: :class:`KernelDime` with uniform weights over the top-``num_docs`` documents (default 2, as in the
+    RDIME code); unbiased for the squared latent signal (the paper's Theorem 2). Example::
 
         pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> PrfDime() >> Rdime() >> VectorScorer()
     """
@@ -83,12 +75,8 @@ class PrfDime(KernelDime):
 
 
 class SwcDime(KernelDime):
-    """SWC DIME: Kernel DIME with softmax weights ``softmax(q.d_i / tau)`` over the top-``num_docs`` documents
-    (defaults 10 and 0.1, as in the RDIME code); an approximation of the inverse-variance weights.
-
-    Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime``.
-
-    Example::
+    """SWC DIME: :class:`KernelDime` with weights ``softmax(q.d_i / tau)`` over the top-``num_docs`` documents
+    (defaults 10 and 0.1, as in the RDIME code), an approximation of the inverse-variance weights. Example::
 
         pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> SwcDime() >> Rdime() >> VectorScorer()
     """
@@ -99,18 +87,16 @@ class SwcDime(KernelDime):
 
 
 class FeedbackCutoff(ConfigTransformer):
-    """Keeps the ``num_docs`` highest-``score`` rows of each query (ties keep input order): the feedback documents a
-    DIME stage selects, so ``KernelDime(keep_ranking=False).compile()`` puts it first. Unlike ``pt.RankCutoff`` it
-    does not read ``rank`` (0- or 1-based, or stale after a re-scoring); like it, ``compile()`` fuses it into a
-    preceding retriever that supports a rank cutoff (the retriever then returns ``num_docs`` results).
+    """Keeps the ``num_docs`` highest-``score`` rows of each query (ties keep input order), the feedback documents
+    of a DIME stage: ``pt.RankCutoff`` by score rather than by a ``rank`` that may be stale; fused into a preceding
+    retriever like it.
 
     Input columns: ``qid, docno, score``. Output columns: the input's, rows in input order.
     """
     schematic = {'label': 'feedback cut'}
 
     def __init__(self, *, num_docs: int):
-        stage = type(self).__name__
-        check_int(stage, 'num_docs', num_docs, 1)
+        check_int(type(self).__name__, 'num_docs', num_docs, 1)
         self.num_docs = num_docs
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:

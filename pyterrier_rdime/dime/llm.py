@@ -11,13 +11,9 @@ from ._base import DimeScorer
 
 
 class LlmDime(DimeScorer):
-    """LLM DIME: ``u = q * a`` where ``a`` is the embedding of an LLM-generated answer to the query.
-
-    The answer comes as ``query_answer_vec`` (a precomputed vector) or as ``query_answer`` (text), which is encoded
-    with ``encoder.encode_docs`` — pass the same pyterrier-dr bi-encoder that encodes the documents. A query with
-    no answer (``None``, NaN, or empty text) falls back to ``u = q * q``, as in the reference code, with a warning.
-    A malformed answer is an error naming the qid: a vector that is not 1-D, has the wrong length or holds NaN/inf,
-    a non-text ``query_answer``, or an encoder that returns the wrong number of vectors or NaN/inf.
+    """LLM DIME: ``u = q * a``, ``a`` the embedding of an LLM-generated answer: ``query_answer_vec``, or
+    ``query_answer`` text encoded by ``encoder.encode_docs`` (the documents' pyterrier-dr bi-encoder). A query
+    without an answer falls back to ``u = q * q`` with a warning; a malformed answer is an error naming the qid.
 
     Input columns: ``qid, query_vec`` and ``query_answer_vec`` or ``query_answer`` (query or result frame).
     Output columns: the input's plus ``query_dime``.
@@ -61,9 +57,8 @@ def validate_answers(inp: pd.DataFrame, stage: object, extra_columns: list) -> N
 
 def answer_vectors(stage: object, encoder: Optional[object], inp: pd.DataFrame, groups: QueryGroups,
                    query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """The answer embedding of each query (n, p), from ``query_answer_vec`` or by encoding ``query_answer`` with
-    ``encoder``, and which queries have one (n,) bool (the others hold zeros). Malformed answers raise, naming
-    ``stage`` and the qid."""
+    """``(answers (n, p), present (n,))``: each query's answer embedding from ``query_answer_vec`` or by encoding
+    ``query_answer`` (zeros where none); malformed answers raise, naming ``stage`` and the qid."""
     dims = query_vecs.shape[1]
     qids = inp['qid'].to_numpy()[groups.first_rows]
     answers = np.zeros_like(query_vecs)

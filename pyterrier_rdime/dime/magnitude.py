@@ -14,8 +14,7 @@ class MagnitudeDime(DimeScorer):
     schematic = {'label': 'Magnitude'}
 
     def __init__(self, *, keep_ranking: bool = True):
-        stage = type(self).__name__
-        check_bool(stage, 'keep_ranking', keep_ranking)
+        check_bool(type(self).__name__, 'keep_ranking', keep_ranking)
         self.keep_ranking = keep_ranking
 
     def _validate(self, inp):

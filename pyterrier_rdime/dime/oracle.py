@@ -7,26 +7,17 @@ import pandas as pd
 from .. import maths
 from .._config import check_bool, check_int
 from .._frames import check_qids_written_alike, gather_vectors, numeric_column, select_feedback
-from ._base import DimeScorer
+from ._base import DimeScorer, some_queries
 
 
 class OracleDime(DimeScorer):
-    """Oracle DIME, an upper bound that reads the relevance judgments: per dimension ``j``, the Pearson correlation
-    between the label and ``q_j * d_j`` over the judged documents of the incoming ranking. Queries where it is
-    undefined (fewer than two judged documents, or all with one label) fall back to ``u = q * q`` with a warning.
+    """Oracle DIME, an upper bound that reads the judgments (``qrels``: ``qid, docno, label``): per dimension ``j``,
+    the Pearson correlation of the label with ``q_j * d_j`` over the judged candidates. Where it is undefined
+    (fewer than two judged, or one label), ``u = q * q`` with a warning.
 
-    With ``pad_negatives=True``, a query whose judged candidates include relevant ones (label > 0) but no
-    non-relevant one (label <= 0) is padded as the DIME-SIGIR-2024 maintainers advise (its issue #3): as many
-    unjudged candidates as it has judged ones (fewer if it has fewer) are drawn uniformly at random, from a generator
-    fixed by ``seed`` and the qid, and labelled 0. Its correlation is then defined (it was not when every judged
-    candidate had one label) and contrasts relevant with non-relevant documents. The stage says which queries it
-    padded: the column ``query_padded`` (the number of candidates labelled 0 for the query, 0 where none) and a
-    warning. A query with no relevant judged candidate is not padded (its measures are undefined anyway).
-
-    Args:
-        qrels: judgments with columns ``qid, docno, label`` (as ``dataset.get_qrels()``).
-        pad_negatives: pad queries without a judged non-relevant candidate with random unjudged ones.
-        seed: the seed of the padding draws (an integer >= 0).
+    ``pad_negatives=True`` labels 0 random unjudged candidates (as many as it has judged; seeded by ``seed`` and the
+    qid) of a query with relevant but no non-relevant judged candidate, as DIME-SIGIR-2024's issue #3 advises; the
+    column ``query_padded`` counts them (pt_docs/dime.rst).
 
     Input columns: ``qid, query_vec, docno, doc_vec, score``. Output columns: the input's plus ``query_dime`` (and
     ``query_padded`` with ``pad_negatives=True``).
@@ -54,7 +45,7 @@ class OracleDime(DimeScorer):
         if self.pad_negatives:
             row_labels, padded = self._pad(inp, groups, row_labels)
             extra['query_padded'] = padded
-        feedback = select_feedback(inp, groups, len(inp), self)  # every candidate: the width is capped per frame
+        feedback = select_feedback(inp, groups, len(inp), self)  # every candidate
         mask = feedback.mask & np.isfinite(row_labels[np.where(feedback.mask, feedback.rows, 0)])
         feedback = feedback._replace(mask=mask)
         doc_vecs = gather_vectors(inp, 'doc_vec', feedback, query_vecs.shape[1], self)
@@ -67,9 +58,8 @@ class OracleDime(DimeScorer):
         return importance, extra
 
     def _pad(self, inp, groups, row_labels):
-        """Label 0 a random draw of unjudged candidates of each query with relevant but no non-relevant judged
-        candidates. Candidates are drawn from the query's unjudged docnos in sorted order, so the draw does not
-        depend on the order of the rows."""
+        """Label 0 a random draw of unjudged candidates of each query that needs it, from its unjudged docnos in
+        sorted order (so that the row order does not matter)."""
         judged = np.isfinite(row_labels)
         n_judged = np.bincount(groups.codes, weights=judged, minlength=groups.size)
         relevant = np.bincount(groups.codes, weights=judged & (row_labels > 0), minlength=groups.size)
@@ -89,39 +79,20 @@ class OracleDime(DimeScorer):
             chosen = pool[maths.query_rng(self.seed, str(qids[query])).choice(len(pool), take, replace=False)]
             row_labels[chosen] = 0.0
             padded[query] = take
-        touched = qids[padded > 0]
-        if len(touched):
-            shown = ', '.join(map(repr, touched[:5])) + (' ...' if len(touched) > 5 else '')
-            warnings.warn(f'{self}: {len(touched)} quer{"y" if len(touched) == 1 else "ies"} ({shown}) had relevant '
-                          'but no non-relevant judged candidate; padded with random unjudged candidates labelled 0 '
-                          '(see query_padded)', stacklevel=4)
+        if (padded > 0).any():
+            warnings.warn(f'{self}: {some_queries(inp, groups, padded > 0)} had relevant but no non-relevant judged '
+                          'candidate; padded with random unjudged candidates labelled 0 (see query_padded)',
+                          stacklevel=4)
         return row_labels, padded
 
 
 def check_qrels(qrels: pd.DataFrame, stage: str) -> None:
-    """A frame of judgments: columns ``qid, docno, label``, finite labels, one label per (qid, docno)."""
+    """A frame of judgments: columns ``qid, docno, label``, finite numeric labels, one per (qid, docno) (else a text
+    label fails late, a NaN or a second label is lost)."""
     missing = {'qid', 'docno', 'label'} - set(getattr(qrels, 'columns', []))
     if missing:
         raise ValueError(f'{stage}: qrels must be a DataFrame with columns qid, docno, label; missing '
                          f'{sorted(missing)}')
-    _check_labels(qrels, stage)
-
-
-def candidate_labels(inp: pd.DataFrame, qrels: pd.DataFrame, stage: object) -> np.ndarray:
-    """The label of each row of ``inp`` (float64), NaN where the (qid, docno) is not judged. An input qid that the
-    qrels write as a float (``'1'`` against ``'1.0'``), or the other way round, is an error naming both forms: every
-    one of its candidates would read as unjudged."""
-    keys = pd.MultiIndex.from_frame(inp[['qid', 'docno']].astype(str))
-    judged = qrels.assign(qid=qrels['qid'].astype(str), docno=qrels['docno'].astype(str))
-    check_qids_written_alike(keys.unique(level='qid'), set(judged['qid']), stage, 'the qrels',
-                             "e.g. qrels.assign(qid=qrels['qid'].astype(int).astype(str))")
-    labels = judged.drop_duplicates(['qid', 'docno']).set_index(['qid', 'docno'])['label']
-    return labels.reindex(keys).to_numpy(dtype=np.float64)
-
-
-def _check_labels(qrels: pd.DataFrame, stage: str) -> None:
-    """Labels must be finite numbers, one per judged (qid, docno): a text label would fail only at transform time
-    with numpy's bare "could not convert", and a NaN or a second, different label would be dropped silently."""
     labels = numeric_column(qrels, 'label', stage, 'labels are relevance grades: convert the column '
                             "(qrels.assign(label=pd.to_numeric(qrels['label'])))")
     finite = np.isfinite(labels)
@@ -137,3 +108,14 @@ def _check_labels(qrels: pd.DataFrame, stage: str) -> None:
         given = sorted(map(float, keys.loc[(keys['qid'] == qid) & (keys['docno'] == docno), 'label'].unique()))
         raise ValueError(f'{stage}: qrels judge qid={qid!r}, docno={docno!r} twice with different labels {given}; '
                          'keep one judgment per query and document')
+
+
+def candidate_labels(inp: pd.DataFrame, qrels: pd.DataFrame, stage: object) -> np.ndarray:
+    """The label of each row of ``inp`` (float64), NaN where not judged; a qid the qrels write as a float (``'1'``
+    against ``'1.0'``), or the other way round, is an error."""
+    keys = pd.MultiIndex.from_frame(inp[['qid', 'docno']].astype(str))
+    judged = qrels.assign(qid=qrels['qid'].astype(str), docno=qrels['docno'].astype(str))
+    check_qids_written_alike(keys.unique(level='qid'), set(judged['qid']), stage, 'the qrels',
+                             "e.g. qrels.assign(qid=qrels['qid'].astype(int).astype(str))")
+    labels = judged.drop_duplicates(['qid', 'docno']).set_index(['qid', 'docno'])['label']
+    return labels.reindex(keys).to_numpy(dtype=np.float64)

@@ -2,7 +2,7 @@
 
 Heavy dependencies (torch, transformers, PISA, ir_datasets, matplotlib) load only when the runner runs.
 
-The modules, by job (a module imports only modules before it in this list, so no two import each other):
+The modules, by job (no import circle among them: tests/docs/test_house.py checks the whole package):
 
 - inputs and caches: ``fingerprint`` (what a cache was built from, the one ``slug``), ``collection`` (the test
   collections and their files), ``encoders``, ``dense_cache``, ``first_stage``, ``indexes``;
@@ -14,11 +14,6 @@ The modules, by job (a module imports only modules before it in this list, so no
   run's checked protocol options), ``runner`` (one cell), ``cells`` (a grid's cells as Ray tasks on a cluster),
   ``grid`` (cells, resume), ``arguments`` (what the command checks and tells the user), ``cli`` (parse and
   dispatch).
-
-They stay one flat package rather than four sub-packages: each module already holds one job and the import graph has
-no circle, so the grouping above reads as well from a docstring as from folders; and a move would change the import
-path of every module that the tests, the documentation, the notebooks, the benchmarks and the console script name,
-for no change in behaviour.
 """
 from pyterrier_rdime.experiment.collection import Collection, load_collection
 from pyterrier_rdime.experiment.runner import ExperimentResult, run_experiment

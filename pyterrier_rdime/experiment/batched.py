@@ -1,35 +1,24 @@
-"""Searches of several systems that share their queries and differ only in the (pruned) query vector, in as few
-retriever calls as the batch limit allows: at collection scale each call scans the whole index (6.8 GB of int8 codes
-at 8.8M passages), so a DIME's sweep fractions, the random control's seeds and the controls cost a few scans rather
-than one each."""
+"""Searches of several systems that differ only in the query vector in as few retriever calls as possible: at
+collection scale each call scans the whole index."""
 from typing import Callable, Dict, Hashable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-#: Query rows per retriever call: eleven systems of DL19's 43 queries. It bounds the call's result frame (~0.5M rows at
-#: 1000 results per query) and what a retriever holds per query (its top-k heaps, its score blocks).
+#: Query rows per retriever call (eleven systems of DL19's 43 queries): bounds the call's result frame and heaps.
 BATCH_QUERIES = 512
 
 
 def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[[], pd.DataFrame]],
                     run: Optional[Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame]] = None,
                     batch_queries: int = BATCH_QUERIES) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
-    """Yields ``(key, retriever(queries[key]()))`` for each key, in order: consecutive systems' query frames are
-    stacked, up to ``batch_queries`` rows (a larger system goes alone), and searched by one call of ``run(retriever,
-    frame)`` (default ``retriever(frame)``); each system's frame is built on demand and its result yielded as soon as
-    its call returns.
+    """Yields ``(key, retriever(queries[key]()))`` for each key, in order, stacking consecutive systems' frames up to
+    ``batch_queries`` rows into one call of ``run(retriever, frame)`` (default ``retriever(frame)``).
 
-    Each row is searched under a qid of its own (its row number in the call), so that a backend's per-query step
-    (e.g. a rank cut-off) stays per system and query; the upstream stages ran on the system's own frame, with its
-    real qids. A system's result is then rebuilt as the retriever builds one: its query frame's rows, each repeated
-    for its results, with the retriever's columns (``docno, docid, score, rank``) after its own. For a retriever that
-    scores each query independently of the others in its call (:class:`~pyterrier_rdime.pruned.PrunedRetriever`'s
-    compressed path and one-pass kernel), the frames are those of one call per system, bit for bit. A BLAS matrix
-    product (pyterrier-dr's numpy retriever, the dense path) may sum in another order for another number of queries
-    (a matrix-vector product under 4), so there a score can differ in its last bits (~1e-6 relative), as with
-    ``--workers``."""
+    Each row is searched under a qid of its own, then each system's result is rebuilt as the retriever builds one.
+    A retriever that scores each query on its own gives the frames of one call per system bit for bit; a BLAS matrix
+    product may differ in the last bits (~1e-6 relative), as with ``--workers``."""
     run = run or (lambda stage, frame: stage(frame))
     chunk: List[Tuple[Hashable, pd.DataFrame]] = []
     rows = 0
@@ -46,7 +35,7 @@ def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[
 
 def _search(retriever: pt.Transformer, run: Callable, chunk: List[Tuple[Hashable, pd.DataFrame]]
             ) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
-    if len(chunk) == 1:  # one system: its own call, as without batching
+    if len(chunk) == 1:
         key, frame = chunk[0]
         yield key, run(retriever, frame)
         return

@@ -1,9 +1,5 @@
-"""Paired comparisons of RDIME with its comparators: a significance test (chosen per comparison as the reference
-implementations do, or fixed), Holm over the comparisons of a measure, and parity read as an equivalence test (TOST)
-with a verdict in words.
-
-scipy and statsmodels load when a comparison is made, not when the runner is imported.
-"""
+"""Paired comparisons of RDIME with its comparators: a significance test, Holm over the comparisons of a measure, and
+an equivalence test (TOST) with a verdict in words (pt_docs/experiment.rst). scipy and statsmodels load on first use."""
 import math
 from typing import Dict, List, Sequence, Tuple
 
@@ -20,21 +16,17 @@ DEFAULT_MARGIN = 0.05
 VERDICTS = ('equivalent', 'different', 'inconclusive')
 COLUMNS = ['measure', 'family', 'dime', 'system', 'comparison', 'other', 'n', 'test', 'alternative', 'p_value',
            'p_holm', 'significant', 'mean_diff', 'ci_low', 'ci_high', 'margin_abs', 'tost_p', 'tost_p_holm', 'verdict']
-#: The two families of comparisons, each Holm-corrected on its own per measure: RDIME against the Top-k comparators
-#: and Baseline (the paper's question), and against the same-budget controls and vector PRF (does DIME's choice of
-#: dimensions matter?). Adding controls thus leaves the first family's p-values as they were.
+#: The families of comparisons, each Holm-corrected on its own per measure, so adding controls leaves the first as is.
 FAMILIES = ('comparators', 'controls')
 #: Suffix of a same-budget control's comparison label.
 SAME_BUDGET = ' (same budget)'
-#: Label of the Baseline comparison when the best Top-k tuned on the test queries keeps every dimension (k=1.0): the
-#: same system as Baseline, compared once, under this label.
+#: Label of the Baseline comparison when the best Top-k tuned on the test queries is k=1.0, Baseline itself.
 BEST_IS_BASELINE = 'Baseline (= the best Top-k tuned on the test queries, k=1.0)'
 
 
 def choose_test(differences: np.ndarray, test: str) -> str:
-    """``'t'`` or ``'wilcoxon'``: ``test`` itself, or for ``'auto'`` the references' rule: Shapiro–Wilk on the
-    paired differences, the t-test unless normality is rejected at :data:`ALPHA` (fewer than 3 differences, or all
-    equal: the t-test)."""
+    """``test``, or for ``'auto'`` the references' rule: the t-test unless Shapiro–Wilk rejects the normality of the
+    differences at :data:`ALPHA` (and with fewer than 3, or all equal)."""
     if test != 'auto':
         return test
     if len(differences) < 3 or np.ptp(differences) == 0:
@@ -44,8 +36,7 @@ def choose_test(differences: np.ndarray, test: str) -> str:
 
 
 def paired_p_value(a: np.ndarray, b: np.ndarray, test: str, alternative: str = 'two-sided') -> float:
-    """p-value of the paired ``test`` (``'t'`` or ``'wilcoxon'``) of ``a`` against ``b`` (``alternative``:
-    ``'greater'`` means ``a > b``); NaN when it is undefined (identical systems, fewer than 2 queries)."""
+    """p-value of the paired ``test`` of ``a`` against ``b`` (``'greater'``: ``a > b``); NaN when undefined."""
     if len(a) < 2 or np.array_equal(a, b):
         return math.nan
     from scipy import stats
@@ -56,9 +47,8 @@ def paired_p_value(a: np.ndarray, b: np.ndarray, test: str, alternative: str = '
 
 
 def equivalence(a: np.ndarray, b: np.ndarray, margin_abs: float) -> Dict[str, float]:
-    """The paired mean difference ``a - b`` with its 95 % t confidence interval, and the TOST p-value of
-    statsmodels' ``ttost_paired`` for equivalence within ``±margin_abs`` (in the measure's units; NaN when undefined:
-    fewer than 2 queries, or every difference equal)."""
+    """The mean of ``a - b`` with its 95 % t confidence interval, and the TOST p-value (``ttost_paired``) of
+    equivalence within ``±margin_abs``; NaN when undefined (fewer than 2 queries, or every difference equal)."""
     differences = a - b
     n = len(differences)
     mean = float(differences.mean()) if n else math.nan
@@ -72,10 +62,8 @@ def equivalence(a: np.ndarray, b: np.ndarray, margin_abs: float) -> Dict[str, fl
 
 
 def verdict(differences: np.ndarray, tost_p_holm: float, p_holm: float, margin_abs: float) -> str:
-    """``equivalent`` when TOST rejects a difference beyond ``±margin_abs`` (Holm-corrected p < alpha), or every
-    difference is the same and inside the margin; else ``different`` when the significance test rejects equality
-    (Holm-corrected p < alpha; with a one-sided ``alternative``, in that direction); else ``inconclusive``: the data
-    cannot tell (too few queries, or too much spread)."""
+    """``equivalent`` when TOST rejects a difference beyond ``±margin_abs`` (or every difference is one value inside
+    it), else ``different`` when the significance test rejects equality, else ``inconclusive``."""
     if len(differences) and np.ptp(differences) == 0 and abs(differences[0]) < margin_abs:
         return 'equivalent'
     if tost_p_holm < ALPHA:
@@ -86,9 +74,8 @@ def verdict(differences: np.ndarray, tost_p_holm: float, p_holm: float, margin_a
 
 
 def _holm(p_values: pd.Series) -> np.ndarray:
-    """Holm-corrected ``p_values`` (statsmodels; NaN counts as 1). ``multipletests`` runs ``gc.collect()`` on every
-    Holm call, a full collection that takes 0.1–1 s in a process holding torch and PyTerrier; the objects that
-    exist already are frozen meanwhile, so that it only visits the few made here."""
+    """Holm-corrected ``p_values`` (NaN counts as 1). ``multipletests`` runs ``gc.collect()``, 0.1–1 s beside torch
+    and PyTerrier: the objects that exist are frozen meanwhile."""
     import gc
 
     from statsmodels.stats.multitest import multipletests
@@ -100,8 +87,7 @@ def _holm(p_values: pd.Series) -> np.ndarray:
 
 
 def controls(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str]]:
-    """(label, system) of the controls of ``<dime>/<column>`` present: each same-budget selection
-    ``<dime>/<column>:<selection>`` (label ``<selection> (same budget)``), then the vector-PRF systems."""
+    """(label, system) of the controls of ``<dime>/<column>`` present: the same-budget ones, then vector PRF."""
     present = [f'{dime}/{column}:{selection}' for selection in SELECTIONS]
     pairs = [(s.split(':')[-1] + SAME_BUDGET, s) for s in present if s in means.index]
     return pairs + [(s, s) for s in ('Vector PRF', 'Average PRF') if s in means.index]
@@ -109,9 +95,7 @@ def controls(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str]]:
 
 def comparators(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str]]:
     """(label, system) of the comparisons of ``<dime>/<column>``: CV Top-k, the best Top-k tuned on the test
-    queries, Baseline, and for a soft RDIME column RDIME itself. A best Top-k of k=1.0 keeps every dimension: it is
-    Baseline, compared once as :data:`BEST_IS_BASELINE` (twice, it would count one comparison twice in Holm's
-    family)."""
+    queries, Baseline (once, as :data:`BEST_IS_BASELINE`, when the best Top-k is k=1.0), and RDIME for a soft one."""
     topks = [s for s in means.index if s.startswith(f'{dime}/k=')]
     pairs = [('CV Top-k', f'{dime}/CV Top-k')] if f'{dime}/CV Top-k' in means.index else []
     best = max(topks, key=lambda s: (means[s], -float(s.split('=')[1]))) if topks else None
@@ -126,16 +110,10 @@ def comparators(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str
 
 def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequence[str], columns: Sequence[str],
                  test: str = 't', alternative: str = 'two-sided', margin: float = DEFAULT_MARGIN) -> pd.DataFrame:
-    """Each RDIME column (``RDIME`` and any soft one) of each DIME against its :func:`comparators` and its
-    :func:`controls`, per measure.
-
-    ``aggregate`` (``system, measure, value``) and ``perquery`` (``system, qid, measure, value``) hold every system,
-    Top-k sweep points and ``<dime>/CV Top-k`` included. The significance test is ``test`` (``'auto'`` chooses per
-    comparison) with ``alternative``; its p-values and TOST's are Holm-corrected over the comparisons of a measure
-    (statsmodels), each of the :data:`FAMILIES` on its own. The equivalence margin is ``margin`` (a fraction) times the
-    Baseline's mean of the measure: each row's ``margin_abs``, in the measure's units. Returns :data:`COLUMNS`;
-    ``significant`` and the verdict read the Holm-corrected p-values at :data:`ALPHA`.
-    """
+    """:data:`COLUMNS`: each RDIME column of each DIME against its :func:`comparators` and :func:`controls`, per
+    measure, from ``aggregate`` (``system, measure, value``) and ``perquery`` (``system, qid, measure, value``).
+    p-values are Holm-corrected per measure and each of the :data:`FAMILIES`; the margin is ``margin`` times the
+    Baseline's mean."""
     rows = []
     for measure in dict.fromkeys(aggregate['measure']):
         means = aggregate[aggregate['measure'] == measure].set_index('system')['value']

@@ -76,51 +76,26 @@ def run_experiment(
 ) -> ExperimentResult:
     """Run the paper's grid on a collection, in the reference implementations' protocol.
 
-    The protocol options (:class:`Options`: ``mode`` … ``max_queries`` below) come as an ``Options`` or by
-    keyword; the other arguments choose the inputs and how the work is done.
+    The protocol options (the fields of :class:`Options`: ``mode``, ``first_stage``, ``feedback``, ``depth``,
+    ``num_results``, ``dimes``, ``ks``, ``modulators``, ``masses``, ``controls``, ``control_seeds``, ``test``,
+    ``alternative``, ``margin``, ``sweep``, ``folds``, ``retriever``, ``shards``, ``max_queries``) come as an
+    ``Options`` or by keyword; each is the command's option of the same name, explained in pt_docs/experiment.rst.
 
     Args:
         collection: ``irds:<id>``, a collection folder, or a loaded :class:`Collection`.
         encoder: ``'minilm'`` (bundled), ``'tasb'``, ``'contriever'``, ``'ance'``, a folder or a hub id.
-        mode: ``'rerank'`` (re-score the first stage's top-``depth``) or ``'retrieve'`` (full dense retrieval of
-            ``num_results`` over the whole corpus).
-        first_stage: ``'auto'`` (the collection's run, else PISA BM25), ``'bm25'`` or a TREC run file (rerank mode).
-        feedback: where PRF/SWC/Eclipse feedback documents come from in rerank mode: ``'dense'`` (default, the
-            references: the candidates re-scored with the full query vector) or ``'first-stage'`` (their first-stage
-            order). Retrieve mode has no first stage: it takes them from the dense ranking, and refuses
-            ``'first-stage'``.
-        dimes: among ``prf, swc, llm, rank, rbf, sigmoid, eclipse, magnitude, oracle``; ``llm`` is skipped, with a
-            note, when there are no LLM answers.
-        ks: Top-k fractions of the dimensions, in (0, 1]; empty for no Top-k column.
-        modulators: soft RDIME columns to add: ``'james-stein'``, ``'wiener'``.
-        masses: score-mass columns to add (:class:`~pyterrier_rdime.ScoreMass`), shares in (0, 1], e.g. ``(0.8,)``;
-            each is compared like RDIME.
-        controls: what each RDIME column is compared with at the same number of dimensions per query (``random``,
-            ``magnitude``, ``variance``, ``prefix``; see :class:`~pyterrier_rdime.SameBudget`), and ``vector-prf``:
-            pyterrier-dr's ``VectorPrf`` and ``AveragePrf`` on the DIMEs' feedback documents; default all but
-            ``prefix``.
-        control_seeds: seeds of the ``random`` control (0 … n-1); its value per query is the mean over them.
         rel: relevance level of the binary measures (AP, R, RR); default: each measure's own (1, as the references).
         measures: ir_measures names; default ``nDCG@10, AP``, plus ``R@1000, RR@10`` in retrieve mode.
-        test: ``'t'`` (paired t-test, default), ``'wilcoxon'``, or ``'auto'`` (per comparison, Shapiro–Wilk on the
-            paired differences, then t or Wilcoxon, as the references); Holm-corrected per measure.
-        alternative: ``'two-sided'`` (default), ``'greater'`` or ``'less'`` (RDIME greater/less than the other).
-        margin: the equivalence (TOST) margin, a fraction of the Baseline's mean of each measure (default 0.05).
-        sweep: the Top-k sweep (fractions 0.1 … 1.0) and, from it, the cross-validated Top-k.
-        folds: folds of queries of the cross-validated Top-k (fixed seed :data:`~.sweep.CV_SEED`).
         index: an existing FlexIndex (folder or Hugging Face repository) instead of encoding the corpus.
-        retriever: retrieve mode's backend: ``numpy``, ``torch``, ``faiss-flat``, ``faiss-hnsw``, ``faiss-ivf``,
-            ``pruned``, ``sharded`` (``pruned`` over ``shards`` shards on Ray: the same ranking).
-        shards: with ``retriever='sharded'``, the shards the index is cut into (cached under ``cache_dir``).
         answers: LLM answers (default: the collection's ``llm_answers.tsv``): a ``qid<TAB>answer`` file, or
             comma-separated files and names of published answers, one LLM DIME each
             (:func:`~.answer_sources.answer_sources`).
         cache_dir: indexes and generated answers (default: ``$PYTERRIER_RDIME_CACHE``, else the XDG cache folder).
-        max_queries: keep only the first queries (smoke runs).
-        llm_generator: generate the LLM row's answers with :class:`LlmGenerator` (``'smollm2'``, bundled, or a
-            Hugging Face model) instead of reading them; cached under ``cache_dir``.
-        workers: processes for the query-level work (encoding queries, DIME, thresholds, scoring, retrieval),
-            through PyTerrier's ``.parallel`` with ``parallel_backend`` ``'joblib'`` or ``'ray'``.
+        batch_size: encoder batch size.
+        llm_generator: generate the LLM row's answers with :class:`LlmGenerator` (``'smollm2'`` or a Hugging Face
+            model) instead of reading them; cached under ``cache_dir``.
+        workers, parallel_backend: processes for the query-level work, through PyTerrier's ``.parallel``
+            (``'joblib'`` or ``'ray'``).
         progress: where each finished system is recorded, to be read back by a re-run after a kill
             (:class:`~.progress.SystemRecords`; :func:`~.grid.run_grid` passes its cell's); default none.
     """

@@ -4,6 +4,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import pandas as pd
 import pyterrier as pt
 
@@ -174,8 +175,9 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
     re-scored with the full query vector; with ``'first-stage'`` the top of the first stage's own order. The Top-k
     ``sweep`` fractions re-score the same candidates from the vectors in hand, and so does the random selection at
     each fraction (``seeds`` seeds) when ``controls`` holds ``random``. Each RDIME column gets its same-budget
-    ``controls`` (:func:`control_stages`), and ``vector-prf`` pyterrier-dr's vector-PRF systems on the DIMEs'
-    feedback documents. Each system's frame goes through ``records`` (:class:`~.progress.SystemRecords`): read
+    ``controls`` (:func:`control_stages`; the variance control over the candidates' vectors,
+    :func:`candidate_vectors`), and ``vector-prf`` pyterrier-dr's vector-PRF systems on the DIMEs' feedback
+    documents. Each system's frame goes through ``records`` (:class:`~.progress.SystemRecords`): read
     back where an interrupted run of the cell finished it."""
     records = records or SystemRecords()
     candidates = run(model.query_encoder() >> index.vec_loader(), first)
@@ -184,6 +186,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
     grid = Grid({}, {}, '')
     grid.put(BASELINE, records.frame(BASELINE, lambda: dense))
     source = dense if feedback == 'dense' else candidates
+    documents = candidate_vectors(candidates) if 'variance' in controls else None
     factories = dime_factories(qrels, model)
     order = 'dense re-ranking (full query vector)' if feedback == 'dense' else 'first-stage order'
     notes = [f'Feedback documents: the top of the {order} of the top-{depth} candidates.']
@@ -197,7 +200,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
         for key, frame in records.frames(list(columns), lambda missing: (
                 (key, run(columns[key] >> VectorScorer(), scored)) for key in missing)).items():
             grid.put(key, frame)
-        selections = control_stages(name, stages, controls, seeds, index)
+        selections = control_stages(name, stages, controls, seeds, documents)
         # numpy on the vectors in hand, cheaper than a round trip through the workers
         for key, frame in records.frames(list(selections), lambda missing: (
                 (key, (selections[key] >> VectorScorer())(scored)) for key in missing)).items():
@@ -304,11 +307,19 @@ def _searched(key: Key, frame: pd.DataFrame) -> pd.DataFrame:
     return frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame
 
 
-def control_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence[str], seeds: int, index
+def candidate_vectors(candidates: pd.DataFrame) -> np.ndarray:
+    """The vectors of the re-ranked candidates, one row per document (first-seen order): in rerank mode what the
+    variance control reads, the run's own documents, whatever else the cached index of the collection holds."""
+    return np.stack(candidates.drop_duplicates('docno')['doc_vec'].to_numpy())
+
+
+def control_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence[str], seeds: int, documents
                    ) -> Dict[Key, pt.Transformer]:
     """For each RDIME column of ``dime`` (not the Top-k ones), each same-budget selection of ``controls``: the
     threshold-and-control stage to run on the DIME's scored frame, under its record key: ``('frames',
-    '<dime>/<column>:<selection>')``, and for ``random`` ``('seeded', (system, seed))`` for each seed."""
+    '<dime>/<column>:<selection>')``, and for ``random`` ``('seeded', (system, seed))`` for each seed. ``documents``
+    are the vectors the variance control reads (``SameBudget(index=...)``): the candidates' in rerank mode, the
+    index (the corpus) in retrieve mode."""
     systems: Dict[Key, pt.Transformer] = {}
     for column, stage in stages.items():
         if column.startswith('k='):
@@ -320,7 +331,7 @@ def control_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Seque
                     systems['seeded', (system, seed)] = stage >> SameBudget(control='random', seed=seed)
             else:
                 systems['frames', system] = stage >> SameBudget(control=selection,
-                                                                index=index if selection == 'variance' else None)
+                                                                index=documents if selection == 'variance' else None)
     return systems
 
 

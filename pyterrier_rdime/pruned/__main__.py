@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from . import calibration, cost
+from . import calibration, planner
 from .cost import CostModel
 
 DESCRIPTION = ("Re-calibrates the cost model of PrunedRetriever(strategy='auto') on this machine (a few seconds) "
@@ -33,8 +33,8 @@ def summary(fitted: CostModel, path: str, seconds: float) -> str:
         query = np.zeros((1, EXAMPLE_DIMS), dtype=np.float32)
         query[0, :round(kept * EXAMPLE_DIMS)] = 1
         costs = fitted.path_costs(query, k=EXAMPLE_K, matrix_bytes=matrix_bytes, one_pass=False)
-        chosen = cost.plan(query, strategy='auto', matrix_bytes=matrix_bytes, compiled=True, model=lambda: fitted,
-                           k=EXAMPLE_K).path
+        chosen = planner.choose(query, strategy='auto', matrix_bytes=matrix_bytes, compiled=True,
+                                model=lambda: fitted, k=EXAMPLE_K).path
         lines.append(f'  {kept:.0%} of the dimensions kept: pruned {costs["pruned"]:.2f}x, compressed '
                      f'{costs["compressed"]:.2f}x -> strategy=\'auto\' takes {chosen}')
     return '\n'.join(lines)

@@ -1,8 +1,6 @@
-"""The calibration harness of the cost model behind ``PrunedRetriever(strategy='auto')``: :func:`calibrate` times
-the dense, the pruned and the compressed paths on a synthetic matrix several times the size of the CPU caches (a few
-seconds) and fits the constants of :class:`.cost.CostModel`; the result is cached per CPU model and thread counts
-(numba's and BLAS's) in ``default_cache_dir()/cost``; :func:`model` loads it, or calibrates on first use. Re-run it
-on demand with ``python -m pyterrier_rdime.pruned``."""
+"""The calibration of the cost model behind ``strategy='auto'`` (pt_docs/speed.rst): :func:`calibrate` times the
+paths on a synthetic matrix larger than the CPU caches and fits :class:`.cost.CostModel`, cached per CPU model and
+thread counts; :func:`model` loads it. ``python -m pyterrier_rdime.pruned`` re-runs it."""
 import dataclasses
 import functools
 import json
@@ -23,27 +21,23 @@ from . import compressed, dense, int8_copy
 from .cost import RESCORED_PER_RESULT, CostModel
 from .plan import batch_features, nonzero_fractions
 
-#: The calibration matrix: ``CALIBRATION_DIMS x CALIBRATION_DOCS`` float32 (192 MiB, six times a 32 MiB L3 cache),
-#: so that both paths stream it from memory, as they do a real index.
+#: The calibration matrix, float32: 192 MiB, streamed from memory (six times a 32 MiB L3) as a real index is.
 CALIBRATION_DIMS, CALIBRATION_DOCS = 768, 65536
 #: The matrix on which the compressed path's own work per call is timed: as many documents as the top-k needs.
 CALLS_DOCS = 256
 #: Results per query of every timing (``k``).
 CALIBRATION_K = 100
-#: Repetitions of each timing per pass of a calibration (the minimum over both passes is kept: the least
-#: disturbed by other processes).
+#: Repetitions of each timing per pass (the minimum over both passes is kept).
 CALIBRATION_ROUNDS = 3
-#: A calibration whose fitted model misses one of its own timings by more than this (relative) was disturbed, or ran
-#: on a machine the model does not describe: it is kept, with a warning to re-run it on a quieter machine.
+#: A fit that misses one of its own timings by more than this (relative) is kept with a warning.
 FIT_TOLERANCE = 0.25
 
 _log = logging.getLogger(__name__)
 
 
 def fit_non_negative(features: np.ndarray, costs: np.ndarray) -> np.ndarray:
-    """The coefficients ``c >= 0`` minimising the relative error of ``features @ c`` against ``costs`` (a cost that
-    noise pushed below 0 is 0: every path costs at least what it reads); every subset of the few columns is tried,
-    which is exact non-negative least squares at this size."""
+    """The coefficients ``c >= 0`` minimising the relative error of ``features @ c`` against ``costs``: exact
+    non-negative least squares by trying every subset of the few columns."""
     weighted = features / costs[:, None]
     best, best_error = np.zeros(features.shape[1]), np.inf
     for mask in range(1, 2 ** features.shape[1]):
@@ -75,9 +69,7 @@ def _cpu() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _blas():
-    """numpy's BLAS, the dense path's (found once, by threadpoolctl; None without it): the BLAS libraries in numpy's
-    wheel (``numpy.libs``), else every BLAS loaded (a numpy built on the system's BLAS); a BLAS that scipy or numba
-    loads beside it is not numpy's."""
+    """numpy's BLAS by threadpoolctl (None without it): the one in numpy's wheel, else every BLAS loaded."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:
@@ -88,9 +80,8 @@ def _blas():
 
 
 def machine_key() -> str:
-    """The CPU model, the numba thread count and numpy's BLAS thread count (both of which the process may change: the
-    kernel runs on the one, the dense path on the other), as a file name: a calibration holds for these only. Without
-    threadpoolctl the BLAS thread count is ``unknown``."""
+    """The CPU model and numba's and numpy's BLAS thread counts, as a file name: a calibration holds for these only
+    (``unknown`` BLAS threads without threadpoolctl)."""
     import numba
     blas = _blas()
     counts = sorted({library['num_threads'] for library in blas.info()}) if blas is not None else []
@@ -103,9 +94,8 @@ def cache_path(key: Optional[str] = None) -> Path:
 
 
 def model(*, verbose: bool = False) -> CostModel:
-    """The cost model of this machine and thread count: from this process's memory, else the cache file, else
-    calibrated now (a few seconds, once per CPU model and thread counts; a progress bar when ``verbose``) and
-    cached."""
+    """The cost model of this machine and thread counts: from memory, else the cache file, else calibrated now (a few
+    seconds, a progress bar when ``verbose``)."""
     key = machine_key()
     if key not in _MODELS:
         path = cache_path(key)
@@ -120,25 +110,17 @@ def model(*, verbose: bool = False) -> CostModel:
 
 def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int = CALIBRATION_DOCS,
               verbose: bool = False) -> CostModel:
-    """Times the dense, the pruned and the compressed paths on a ``CALIBRATION_DIMS x docs`` synthetic matrix with
-    top-``CALIBRATION_K``, each timing ``2 x rounds`` times in blocks (the minimum kept), and fits the model's
-    constants by non-negative least squares on the relative error: the dense matrix product from batches of 8 and 64;
-    the pruned path one query at a time from kept fractions of 0.2, 0.5 and 0.8; one pass from batches of 8 and 64 at
-    25, 50 and 75 % kept, with independent kept sets (union ~1) and with one shared kept set (union = kept); the
-    compressed path from single queries at 0.2, 0.5 and 0.8 kept, its exact re-scoring timed apart (as many random
-    documents as the model expects it to re-score), its own work per call timed on a matrix of ``CALLS_DOCS``
-    documents with one kept dimension (nothing to scan or re-score), and the rest, the scan, fitted in units of the
-    ``gemv``; the compressed one pass from batches of 8 and 64 at 35 % kept (independent kept sets): its first pass
-    (the int8 products and the candidates) fitted in units, the rest, less the re-scoring the model adds, as each
-    query's own work in seconds. With ``save``, cached for :func:`model` (and replaces its entry); a fit that misses
-    one of its timings by more than ``FIT_TOLERANCE`` is logged as a warning. With ``verbose``, a progress bar over
-    the timings."""
+    """Times the dense, pruned and compressed paths (single queries at 20, 50 and 80 % kept, batches of 8 and 64) on
+    a ``CALIBRATION_DIMS x docs`` synthetic matrix, each ``2 x rounds`` times (the minimum kept), and fits the
+    model's constants by :func:`fit_non_negative`, in units of one ``gemv``. The compressed path's re-scoring and
+    per-call work are timed apart, its scan is the rest. With ``save``, cached for :func:`model`; a fit that misses
+    a timing by more than ``FIT_TOLERANCE`` logs a warning."""
     from . import _numba  # numba loads only when the kernel first runs, or now
     rng = np.random.default_rng(0)
     matrix = rng.random((CALIBRATION_DIMS, docs), dtype=np.float32)
     matrix -= 0.5
     copy = int8_copy.quantise(matrix)
-    rows = np.ascontiguousarray(matrix.T)  # the document rows the compressed path re-scores from, as a FlexIndex's
+    rows = np.ascontiguousarray(matrix.T)  # the rows the compressed path re-scores from
     tiny = np.ascontiguousarray(matrix[:, :CALLS_DOCS])
     tiny_copy, one_dim = int8_copy.quantise(tiny), np.eye(1, CALIBRATION_DIMS, dtype=np.float32)
     rescored = np.sort(rng.choice(docs, min(docs, round(RESCORED_PER_RESULT * CALIBRATION_K)), replace=False))
@@ -183,9 +165,8 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
         for fn in fns.values():  # compile (or load) the kernels, touch the matrix
             fn()
             progress.update()
-        # in blocks (each timing ``rounds`` times in a row, so that the previous one's threads have stopped
-        # spinning), in two passes in opposite orders (a burst of load from other processes does not hit one timing
-        # alone)
+        # in blocks (the previous timing's threads have stopped spinning), two passes in opposite orders (a burst of
+        # load does not hit one timing alone)
         times: Dict[str, List[float]] = {name: [] for name in fns}
         for names in (list(fns), list(fns)[::-1]):
             for name in names:
@@ -206,7 +187,7 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     rescore_seconds = fit_non_negative(rescored_values[:, None],
                                        np.array([t[f'rescore {kept}'] * unit for kept in single]))[0]
     call_seconds = t['compressed call'] * unit
-    # the scan's part of the compressed path: its time less the call's own work and the re-scoring the model adds
+    # the scan: the compressed path's time less the call's own work and the re-scoring
     scan = np.array([t[f'compressed {kept}'] for kept in single])
     scan -= (call_seconds + rescore_seconds * rescored_values) / unit
     scan_fit = fit_non_negative(np.stack([np.ones(3), kept_fractions], axis=1), np.maximum(scan, 1e-3))

@@ -1,32 +1,21 @@
 """The compressed path of ``PrunedRetriever(strategy='compressed')``: exact top-k from an int8 copy of the
-dimension-major matrix, reading a quarter of the bytes of the kept float32 rows for the scan.
+dimension-major matrix (:mod:`.int8_copy`: per dimension ``j`` a scale, codes in ``[-127, 127]`` and the measured
+largest quantisation error ``error[j]``), reading a quarter of the bytes of the kept float32 rows for the scan.
 
-The copy holds, per dimension ``j``, ``code[j, d] = round(value[j, d] / scale[j])`` in ``[-127, 127]`` with
-``scale[j] = max_d |value[j, d]| / 127``, and the largest quantisation error of the dimension,
-``error[j] = max_d |value[j, d] - scale[j] * code[j, d]|`` (measured when the copy is built, at most ``scale[j] / 2``).
 A query ``q`` with kept dimensions ``K`` is scored in two steps:
 
 1. the first pass scans the kept int8 rows: ``approx[d] = sum_{j in K} w_j code[j, d]`` with ``w_j = q_j scale[j]``
-   in float32; every document's exact score lies within ``bound`` of it, where ``bound`` adds the quantisation error
-   ``sum_{j in K} |q_j| error[j]``, the rounding of ``w_j`` and the worst-case rounding of the float32 sum
-   (:func:`error_bound`);
-2. the ``k`` best approximate documents are re-scored exactly (float64, from the float32 rows), their lowest exact
-   score ``s`` is a lower bound of the k-th best exact score, and every other document whose upper bound
-   ``approx + bound`` reaches ``s`` is re-scored too. No document of the exact top-k is left out, so the result is the
-   exact top-k (ties to the lower docid), as the float32 paths give it up to float32 rounding.
+   in float32; every exact score lies within ``bound`` of it: the quantisation error ``sum_{j in K} |q_j| error[j]``
+   plus the rounding of ``w_j`` and of the float32 sum (:func:`error_bound`);
+2. the ``k`` best approximate documents are re-scored exactly (float64, from the float32 rows), and so is every
+   other document whose ``approx + bound`` reaches their lowest exact score less one float32 step
+   (:func:`tie_floor`): the result is the exact top-k of the scores rounded to float32, ties to the lower docid (the
+   scores the user sees, as the float32 paths and a merge of shards rank them).
 
-The re-scored documents are few when the bound is small against the gaps between the top scores (about ``k`` to
-``2.5 k`` on sentence-embedding-like data); exact ties at the k-th score (duplicate documents) are all re-scored.
-
-The copy and its codes are :mod:`.int8_copy`'s.
-
-A batch can instead be scored in one pass (``one_pass``): each query's weights ``q_j scale[j]`` rounded to integers
-times a step of the query (:func:`integer_weights`), the integer scores of every query and document from one int8
-matrix product per slab of documents (exact int32 sums; torch's product runs on the CPU's VNNI / AMX units), each
-slab pushed at once into each query's ``k`` best and the documents near them (:func:`integer_candidates`), then the
-same two steps with the bound of :func:`integer_bound` (the quantisation error plus the weights' rounding).
-
-The bounds and the scans are one guarantee (exact top-k), kept together; the copy they read is :mod:`.int8_copy`.
+A batch can instead be scored in one pass (``one_pass``): integer weights (:func:`integer_weights`), one exact int8
+matrix product per slab of documents (torch's, on the CPU's VNNI / AMX units), each slab pushed into each query's
+``k`` best and the documents near them (:func:`integer_candidates`), then the same two steps with
+:func:`integer_bound`. The bounds and the scans are one guarantee (exact top-k), kept together.
 """
 import importlib.util
 import os
@@ -107,6 +96,12 @@ def exact_scores(dim_major: np.ndarray, query_vec: np.ndarray, docids: np.ndarra
     return (values * query_vec[dims].astype(np.float64)).sum(axis=1)
 
 
+def tie_floor(score: float) -> float:
+    """A float64 below every score that rounds to float32 as high as ``score`` does: a document above it may tie the
+    k-th best float32 score, and win the tie by a lower docid."""
+    return float(np.nextafter(np.float32(score), np.float32(-np.inf)))
+
+
 def float32_below(value: float) -> np.float32:
     """The largest float32 at most ``value``: a float32 score is ``>= value`` exactly when it is ``>=`` this one
     (compared in float32, twice as fast over the first pass's scores as in float64)."""
@@ -119,10 +114,10 @@ def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray
     """Top-``k`` ``(scores, docids)`` of each query, exact: the first pass over ``copy``, then the documents whose
     bound reaches the k-th best exact score re-scored from ``doc_rows``, else from ``dim_major`` (see the module's
     description and :func:`exact_scores`; ``dim_major`` may be None where ``doc_rows`` is given). Scores are
-    the float64 exact scores rounded to float32. A batch is scored query after query over each one's kept rows, or
-    with ``one_pass`` in integers over the whole copy (:func:`integer_slabs`), worth it where an int8 matrix
-    product runs fast (:data:`INT8_PRODUCT`). The documents are re-scored from ``doc_rows`` where given (see
-    :func:`exact_scores`)."""
+    the float64 exact scores rounded to float32, ranked as rounded (ties to the lower docid). A batch is scored query
+    after query over each one's kept rows, or with ``one_pass`` in integers over the whole copy
+    (:func:`integer_slabs`), worth it where an int8 matrix product runs fast (:data:`INT8_PRODUCT`). The documents
+    are re-scored from ``doc_rows`` where given (see :func:`exact_scores`)."""
     if one_pass:
         return _search_one_pass(copy, dim_major, query_vecs, k, use_numba=use_numba, doc_rows=doc_rows)
     scores, docids = [], []
@@ -136,10 +131,10 @@ def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray
         approx, best, bound = first_pass(copy, query_vec, k, use_numba=use_numba)
         best = np.sort(best)
         best_scores = exact_scores(dim_major, query_vec, best, doc_rows)
-        # every document of the exact top-k scores at least the k-th best of any k exact scores, so its first-pass
-        # score is at least that minus the bound
+        # every document of the exact top-k (in float32, ties included) scores above tie_floor of the k-th best of
+        # any k exact scores, so its first-pass score is at least that minus the bound
         s, d = _rescored(dim_major, query_vec, best, best_scores,
-                         np.flatnonzero(approx >= float32_below(best_scores.min() - bound)), k, doc_rows)
+                         np.flatnonzero(approx >= float32_below(tie_floor(best_scores.min()) - bound)), k, doc_rows)
         scores.append(s)
         docids.append(d)
     return scores, docids
@@ -166,9 +161,10 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
         ids_scores = exact_scores(dim_major, query_vec, ids, doc_rows)
         cand_ids, cand_scores = candidates[q]
         if query_vec.any():
-            # every document of the exact top-k scores at least the lowest of any k exact scores, so its integer
-            # score times the step is at least that minus the bound (one less: the float64 rounding)
-            threshold = np.floor((ids_scores.min() - bounds[q]) / steps[q]) - 1
+            # every document of the exact top-k (in float32, ties included) scores above tie_floor of the lowest of
+            # any k exact scores, so its integer score times the step is at least that minus the bound (one less: the
+            # float64 rounding)
+            threshold = np.floor((tie_floor(ids_scores.min()) - bounds[q]) / steps[q]) - 1
             cand_ids = cand_ids[cand_scores >= threshold]
         s, d = _rescored(dim_major, query_vec, ids, ids_scores, cand_ids, k, doc_rows)
         scores.append(s)
@@ -183,8 +179,10 @@ def one_pass_weights(copy: Codes, query_vecs: np.ndarray):
     bounds = np.array([integer_bound(copy, q, step, w) if q.any() else 0.0
                        for q, step, w in zip(query_vecs, steps, weights)])
     # every document of the exact top-k has an integer score of at least the k-th best one less twice the bound
-    # (in steps) less 2 (the floor of the threshold and the float64 rounding): the candidates need no more slack
-    return steps, weights, bounds, np.ceil(2 * bounds / steps).astype(np.int64) + 2
+    # (in steps) less 2 (the floor of the threshold and the float64 rounding), less what tie_floor takes off: under
+    # 2^-22 of the largest score, sum_j |w_j| CODE_MAX steps plus the bound, and one step for its ceiling
+    reach = np.abs(weights).sum(axis=1) * CODE_MAX + bounds / steps
+    return steps, weights, bounds, (np.ceil(2 * bounds / steps) + np.ceil(reach * 2.0 ** -22)).astype(np.int64) + 3
 
 
 def _rescored(dim_major: np.ndarray, query_vec: np.ndarray, best: np.ndarray, best_scores: np.ndarray,
@@ -197,9 +195,9 @@ def _rescored(dim_major: np.ndarray, query_vec: np.ndarray, best: np.ndarray, be
         return np.zeros(k, dtype=np.float32), np.arange(k)
     others = candidates[~np.isin(candidates, best, assume_unique=True)]
     ids = np.concatenate([best, others])
-    s = np.concatenate([best_scores, exact_scores(dim_major, query_vec, others, doc_rows)])
-    order = best_k(s, ids, k)
-    return s[order].astype(np.float32), ids[order]
+    s = np.concatenate([best_scores, exact_scores(dim_major, query_vec, others, doc_rows)]).astype(np.float32)
+    order = best_k(s, ids, k)  # ranked as the user sees the scores: ties in float32 to the lower docid
+    return s[order], ids[order]
 
 
 def integer_weights(copy: Codes, query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

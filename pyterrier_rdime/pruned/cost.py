@@ -1,20 +1,16 @@
-"""The cost model behind ``PrunedRetriever(strategy='auto')`` and the one decision of each call: :func:`plan` returns
-the :class:`.plan.Plan` the stage and the kernels carry out. The model estimates the time of each scoring path, in
-units of one dense ``gemv`` over the whole matrix (one query, every dimension, top-k included), from the fraction of
-dimensions each query keeps. Its constants are calibrated on the machine in use, not fitted once on another CPU
-(:mod:`.calibration`, the harness that times every path, fits and caches the constants). Pure arithmetic: the model
-is handed in by the caller."""
+"""The cost model behind ``PrunedRetriever(strategy='auto')``, the prior of :mod:`.planner`'s choice. It estimates
+the time of each scoring path, in units of one dense ``gemv`` over the whole matrix (one query, every dimension, top-k
+included), from the fraction of dimensions each query keeps. Its constants are calibrated on the machine in use, not
+fitted once on another CPU (:mod:`.calibration`, the harness that times every path, fits and caches the constants).
+Pure arithmetic."""
 import dataclasses
-from typing import Callable, Dict, Optional
+from typing import Dict
 
 import numpy as np
 
 from .dense import GEMV_BELOW
-from .plan import Plan, batch_features, nonzero_fractions
+from .plan import batch_features, nonzero_fractions
 
-#: Below this matrix size (bytes) the matrix sits in the CPU caches, scoring is not memory-bound, and BLAS (tuned
-#: for compute) is at least as fast as the compiled kernel: ``'auto'`` scores densely.
-MIN_PRUNED_BYTES = 16 * 2 ** 20
 #: Documents the compressed path re-scores exactly per result asked for, as the cost model expects them: the ``k`` best
 #: of the first pass and those its error bound cannot rule out. Measured means: 1.06-1.09 on the synthetic 1M x 768
 #: index of the benchmarks (top-100), 1.11 / 1.07 / 1.17 for the top-10 / 100 / 1000 of MiniLM on the DL19 pool (at
@@ -106,53 +102,3 @@ class CostModel:
             costs['compressed one pass'] = self.compressed_one_pass_cost(query_vecs, k, matrix_bytes)
         return costs
 
-
-def auto_costs(query_vecs: np.ndarray, *, matrix_bytes: int, compiled: bool, model: Callable[[], CostModel], k: int,
-               float32_ready: bool = True) -> Optional[Dict[str, float]]:
-    """The estimated cost of each path ``strategy='auto'`` may take for these pruned query vectors (n, dims), ``k``
-    results each, over a matrix of ``matrix_bytes``, in :meth:`CostModel.path_costs`'s order; None where it scores
-    densely without asking the model: without the compiled kernels (the numpy fallbacks are slower than BLAS beyond
-    ~30 % kept), for a matrix under ``MIN_PRUNED_BYTES`` and for no queries. Without ``float32_ready`` (a FlexIndex
-    whose float32 dimension-major layout is not built: a second copy of the vectors on disk), the float32 pruned paths
-    are left out: ``'auto'`` never builds that copy, only ``strategy='pruned'`` does. ``model`` is called only when
-    the costs are needed."""
-    if not compiled or matrix_bytes < MIN_PRUNED_BYTES or not len(query_vecs):
-        return None
-    costs = model().path_costs(query_vecs, k=k, matrix_bytes=matrix_bytes, one_pass=len(query_vecs) > 1)
-    if not float32_ready:
-        costs = {path: cost for path, cost in costs.items() if Plan(path).strategy != 'pruned'}
-    return costs
-
-
-def plan(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: bool,
-         model: Callable[[], CostModel], k: int, float32_ready: bool = True) -> Plan:
-    """The plan of one call for these pruned query vectors (n, dims), ``k`` results each, over a matrix of
-    ``matrix_bytes``, decided once by the model alone:
-
-    - ``'dense'`` is taken as it is;
-    - ``'pruned'`` (``'compressed'``): one query, or a batch without the compiled kernels (the numpy paths score query
-      after query), ``Plan('pruned')`` (``Plan('compressed')``); a batch over a matrix under ``MIN_PRUNED_BYTES`` (read
-      from the caches either way) in one pass; else in one pass where ``model()`` finds it cheaper than query after
-      query;
-    - ``'auto'``: dense where :func:`auto_costs` is None, else the path of least estimated cost among
-      :func:`auto_costs` (no margin: near a break-even either path costs about the same; an exact tie goes to the
-      path listed first). :class:`~pyterrier_rdime.pruned.stage.PrunedRetriever` takes this as the prior of its
-      measured choice (:mod:`.measured`), which times the paths near it.
-
-    ``model`` (e.g. :func:`.calibration.model`, which calibrates on first use) is called only when the plan depends on
-    it."""
-    if strategy == 'dense':
-        return Plan('dense')
-    if strategy in ('pruned', 'compressed'):
-        one_pass = 'one pass' if strategy == 'pruned' else 'compressed one pass'
-        if not compiled or len(query_vecs) < 2:
-            return Plan(strategy)
-        if matrix_bytes < MIN_PRUNED_BYTES:
-            return Plan(one_pass)
-        costs = model().path_costs(query_vecs, k=k, matrix_bytes=matrix_bytes, one_pass=True)
-        return Plan(one_pass if costs[one_pass] < costs[strategy] else strategy)
-    if strategy != 'auto':
-        raise ValueError(f"unknown strategy {strategy!r}; expected 'auto', 'pruned', 'dense' or 'compressed'")
-    costs = auto_costs(query_vecs, matrix_bytes=matrix_bytes, compiled=compiled, model=model, k=k,
-                       float32_ready=float32_ready)
-    return Plan('dense' if costs is None else min(costs, key=costs.get))

@@ -1,6 +1,8 @@
 """The dense path: top-k inner-product search over every dimension of a dimension-major ``(dims, docs)`` float32
 matrix, or of the ``(docs, dims)`` rows of a FlexIndex's vectors, with BLAS: the reference the pruned paths must
-match. Pure numpy."""
+match. Pure numpy. BLAS's float32 sums depend on the shape of the product (how many queries share it), so the top-k
+found is re-scored in float64 and ranked by that score rounded to float32, ties to the lower docid: the same scores
+and order whatever the batch, as the compressed path gives."""
 import numpy as np
 
 from .topk import Result, best_k, top_k
@@ -20,9 +22,10 @@ def search_dense(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, batch
     query_vecs = np.ascontiguousarray(query_vecs, dtype=np.float32)
     if rows:
         docs = dim_major.shape[0]
-        return _search_blocks(lambda d0: np.asarray(dim_major[d0:d0 + doc_block], dtype=np.float32),
-                              lambda queries, block: (block @ queries.T).T, docs, query_vecs, min(k, docs),
-                              batch_size, doc_block)
+        found = _search_blocks(lambda d0: np.asarray(dim_major[d0:d0 + doc_block], dtype=np.float32),
+                               lambda queries, block: (block @ queries.T).T, docs, query_vecs, min(k, docs),
+                               batch_size, doc_block)
+        return _rescored(lambda docids: dim_major[docids], query_vecs, found[1])
     dims, docs = dim_major.shape
     k = min(k, docs)
     scores, docids = [], []
@@ -31,9 +34,24 @@ def search_dense(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, batch
             s, d = top_k(query_vec @ dim_major, k)
             scores.append(s)
             docids.append(d)
-        return scores, docids
-    return _search_blocks(lambda d0: dim_major[:, d0:d0 + doc_block], lambda queries, block: queries @ block, docs,
-                          query_vecs, k, batch_size, doc_block)
+    else:
+        scores, docids = _search_blocks(lambda d0: dim_major[:, d0:d0 + doc_block],
+                                        lambda queries, block: queries @ block, docs, query_vecs, k, batch_size,
+                                        doc_block)
+    return _rescored(lambda found: dim_major[:, found].T, query_vecs, docids)
+
+
+def _rescored(rows_of, query_vecs: np.ndarray, docids) -> Result:
+    """Each query's documents re-scored in float64 from their float32 rows (``rows_of(docids)``, ``(n, dims)``), a
+    sum per row that no other row or query changes, rounded to float32 and ranked (ties to the lower docid)."""
+    scores, ranked = [], []
+    for query_vec, found in zip(query_vecs, docids):
+        exact = (np.asarray(rows_of(found), dtype=np.float64) * query_vec.astype(np.float64)).sum(axis=1)
+        exact = exact.astype(np.float32)
+        order = best_k(exact, found, len(found))
+        scores.append(exact[order])
+        ranked.append(found[order])
+    return scores, ranked
 
 
 def _search_blocks(read_block, product, docs: int, query_vecs: np.ndarray, k: int, batch_size: int,

@@ -1,7 +1,5 @@
-"""The pruned path: exact top-k inner-product search over a dimension-major ``(dims, docs)`` float32 matrix reading
-only the rows of the dimensions each query keeps (its non-zero entries; a zero entry adds nothing). The compiled
-kernel (:mod:`._numba`, imported on its first call so that importing the package does not load numba) or, without
-numba, a pure-numpy version with the same ranking."""
+"""The pruned path: exact top-k inner-product search over a dimension-major ``(dims, docs)`` float32 matrix that reads
+only the rows a query keeps (non-zero), by the compiled kernel (:mod:`._numba`, loaded on first use) or numpy."""
 import importlib.util
 from typing import Optional
 
@@ -9,18 +7,18 @@ import numpy as np
 
 from .topk import Result, best_k, top_k
 
-#: Whether the compiled kernel can run (tests set it to False to force the numpy fallback); found without importing
-#: numba, which takes ~0.5 s.
+#: Whether the compiled kernel can run (tests set it to False); found without importing numba (~0.5 s).
 NUMBA_AVAILABLE = importlib.util.find_spec('numba') is not None
 
 
 def search_pruned(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pass: bool = False,
                   use_numba: Optional[bool] = None) -> Result:
-    """Top-``k`` ``(scores, docids)`` of each query, reading only the rows of ``dim_major`` where the query is
-    non-zero. With numba, the fused parallel kernel (:func:`._numba.fused_top_k`), a batch in one pass over the union
-    of its kept rows with ``one_pass`` (the plan ``'one pass'`` of :func:`.cost.plan`), else query after query;
-    without, :func:`numpy_top_k`. ``use_numba=None`` uses numba when it is installed."""
-    dim_major = check_matrix(dim_major)
+    """Top-``k`` ``(scores, docids)`` of each query from the rows of ``dim_major`` where it is non-zero: numba's fused
+    kernel when ``use_numba`` (default: when installed; with ``one_pass``, the plan ``'one pass'`` of
+    :func:`.planner.choose`, the batch in one pass over the union of its rows), else :func:`numpy_top_k`."""
+    if dim_major.dtype != np.float32 or not dim_major.flags.c_contiguous:
+        raise ValueError('the dimension-major matrix must be a C-contiguous float32 (dims, docs) array, got '
+                         f'{dim_major.dtype} with flags C={dim_major.flags.c_contiguous}')
     query_vecs = np.ascontiguousarray(query_vecs, dtype=np.float32)
     if not len(query_vecs):
         return [], []
@@ -36,10 +34,9 @@ def search_pruned(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_
 
 
 def numpy_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, block: int = 32768) -> Result:
-    """The pure-numpy pruned path, for machines without numba: per query and block of documents, the kept rows of
-    the block are gathered (a small copy) and multiplied by the kept values; the blocks' top-k are merged. Same
-    ranking as the compiled kernel (ties by lower docid), slower than the dense path beyond ~30 % kept (the gathered
-    copy is written and read again), which is why ``strategy='auto'`` never takes it."""
+    """The pruned path without numba: per query and block of documents, the kept rows times the kept values, the
+    blocks' top-k merged. The kernel's ranking (ties: lower docid); slower than dense beyond ~30 % kept, so
+    ``strategy='auto'`` never takes it."""
     n_dims, n_docs = dim_major.shape
     k = min(k, n_docs)
     block = max(block, k)
@@ -57,11 +54,3 @@ def numpy_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, block:
         scores.append(best_s[order])
         docids.append(best_i[order])
     return scores, docids
-
-
-def check_matrix(dim_major: np.ndarray) -> np.ndarray:
-    """The matrix itself, if it is the C-contiguous float32 ``(dims, docs)`` array both paths read."""
-    if dim_major.dtype != np.float32 or not dim_major.flags.c_contiguous:
-        raise ValueError('the dimension-major matrix must be a C-contiguous float32 (dims, docs) array, got '
-                         f'{dim_major.dtype} with flags C={dim_major.flags.c_contiguous}')
-    return dim_major

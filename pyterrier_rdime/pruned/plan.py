@@ -1,7 +1,7 @@
 """What one call of :class:`PrunedRetriever` will do, and the facts about its queries that the cost model and the
-kernels both read: the :class:`Plan` (decided once, by :func:`.cost.plan`, and carried out as it is by the stage and
-the kernels below it), the kept dimensions of each query, the kept fractions and the features of a batch. The bottom
-of the ``pruned`` package: pure numpy, importing none of its siblings."""
+kernels both read: the :class:`Plan` and the :class:`Choice` it comes from (decided once, by :func:`.planner.choose`,
+and carried out as it is by the stage and the kernels below it), the kept dimensions of each query, the kept fractions
+and the features of a batch. The bottom of the ``pruned`` package: pure numpy, importing none of its siblings."""
 import dataclasses
 from typing import Tuple
 
@@ -12,6 +12,9 @@ import numpy as np
 #: then the documents its error bound cannot rule out re-scored exactly (query after query); the int8 copy for a whole
 #: batch in one pass (integer scores from one int8 matrix product per slab of documents), then the same re-scoring.
 PATHS = ('dense', 'pruned', 'one pass', 'compressed', 'compressed one pass')
+#: Why a path was taken: a forced strategy; the model alone (``'auto'`` without timings, or scoring densely without
+#: asking the model); the only candidate; exploring (not yet timed); re-checking the runner-up; the fastest timed.
+REASONS = ('forced', 'model', 'only', 'explore', 'recheck', 'measured')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +31,20 @@ class Plan:
         """The ``strategy`` value that forces this path's family: ``'pruned'`` for one query at a time or one pass,
         ``'compressed'`` for either compressed path."""
         return {'one pass': 'pruned', 'compressed one pass': 'compressed'}.get(self.path, self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The path of one call as :func:`.planner.choose` took it: its estimated cost (the model's units; NaN where none
+    was made), its bucket of like calls (``''`` unless measured) and why it was taken (one of :data:`REASONS`)."""
+    path: str
+    estimate: float
+    bucket: str
+    reason: str
+
+    @property
+    def plan(self) -> Plan:
+        return Plan(self.path)
 
 
 def kept_dims(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -6,11 +6,13 @@ docnos, merging top-k).
 Over the house's ~400 lines on purpose: the stage's checks, the actors' start-up and placement, the bounded wait for
 an actor that lost its node and the refusal of docnos that two shards share are one protocol (no partial result ever
 leaves it), and read best in one place."""
+import functools
+import logging
 import os
 import socket
 import threading
 import time
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -18,8 +20,9 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool, check_int, check_positive
 from .._frames import empty_frame
-from . import calibration, cost, kept
-from .plan import Plan
+from . import calibration, cost, kept, planner
+from .measured import MeasuredChoice
+from .plan import Choice, Plan
 from .shard_data import docno_hashes, merge_shards, shared_hashes
 from .stage import PrunedRetriever
 
@@ -28,6 +31,15 @@ from .stage import PrunedRetriever
 PROBE_EVERY = 1.0
 #: Candidate pairs of shared docno hashes whose docnos are fetched and compared at a time.
 DOCNO_PAIRS = 1024
+#: Seconds to wait for the cluster's table of resource requests (a GCS call) before the call fails.
+GCS_TIMEOUT = 30
+#: What a client of an HTTP/2 (gRPC) server sends first: the connection preface and an empty SETTINGS frame. Ray's
+#: GCS, a gRPC server, answers with a SETTINGS frame of its own; a service that is not Ray does not.
+HTTP2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+#: The type byte of an HTTP/2 SETTINGS frame (after its 3 bytes of length).
+SETTINGS_FRAME = 4
+
+logger = logging.getLogger(__name__)
 
 
 class ShardServer:
@@ -123,80 +135,39 @@ class _Actors:
         self.model: Optional[cost.CostModel] = None
 
 
+def _queued_requests(ray) -> List[Dict[str, float]]:
+    """The resource shapes of the requests (actors, tasks) that wait in the cluster's queues for a node with those
+    resources free, or for one that offers them at all, as ``ray status`` reads them from the GCS. An actor that has
+    a node, its worker process still starting, is in none."""
+    usage = ray._private.worker.global_worker.gcs_client.get_all_resource_usage(timeout=GCS_TIMEOUT)
+    return [dict(d.shape) for d in usage.resource_usage_data.resource_load_by_shape.resource_demands
+            if d.num_ready_requests_queued or d.num_infeasible_requests_queued or d.backlog_size]
+
+
 class ShardedPrunedRetriever(ConfigTransformer):
-    """:class:`~pyterrier_rdime.PrunedRetriever` over an index split into shards, each served by a Ray actor: the
-    same output as one ``PrunedRetriever`` over the whole collection (the shards' documents in the order given, a
-    document's ``docid`` its position in that order), for an index larger than one machine.
-
-    Every shard is a pyterrier-dr ``FlexIndex`` (built by you, or cut from one index by
-    :func:`~pyterrier_rdime.split_flex_index`) or a ``(docs, dims)`` array. On first use, one actor per non-empty shard
-    is started (``ray.init(address=ray_address)`` first if this process is not connected to Ray yet); each opens its
-    shard on its own node as ``PrunedRetriever`` does (the shard's vector statistics, and the copy its path needs, built
-    there on first use, rebuilt with a warning when the shard's vectors changed). A docno held by two shards is refused
-    then, naming it and both shards (each shard's docnos are hashed on its node, the sorted hashes merged here: its cost
-    at 8.8M docnos is in the docs). A batch of queries is checked once, here, against every shard, its plan
-    (:func:`~pyterrier_rdime.pruned.cost.plan` for the whole collection, with the cost model of the first shard's node;
-    under ``'auto'`` the float32 pruned paths only if every shard had its float32 layout at hand when the actors
-    started) decided once, here, and the batch sent to every shard at once with that plan: every shard takes the path
-    one index over the whole collection would. Each returns its exact top ``num_results``, and the merge keeps the best
-    ``num_results`` over all, exact ties to the lower global docid, as one index breaks them. A score is its shard's: on
-    the pruned and compressed paths the same float32 value as one index's; on the dense path equal up to float32
-    summation order (~1e-6 relative: BLAS sums blocks of documents in an order that depends on the matrix's width), so
-    documents whose scores differ by less than that may swap ranks, as between ``PrunedRetriever``'s paths.
-
-    Placement: with a FlexIndex shard its path is opened on the node where its actor runs, so either every node sees
-    the same path (a shared file system) or shard ``i`` goes to the node that holds it, by ``resources[i]``, custom
-    Ray resources that only that node offers (``ray start --resources='{"shard0": 1}'``). An array shard travels
-    to its actor through Ray's object store.
-
-    Faults: an actor that dies (its node lost, its process killed) is restarted by Ray up to ``max_restarts`` times
-    and the batch it was serving is sent to it again (also while Ray has not yet declared a lost node dead, when the
-    actor is only unavailable). An actor without a node, one not yet placed at the start or not placed again after
-    its node was lost (its pinned resource gone with that node), is waited for up to ``timeout`` seconds, then the
-    call raises an error naming the shard, the node it was last on and the fix; past ``max_restarts``, or when a
-    shard fails, the call raises an error naming the shard. Never a ranking from the shards that answered. A shard
-    whose document count changed since its actor started (a restarted actor that found another index) is refused:
-    build a new retriever.
-
-    Lifecycle: the actors, and what they reserve (``num_cpus``), live until :meth:`close` (or the end of a ``with``
-    block, or of this process's Ray connection); the retriever and its ``% k`` variants share them, and a call after
-    ``close()`` starts new ones. Another retriever over the same shards, or a pickled copy (which travels without its
-    actors), starts its own: with ``num_cpus`` set, each node must have the CPUs for both.
-
-    The retriever is safe to call from several threads.
+    """:class:`~pyterrier_rdime.PrunedRetriever` over an index split into shards, one Ray actor per shard: the same
+    output as one ``PrunedRetriever`` over the whole collection (a document's ``docid`` is its position in the shards'
+    order), for an index larger than one machine. A batch is checked and planned once, on the driver (under ``'auto'``
+    measured on the driver's own calls), sent to every shard, and the shards' exact top-k merged (exact ties to the
+    lower global docid). Placement, faults, start-up, CPUs and docno checks: pt_docs/pruned.rst, "Beyond one machine";
+    use it in a ``with`` block or :meth:`close` it.
 
     Args:
-        shards: the shards, in global document order: FlexIndexes, or ``(docs, dims)`` arrays of one dimensionality
-            (an array may have no rows).
-        num_results: documents returned per query.
-        docnos: with array shards only, the docno of each row of all shards together (default: the global row
-            number as a string).
-        strategy: ``'auto'``, ``'pruned'``, ``'dense'`` or ``'compressed'``, on every shard (see ``PrunedRetriever``).
-        batch_size: queries per matrix product on the dense path.
-        drop_query_vec: drop ``query_vec`` from the output.
-        ray_address: the Ray cluster to connect to when this process is not connected yet: ``None`` starts Ray on
-            this machine, ``'auto'`` joins the cluster this machine belongs to (``ray start``), or ``'host:port'``
-            (an address where nothing answers within ``timeout`` is an error).
-        num_cpus: logical CPUs each actor reserves from Ray for as long as it lives (no other task or actor gets
-            them), and the threads it scores with; ``None``: none reserved (any number of actors per node, as Ray
-            does by default), every core of its node used.
-        resources: per shard, the custom Ray resources its actor needs (places it on a node that offers them).
+        shards: in global document order, FlexIndexes or ``(docs, dims)`` arrays of one dimensionality.
+        num_results, docnos, strategy, batch_size, drop_query_vec, verbose: as ``PrunedRetriever``.
+        ray_address: ``None`` starts Ray here, ``'auto'`` joins this machine's cluster, or ``'host:port'``.
+        num_cpus, resources: the CPUs each actor reserves (and its threads; ``None``: none, every core), and per shard
+            the custom Ray resources that pin its actor to a node.
         max_restarts: restarts of a dead actor (each re-sends the batch it was serving) before the call fails.
-        timeout: seconds a call waits for a shard's actor to be placed on a node (at the start, or again after its
-            node was lost) before it fails; the time an actor spends searching or building its shard's copies is not
-            bounded by it.
-        verbose: show a progress bar while a shard's copies are built (in the actor's log).
+        timeout, start_timeout: seconds a call waits for a shard's actor to be placed on a node (then fails, naming
+            that shard), and for one placed but still starting (a warning once ``timeout`` has passed).
 
-    Input columns: ``qid, query_vec``. Output columns: the input's plus ``docno, docid, score, rank``, ``num_results``
-    rows per query (fewer when the shards hold fewer documents), sorted by query and descending score.
-
-    Example::
+    Input columns: ``qid, query_vec``. Output columns: the input's plus ``docno, docid, score, rank``. Example::
 
         shards = split_flex_index(pyterrier_dr.FlexIndex('msmarco.flex'), 'msmarco-shards', 4)
         with ShardedPrunedRetriever(shards=shards, num_results=1000) as retriever:  # ray_address='auto' on a cluster
             pipe = bm25 % 10 >> model.query_encoder() >> index.vec_loader() >> PrfDime(keep_ranking=False) \\
                 >> Rdime() >> retriever
-            results = pipe(dataset.get_topics())
     """
     schematic = {'label': 'ShardedPruned'}
 
@@ -204,7 +175,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
                  strategy: str = 'auto', batch_size: int = 64, drop_query_vec: bool = False,
                  ray_address: Optional[str] = None, num_cpus: Optional[float] = None,
                  resources: Optional[Sequence[Mapping[str, float]]] = None, max_restarts: int = 3,
-                 timeout: float = 60, verbose: bool = False):
+                 timeout: float = 60, start_timeout: float = 600, verbose: bool = False):
         name = type(self).__name__
         if isinstance(shards, (np.ndarray, str)) or not isinstance(shards, Sequence) or not len(shards):
             raise ValueError(f'{name}: shards must be a non-empty list of FlexIndexes or (docs, dims) arrays, got '
@@ -215,6 +186,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
             check_positive(name, 'num_cpus', num_cpus, "the CPUs (and threads) of each shard's actor, or None")
         check_int(name, 'max_restarts', max_restarts, 0)
         check_positive(name, 'timeout', timeout, 'the seconds a call waits for a shard without a node')
+        check_positive(name, 'start_timeout', start_timeout, "the seconds a call waits for a placed actor to start")
         if ray_address is not None and not isinstance(ray_address, str):
             raise ValueError(f"{name}: ray_address must be None, 'auto' or 'host:port', got {ray_address!r}")
         if resources is not None and (len(resources) != len(shards)
@@ -246,9 +218,11 @@ class ShardedPrunedRetriever(ConfigTransformer):
         self.resources = resources
         self.max_restarts = max_restarts
         self.timeout = timeout
+        self.start_timeout = start_timeout
         self.verbose = verbose
         self._retrievers = self._shard_retrievers()
         self._actors = _Actors()
+        self._measured = MeasuredChoice(None)  # the driver's timings of its calls, in memory (see .planner)
 
     def _shard_retrievers(self) -> List[Optional[PrunedRetriever]]:
         """The ``PrunedRetriever`` of each shard (None for an empty array), which checks the shard and the options:
@@ -297,6 +271,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
         fused._retrievers = self._retrievers
         fused._actors = self._actors
+        fused._measured = self._measured
         return fused
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
@@ -308,10 +283,8 @@ class ShardedPrunedRetriever(ConfigTransformer):
         inp = inp.reset_index(drop=True)
         ray, actors = self._start()
         query_vecs = PrunedRetriever.stack_queries(inp, actors.dims, actors.abs_max, type(self).__name__)
-        plan = self.plan(query_vecs)
-        batch = ray.put(query_vecs)  # sent once, read by every shard from the object store
-        replies = self._gather(ray, actors, lambda handle: handle.search.remote(batch, self.num_results, plan),
-                               'search')
+        choice = self.choice(query_vecs)
+        replies = self._measured.timed(choice, functools.partial(self._search, ray, actors, query_vecs, choice.plan))
         per_shard = []
         for position, (shard, docs, offset, (node, now, counts, scores, docids, docnos)) in enumerate(zip(
                 actors.served, actors.docs, actors.offsets, replies)):
@@ -330,9 +303,10 @@ class ShardedPrunedRetriever(ConfigTransformer):
                          rank=np.concatenate([np.arange(c) for c in counts]))
         return out[columns]
 
-    def plan(self, query_vecs: np.ndarray) -> Plan:
-        """How every shard scores these (already pruned) query vectors: the plan of one ``PrunedRetriever`` over the
-        whole collection (starting the actors if need be)."""
+    def choice(self, query_vecs: np.ndarray) -> Choice:
+        """How every shard scores these (already pruned) query vectors, and why, as the next call takes it
+        (starting the actors if need be): :func:`.planner.choose` for the whole collection, with the cost model of the
+        first shard's node and, for ``'auto'``, this retriever's timings of its calls (see :mod:`.planner`)."""
         ray, actors = self._start()
         total = int(np.sum(actors.docs))
 
@@ -341,9 +315,14 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 actors.model = self._gather(ray, actors, lambda handle: handle.cost_model.remote(), 'calibrate',
                                             first_only=True)[0]
             return actors.model
-        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=total * actors.dims * 4,
-                         compiled=actors.compiled, model=model, k=min(self.num_results, total),
-                         float32_ready=actors.float32_ready)
+        return planner.choose(query_vecs, strategy=self.strategy, matrix_bytes=total * actors.dims * 4,
+                              compiled=actors.compiled, model=model, k=min(self.num_results, total),
+                              float32_ready=actors.float32_ready, timings=self._measured)
+
+    def _search(self, ray, actors: _Actors, query_vecs: np.ndarray, plan: Plan) -> list:
+        """Every shard's reply to the search of these queries on ``plan``'s path: what the measured choice times."""
+        batch = ray.put(query_vecs)  # sent once, read by every shard from the object store
+        return self._gather(ray, actors, lambda handle: handle.search.remote(batch, self.num_results, plan), 'search')
 
     def close(self) -> None:
         """Release the actors (and what they reserve) of this retriever and its ``% k`` variants; a later call starts
@@ -413,18 +392,64 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return ray, actors
 
     def _wait_placed(self, ray, actors: _Actors) -> None:
-        """Every actor running, or an error naming a shard whose actor found no node within ``timeout``."""
+        """Every actor running, or an error naming a shard whose actor found no node with its resources free for
+        ``timeout`` seconds (its request waited in Ray's queue), or the shards whose actors had a node but did not
+        start within ``start_timeout`` (a warning says so once ``timeout`` has passed)."""
         ready = [h.__ray_ready__.remote() for h in actors.handles]
-        done, _ = ray.wait(ready, num_returns=len(ready), timeout=self.timeout)
-        for shard, future in zip(actors.served, ready):
-            if future in done:
-                self._reply(ray, shard, future, 'start')
-        if len(done) < len(ready):
-            shard = next(shard for shard, r in zip(actors.served, ready) if r not in done)
-            raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) found no '
-                               f'node with {self._wanted(shard)} free in timeout={self.timeout} s (the cluster has '
-                               f'{ray.available_resources()} free): lower num_cpus, start nodes with those '
-                               "resources (ray start --resources='{...}'), or fix resources=")
+        started = last = time.monotonic()
+        pending = set(range(len(ready)))
+        waiting_since: Dict[int, float] = {}  # shard -> since when its request has waited for a node
+        warned = False
+        while pending:
+            done, _ = ray.wait([ready[i] for i in pending], num_returns=len(pending), timeout=PROBE_EVERY)
+            for i in sorted(i for i in pending if ready[i] in done):
+                self._reply(ray, actors.served[i], ready[i], 'start')
+                pending.discard(i)
+            if not pending:
+                return
+            now, queued = time.monotonic(), _queued_requests(ray)
+            shards = [actors.served[i] for i in sorted(pending)]
+            for shard in shards:
+                if self._shape(shard) in queued:
+                    waiting_since.setdefault(shard, last)
+                else:
+                    waiting_since.pop(shard, None)
+            last = now
+            late = [shard for shard in shards if now - waiting_since.get(shard, now) > self.timeout]
+            if late:
+                shard = next((s for s in late if not self._offering(ray, s)), late[0])
+                raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) found no '
+                                   f'node with {self._wanted(shard)} free in timeout={self.timeout} s '
+                                   f'({self._offered_note(ray, shard)}; the cluster has {ray.available_resources()} '
+                                   'free): lower num_cpus, start nodes with those resources (ray start '
+                                   "--resources='{...}'), close() the retrievers that hold them, or fix resources=")
+            starting = [shard for shard in shards if shard not in waiting_since]
+            if starting and now - started > self.start_timeout:
+                raise RuntimeError(f'{type(self).__name__}: the actors of shards {starting} had a node but did not '
+                                   f'start in start_timeout={self.start_timeout} s (Ray starts a worker process for '
+                                   "each, slowly on a loaded machine): raise start_timeout, or lighten the nodes' load")
+            if starting and not warned and now - started > self.timeout:
+                warned = True
+                logger.warning('%s: the actors of shards %s have a node but have not started after timeout=%s s (Ray '
+                               'is starting their worker processes, slowly on a loaded machine); waiting for them up '
+                               'to start_timeout=%s s', type(self).__name__, starting, self.timeout, self.start_timeout)
+
+    def _shape(self, shard: int) -> Dict[str, float]:
+        """The resources the actor of ``shard`` asks of a node, as Ray's queue of requests lists them (no zeros)."""
+        return {name: float(value) for name, value in self._wanted(shard).items() if value}
+
+    def _offering(self, ray, shard: int) -> List[dict]:
+        """The live nodes whose resources (free or not) cover what the actor of ``shard`` asks."""
+        wanted = self._wanted(shard)
+        return [n for n in ray.nodes() if n.get('Alive')
+                and all(n.get('Resources', {}).get(r, 0) >= v for r, v in wanted.items())]
+
+    def _offered_note(self, ray, shard: int) -> str:
+        nodes = self._offering(ray, shard)
+        if not nodes:
+            return 'no live node offers them'
+        return (f'{len(nodes)} live node(s) offer them, all reserved by other actors or tasks (a retriever not yet '
+                'closed holds its num_cpus)')
 
     def _check_dims(self, served: List[int], abs_maxes: List[np.ndarray]) -> None:
         """Every FlexIndex shard of one dimensionality (array shards are checked when the retriever is built)."""
@@ -461,7 +486,8 @@ class ShardedPrunedRetriever(ConfigTransformer):
 
         A reply late by ``PROBE_EVERY`` has its actor asked where it is, from the actor's own thread: an actor that
         answers is working (its wait is not bounded); one that does not answer has no node (its node is lost, Ray
-        has not placed it again) and is waited for up to ``timeout`` seconds in all. A call that finds its actor
+        has not placed it again) and is waited for up to ``timeout`` seconds in all, or, when Ray's queues show it
+        waits for no node (placed again, still starting), up to ``start_timeout``. A call that finds its actor
         unavailable (a lost node that Ray has not declared dead yet) is sent again."""
         count = 1 if first_only else len(actors.handles)
         futures = [send(handle) for handle in actors.handles[:count]]
@@ -470,6 +496,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         pending = set(range(count))
         probes: dict = {}  # position -> (probe future, when it was sent)
         silent_since: dict = {}  # position -> when its actor was first found without a node
+        warned: set = set()  # positions whose actor was said to be starting
         while pending:
             done, _ = ray.wait([futures[i] for i in pending], num_returns=len(pending), timeout=PROBE_EVERY)
             for i in [i for i in pending if futures[i] in done]:
@@ -498,7 +525,16 @@ class ShardedPrunedRetriever(ConfigTransformer):
                     silent_since.setdefault(i, asked)
                     probes[i] = (probe, asked)
                 if i in silent_since and now - silent_since[i] > self.timeout:
-                    self._no_node(ray, actors, i)
+                    if self._shape(actors.served[i]) in _queued_requests(ray):
+                        self._no_node(ray, actors, i)
+                    if now - silent_since[i] > self.start_timeout:
+                        self._no_node(ray, actors, i, starting=True)
+                    if i not in warned:
+                        warned.add(i)
+                        logger.warning('%s: the actor of shard %s has not answered for timeout=%s s but waits for no '
+                                       'node (Ray is starting it again, slowly on a loaded machine); waiting for it '
+                                       'up to start_timeout=%s s', type(self).__name__, actors.served[i],
+                                       self.timeout, self.start_timeout)
         return replies
 
     def _reply(self, ray, shard: int, future: object, what: str) -> object:
@@ -517,20 +553,22 @@ class ShardedPrunedRetriever(ConfigTransformer):
             raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) died '
                                f'and could not be recovered (max_restarts={self.max_restarts}): {e}') from e
 
-    def _no_node(self, ray, actors: _Actors, position: int) -> None:
-        """The error of a shard whose actor has had no node for ``timeout`` seconds: the node it was last on, whether
-        that node is alive, whether any live node offers what the actor needs, and the fix."""
+    def _no_node(self, ray, actors: _Actors, position: int, starting: bool = False) -> None:
+        """The error of a shard whose actor has had no node for ``timeout`` seconds (``starting``: has not answered
+        for ``start_timeout`` seconds, though it waited for no node): the node it was last on, whether that node is
+        alive, whether any live node offers what the actor needs, and the fix."""
         shard = actors.served[position]
         node_id, address = actors.nodes[position]
         wanted = self._wanted(shard)
-        nodes = [n for n in ray.nodes() if n.get('Alive')]
-        lost = not any(n['NodeID'] == node_id for n in nodes)
-        offered = any(all(n.get('Resources', {}).get(r, 0) >= v for r, v in wanted.items()) for n in nodes)
+        lost = not any(n['NodeID'] == node_id for n in ray.nodes() if n.get('Alive'))
+        offered = bool(self._offering(ray, shard))
         last = f'node {node_id[:12]} ({address})' if node_id else 'its node'
         state = 'lost' if lost else 'alive but does not answer'
+        silent = (f'has not answered for start_timeout={self.start_timeout} s, though no node was missing (Ray was '
+                  'starting it, or it hangs)' if starting else f'has had no node for timeout={self.timeout} s')
         raise RuntimeError(
-            f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) has had no node for '
-            f'timeout={self.timeout} s; it was last on {last}, which is {state}, and '
+            f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) {silent}; it was last on '
+            f'{last}, which is {state}, and '
             f'{"some" if offered else "no"} live node offers {wanted}. Start a node that offers them (ray start '
             f"--address=HEAD:PORT --resources='{{...}}') with the shard's files, or put the shard on a file system "
             'every node reads and leave its resources out; then call again (or build a new retriever)')
@@ -547,26 +585,67 @@ class ShardedPrunedRetriever(ConfigTransformer):
 
 
 def check_ray_address(address: Optional[str], timeout: float, option: str) -> None:
-    """A ``'host:port'`` (or ``'ray://host:port'``) Ray address must accept a connection within ``timeout`` seconds,
-    else a ConnectionError of one line naming ``option`` and the address: ``ray.init`` would retry, logging warnings,
-    for minutes. ``None``, ``'auto'`` and ``'local'`` are Ray's to resolve (``'auto'`` with no cluster fails at
-    once)."""
-    if address in (None, 'auto', 'local'):
+    """A ``'host:port'`` Ray address (``'auto'``: the cluster this machine belongs to, as Ray finds it) must answer
+    as a Ray cluster (its GCS speaks gRPC, over HTTP/2) within ``timeout`` seconds, else a ConnectionError of one line
+    naming ``option``, the address and the fix: ``ray.init`` would retry, logging warnings, for minutes, or fail with a
+    message about its own ``--address`` flag. ``None`` and ``'local'`` start Ray here; a ``'ray://'`` (Ray Client)
+    address, or any with ``RAY_USE_TLS`` set, must accept a connection."""
+    if address in (None, 'local'):
         return
-    host, _, port = address.split('://')[-1].rpartition(':')
+    fix = ("pass the Ray head node's 'host:port' (the address ray start --head prints), 'auto' on a node of the "
+           "cluster, or 'local' to start Ray on this machine")
+    if address == 'auto':
+        from ray._private.services import canonicalize_bootstrap_address
+        try:
+            resolved = canonicalize_bootstrap_address('auto')
+        except ConnectionError:
+            raise ConnectionError(f"{option} auto: this machine belongs to no Ray cluster (none was started here with "
+                                  "ray start, and RAY_ADDRESS is not set): start one (ray start --head), or pass the "
+                                  "head node's 'host:port', or 'local' to start Ray on this machine") from None
+        where = f"'auto' (the cluster at {resolved})"
+    else:
+        resolved, where = address, repr(address)
+    host, _, port = resolved.split('://')[-1].rpartition(':')
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        conn = socket.create_connection((host, int(port)), timeout=timeout)
     except (OSError, ValueError) as e:
-        raise ConnectionError(f'{option}: no Ray cluster answers at {address!r} ({e or type(e).__name__}, timeout='
-                              f'{timeout} s): start one there (ray start --head), or pass the head node\'s '
-                              "'host:port', or 'auto' on a node of the cluster") from None
+        raise ConnectionError(f'{option}: no Ray cluster answers at {where} ({e or type(e).__name__}, timeout='
+                              f'{timeout} s): start one there (ray start --head), or {fix}') from None
+    with conn:
+        if resolved.startswith('ray://') or os.environ.get('RAY_USE_TLS', '0').lower() not in ('0', 'false'):
+            return  # Ray Client's protocol, or a GCS behind TLS: the connection is what can be checked here
+        reply = _first_reply(conn, HTTP2_PREFACE, 4, time.monotonic() + timeout)
+    if len(reply) < 4 or reply[3] != SETTINGS_FRAME:
+        said = f'it answered {reply[:40]!r}' if reply else f'it sent nothing back within timeout={timeout} s'
+        raise ConnectionError(f'{option}: the service at {where} accepts connections but is not a Ray cluster (a '
+                              f"Ray cluster's GCS answers gRPC; {said}): {fix}")
+
+
+def _first_reply(conn: socket.socket, message: bytes, size: int, deadline: float) -> bytes:
+    """What ``conn`` answers to ``message`` by ``deadline``, read until it holds ``size`` bytes or more (fewer if it
+    closes, resets or stays silent)."""
+    reply = b''
+    try:
+        conn.sendall(message)
+        while len(reply) < size and time.monotonic() < deadline:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = conn.recv(64)
+            if not chunk:
+                break
+            reply += chunk
+    except OSError:  # a timeout, or a reset: what came so far is the answer
+        pass
+    return reply
 
 
 def connect(address: Optional[str], timeout: float, option: str) -> None:
     """This process connected to the Ray cluster at ``address`` (``None`` starts Ray on this machine), unless it is
-    already: an address where nothing answers within ``timeout`` seconds fails with :func:`check_ray_address`'s one
-    line naming ``option``."""
+    already: an address where no Ray cluster answers within ``timeout`` seconds fails with
+    :func:`check_ray_address`'s one line naming ``option``, and so does a Ray cluster that refuses this process."""
     import ray
     if not ray.is_initialized():
         check_ray_address(address, timeout, option)
-        ray.init(address=address)
+        try:
+            ray.init(address=address)
+        except ConnectionError as e:
+            raise ConnectionError(f'{option}: could not connect to the Ray cluster at {address!r}: {e}') from e

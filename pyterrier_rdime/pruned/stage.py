@@ -13,11 +13,11 @@ import pyterrier as pt
 from .._config import ConfigTransformer, check_bool
 from .._frames import empty_frame
 from .._index_files import portable_index
-from . import calibration, cost, dense, kept, measured
+from . import calibration, dense, kept, measured, planner
 from .compressed import search_compressed
 from .int8_copy import CompressedCopy
 from .layout import Layout
-from .plan import Plan, nonzero_fractions
+from .plan import Choice, Plan, nonzero_fractions
 from .topk import Result
 
 logger = logging.getLogger(__name__)
@@ -29,92 +29,29 @@ SCORE_LIMIT = float(np.finfo(np.float32).max) / 2
 
 class PrunedRetriever(ConfigTransformer):
     """Exact inner-product retrieval of the top ``num_results`` documents for pruned queries, scoring only the kept
-    dimensions of each query: the speed-up RDIME / Top-k pruning promises, with the same ranking as scoring every
-    dimension with the zeroed query (:class:`pyterrier_rdime.Rdime` sets dropped dimensions of ``query_vec`` to 0).
+    dimensions of each query (the non-zero entries of ``query_vec``): the same ranking as scoring every dimension with
+    the zeroed query, reading a fraction of the index. Exact ties go to the lower docid on every path.
 
-    The kept set of a query is the set of non-zero entries of its ``query_vec`` (a kept dimension whose value is
-    exactly 0 contributes nothing, so skipping it is exact). The pruned paths read a dimension-major copy of the
-    index, so that the values of one dimension are contiguous:
-
-    - for a ``FlexIndex``, files on disk beside ``vecs.f4`` (in the index folder, or in the ``layouts`` folder of the
-      package's cache, ``$PYTERRIER_RDIME_CACHE`` else ``~/.cache/pyterrier_rdime``, when the index folder is
-      read-only), each built once by streaming the vectors in blocks (a progress bar when ``verbose``) and then
-      memory-mapped, so that every ``PrunedRetriever`` on the index, in every process, shares them (and the page
-      cache): the vectors' statistics (the largest ``|d_j|`` and variance of each dimension), the int8 copy of the
-      compressed path (``docs x dims`` bytes) and, for ``strategy='pruned'`` only, the float32 layout (``docs x dims
-      x 4`` bytes, as large as the vectors); the dense path reads ``vecs.f4`` itself;
-    - for a ``(docs, dims)`` array, in-memory copies held by this retriever and its ``% k`` variants (pass a
-      Fortran-ordered float32 array to share its memory instead).
-
-    A document whose vector holds NaN or inf is an error when the vectors are first read (it would score NaN); so is
-    a query whose scores could overflow float32 (``sum_j |q_j| max_d |d_j|`` of half the float32 range or more),
-    naming its qid; so is an index where two documents share a docno (a ranking would hold it twice), checked on
-    first use. Each file records the size, times, inode and full SHA-256 of the vectors (and docnos) it was built
-    from, is checked by ``stat`` on later uses, and is rebuilt (with a warning) when they change (see
-    :mod:`pyterrier_rdime._index_files`).
-
-    Three exact scoring paths, which ``strategy`` forces, and ``'auto'``, which picks one per call:
-
-    - ``'pruned'``: a compiled kernel (numba) reads only the kept rows of the matrix, in one pass over blocks of the
-      score vector that stay in the CPU cache, with the top-k selection fused, parallel over blocks of documents on
-      every core numba may use. A batch is scored query after query, or in one pass that reads the union of its kept
-      rows once (whichever the cost model finds cheaper). Without numba, a pure-numpy version gives the same
-      ranking, more slowly.
-    - ``'dense'``: every dimension of the zeroed query with BLAS: one ``gemv`` per query below 4 queries, else one
-      matrix product per ``batch_size`` queries and block of documents; a FlexIndex's own ``vecs.f4`` is read a block
-      of documents at a time, once per call.
-    - ``'compressed'``: the kept rows of an int8 copy of the vectors (a quarter of their size; for a FlexIndex
-      ``rdime.dim_major.i8.npy``, built once on first use from ``vecs.f4``: 732 MiB for 1M x 768) are scanned
-      first, then every document whose exact error bound cannot rule it out of the top ``num_results`` is re-scored
-      exactly from its row: the same ranking, reading a quarter of the bytes in the scan
-      (:mod:`pyterrier_rdime.pruned.compressed`). A batch is scored query after query, or in one pass: one exact
-      int8 matrix product per slab of documents for every query (torch's, on the CPU's VNNI / AMX units), whichever
-      the cost model finds cheaper.
-    - ``'auto'`` (default): per call, the fastest path, measured: a cost model (:mod:`pyterrier_rdime.pruned.cost`,
-      calibrated on this machine on first use: a few seconds, cached per CPU model and thread counts) estimates
-      dense, pruned (query after query or in one pass) and compressed (likewise); the paths within twice the least
-      estimate are timed on the first calls of each shape of call (batch size, kept fraction) on this index, and
-      the fastest is taken from then on, re-checked now and then; the timings are kept per index and machine for
-      later runs (:mod:`pyterrier_rdime.pruned.measured`). ``'dense'`` without numba or for a matrix under 16 MiB (it
-      sits in the CPU caches). The call's plan is decided once. The first time it takes the compressed path, the
-      int8 copy is built; ``strategy='pruned'`` never builds it. For a FlexIndex, ``'auto'`` takes the float32
-      pruned paths only where their layout is already on disk: it never writes a second float32 copy of the
-      vectors.
-
-    Every path returns the same documents up to floating-point ties: scores agree to float32 summation-order
-    precision (~1e-6 relative; the compressed path's are float64 scores rounded to float32), so documents whose
-    scores differ by less than that may swap or, at the cut-off, differ. Exact ties go to the lower docid on every
-    path.
-
-    The retriever pickles without its matrix (a worker of ``.parallel()`` reopens the shared file, or rebuilds the
-    in-memory copy of an array index) and is safe to call from several threads (calls are served one after the
-    other: each uses every core). In a process forked after the kernel ran on numba's GNU OpenMP layer (which cannot
-    run there), the kernel runs on one thread.
+    ``strategy``: ``'auto'`` (default) takes, per call, the fastest exact path, measured on this index and machine;
+    ``'pruned'`` (float32 kernel over the kept rows), ``'dense'`` (BLAS) or ``'compressed'`` (an int8 copy's kept rows,
+    then an exact re-score of what its error bound cannot rule out) force one. pt_docs/pruned.rst explains the paths,
+    the copies a FlexIndex gets on disk, the checks and the threads; pt_docs/speed.rst measures them.
 
     Args:
         index: a pyterrier-dr ``FlexIndex`` (inner product) or a ``(docs, dims)`` float array of document vectors.
         num_results: documents returned per query.
         docnos: with an array ``index``, the docno of each row (default: the row number as a string).
-        strategy: ``'auto'``, ``'pruned'``, ``'dense'`` or ``'compressed'`` (see above).
+        strategy: ``'auto'``, ``'pruned'``, ``'dense'`` or ``'compressed'``.
         batch_size: queries per matrix product on the dense path.
         drop_query_vec: drop ``query_vec`` from the output.
-        verbose: show a progress bar during the one-off steps of a first search, which take from seconds to a minute
-            on a large index: building the on-disk copies of a FlexIndex and calibrating the cost model (default on;
-            a search itself shows none). ``False`` for none.
+        verbose: progress bars for the one-off steps of a first search (building copies, calibrating).
 
-    Input columns: ``qid, query_vec`` (a query frame, e.g. the output of ``PrfDime(keep_ranking=False) >> Rdime()``).
-    Output columns: the input's plus ``docno, docid, score, rank`` (as pyterrier-dr's retrievers), ``num_results``
-    rows per query, sorted by query and descending score.
-
-    The saving is on the pruned search itself: feedback for the DIME should come from a cheap first stage (BM25, an
-    approximate index) or none at all (LLM DIME), not from a second exhaustive dense search.
+    Input columns: ``qid, query_vec``. Output columns: the input's plus ``docno, docid, score, rank``, sorted.
 
     Example::
 
-        index = pyterrier_dr.FlexIndex('msmarco.flex')
         pipe = bm25 % 10 >> model.query_encoder() >> index.vec_loader() >> PrfDime(keep_ranking=False) >> Rdime() \\
             >> PrunedRetriever(index=index, num_results=1000)
-        pipe.search('what is a dense retriever')  # one query: only its kept dimensions of the index are read
     """
     schematic = {'label': 'PrunedRetriever'}
 
@@ -182,33 +119,19 @@ class PrunedRetriever(ConfigTransformer):
         """``(dims, docs)`` of the index, without opening or building any copy."""
         return self._layout.shape
 
+    def choice(self, query_vecs: np.ndarray) -> Choice:
+        """How this retriever scores these (already pruned) query vectors (n, dims), and why, as the next call takes
+        it: :func:`.planner.choose` (for ``'auto'``, the measured choice among the paths the cost model puts near the
+        cheapest; for a FlexIndex, the float32 pruned paths only once their layout is on disk)."""
+        dims, docs = self.shape
+        return planner.choose(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
+                              compiled=kept.NUMBA_AVAILABLE, model=lambda: calibration.model(verbose=self.verbose),
+                              k=min(self.num_results, docs), timings=self._measured,
+                              float32_ready=self.strategy != 'auto' or self._layout.has_matrix())
+
     def plan(self, query_vecs: np.ndarray) -> Plan:
-        """How this retriever scores these (already pruned) query vectors (n, dims): decided once per call. For
-        ``'auto'``, the measured choice (:mod:`pyterrier_rdime.pruned.measured`) among the paths the cost model puts
-        near the cheapest, as the next call would take it; for a FlexIndex, the float32 pruned paths only once their
-        layout is on disk."""
-        choice = self.measured_choice(query_vecs)
-        return Plan(choice.path) if choice is not None else self._model_plan(query_vecs)
-
-    def _model_plan(self, query_vecs: np.ndarray) -> Plan:
-        dims, docs = self.shape
-        return cost.plan(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
-                         compiled=kept.NUMBA_AVAILABLE, model=self._model, k=min(self.num_results, docs))
-
-    def _model(self) -> cost.CostModel:
-        return calibration.model(verbose=self.verbose)
-
-    def measured_choice(self, query_vecs: np.ndarray) -> Optional[measured.Choice]:
-        """The measured choice of ``'auto'`` for these queries (its path, bucket and why), as the next call takes it;
-        None for another strategy, or where ``'auto'`` scores densely without asking the model (no numba, a matrix in
-        the CPU caches, no queries)."""
-        if self.strategy != 'auto':
-            return None
-        dims, docs = self.shape
-        k = min(self.num_results, docs)
-        costs = cost.auto_costs(query_vecs, matrix_bytes=4 * dims * docs, compiled=kept.NUMBA_AVAILABLE,
-                                model=self._model, k=k, float32_ready=self._layout.has_matrix())
-        return None if costs is None else self._measured.choose(costs, measured.bucket(query_vecs, k))
+        """The plan of :meth:`choice`: decided once per call."""
+        return self.choice(query_vecs).plan
 
     def choose_strategy(self, query_vecs: np.ndarray) -> str:
         """The path this retriever takes for these (already pruned) query vectors (n, dims): ``'pruned'``,
@@ -221,9 +144,8 @@ class PrunedRetriever(ConfigTransformer):
         for its measured choice): the search of one index, which
         :class:`~pyterrier_rdime.pruned.sharded.ShardedPrunedRetriever` runs on every shard with the plan of its
         driver."""
-        choice = self.measured_choice(query_vecs) if plan is None else None
-        if plan is None:
-            plan = Plan(choice.path) if choice is not None else self._model_plan(query_vecs)
+        choice = self.choice(query_vecs) if plan is None else None
+        plan = choice.plan if choice is not None else plan
         start = time.perf_counter()
         score = self._scorer(plan, query_vecs)
         result = score() if choice is None else self._measured.timed(choice, score)

@@ -13,7 +13,7 @@ import tqdm.auto  # noqa: F401
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
 import auto  # noqa: E402
 
-from pyterrier_rdime.pruned import calibration, cost, kept  # noqa: E402
+from pyterrier_rdime.pruned import calibration, cost, kept, planner  # noqa: E402
 
 #: Round constants (tests/test_pruned_cost.py's): the compressed path cheapest, the others within reach.
 MODEL = cost.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fixed=0.1, pruned_slope=1.0,
@@ -29,7 +29,7 @@ def test_the_auto_benchmark_runs_every_row(tmp_path, monkeypatch, capsys, measur
     monkeypatch.setenv('PYTERRIER_RDIME_CACHE', str(tmp_path / 'cache'))
     monkeypatch.setattr(calibration, 'model', lambda **kwargs: MODEL)
     # the 3 MB test matrix sits in the CPU caches: auto scores it densely without the model, unless told otherwise
-    monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', 0 if measured else 16 * 2 ** 20)
+    monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', 0 if measured else 16 * 2 ** 20)
     import numba
     import torch
     threads = numba.get_num_threads(), torch.get_num_threads()

@@ -63,7 +63,11 @@ def test_searched_together_equals_one_call_per_system(backend, batch_queries, do
     together = list(search_together(counting, queries, batch_queries=batch_queries))
     assert [name for name, _ in together] == list(queries)
     for name, frame in together:
-        pd.testing.assert_frame_equal(frame, alone[name], check_exact=True, obj=name)
+        # these tiny matrices take the BLAS (dense) path, whose float32 sums may depend on how many queries share the
+        # product (OpenBLAS on AMD Zen 4): the same documents and ranks, scores to float32 rounding
+        pd.testing.assert_frame_equal(frame.drop(columns='score'), alone[name].drop(columns='score'),
+                                      check_exact=True, obj=name)
+        np.testing.assert_allclose(frame['score'], alone[name]['score'], rtol=1e-6, err_msg=name)
     # 4 systems of 5 queries: 2 per call under a limit of 10 rows, all in one call under 1000
     assert counting.calls == ([10, 10] if batch_queries == 10 else [20])
 

@@ -190,3 +190,85 @@ def test_a_node_running_other_code_refuses_the_cell(collections, tmp_path):
     grid_module._compute_on_node(cell, run_cell=never, settings=SETTINGS)
     assert cell.status == 'failed' and not (cell.folder / CELL_FILE).exists()
     assert 'than the driver (an-older-one): install the same version of pyterrier-rdime' in cell.error
+
+
+@pytest.fixture
+def not_connected(monkeypatch):
+    """This process as one not connected to Ray yet (the module's cluster may be), and no cluster that ``'auto'``
+    could find on this machine (Ray looks for RAY_ADDRESS, the address ``ray start`` recorded, then any GCS
+    process: other clusters may run here)."""
+    import ray
+    from ray._private import services
+    monkeypatch.setattr(ray, 'is_initialized', lambda: False)
+    monkeypatch.delenv('RAY_ADDRESS', raising=False)
+    monkeypatch.setattr(services, 'find_gcs_addresses', lambda: [])
+    monkeypatch.setattr(services, 'find_bootstrap_address', lambda temp_dir: None)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as unused:
+        unused.bind(('127.0.0.1', 0))
+        return unused.getsockname()[1]
+
+
+@pytest.fixture
+def http_server():
+    """``host:port`` of a local ``python -m http.server``: a service that accepts TCP and answers, but is not Ray."""
+    import socket
+    import subprocess
+    import sys
+    port = free_port()
+    server = subprocess.Popen([sys.executable, '-m', 'http.server', str(port), '--bind', '127.0.0.1'],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60  # its start-up on a loaded machine: generous, bounded
+        while True:
+            try:
+                socket.create_connection(('127.0.0.1', port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, 'http.server did not start'
+                time.sleep(0.1)
+        yield f'127.0.0.1:{port}'
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_ray_address_that_is_not_ray_fails_at_once_naming_the_option(not_connected, http_server, collections,
+                                                                          tmp_path, capsys):
+    started = time.monotonic()
+    assert main(collections + ['--cells', '2', '--ray-address', http_server, '--out', str(tmp_path / 'out'),
+                               '--cache', str(tmp_path / 'cache'), '--quiet']) == 2
+    assert time.monotonic() - started < 120  # an answer, not Ray's minutes of retries (generous: a loaded machine)
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1  # one line, no log of Ray's
+    assert err.startswith(f"rdime-experiment: error: --ray-address: the service at '{http_server}' accepts "
+                          "connections but is not a Ray cluster (a Ray cluster's GCS answers gRPC; it answered b'")
+    assert "pass the Ray head node's 'host:port'" in err
+
+
+def test_a_ray_address_that_stays_silent_fails_within_the_timeout(not_connected):
+    import socket
+
+    from pyterrier_rdime.pruned.sharded import connect
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never answers
+        silent.bind(('127.0.0.1', 0))
+        silent.listen()
+        address = '127.0.0.1:%d' % silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(ConnectionError, match=rf"^--ray-address: the service at '{address}' accepts connections "
+                                                  r'but is not a Ray cluster \(.*it sent nothing back within '
+                                                  r'timeout=2 s\)'):
+            connect(address, 2, '--ray-address')
+        assert time.monotonic() - started < 2 + 20
+
+
+def test_ray_address_auto_without_a_cluster_names_our_option(not_connected, collections, tmp_path, capsys):
+    assert main(collections + ['--cells', '2', '--ray-address', 'auto', '--out', str(tmp_path / 'out'), '--cache',
+                               str(tmp_path / 'cache'), '--quiet']) == 2
+    err = capsys.readouterr().err
+    assert err == ('rdime-experiment: error: --ray-address auto: this machine belongs to no Ray cluster (none was '
+                   'started here with ray start, and RAY_ADDRESS is not set): start one (ray start --head), or pass '
+                   "the head node's 'host:port', or 'local' to start Ray on this machine\n")

@@ -162,3 +162,47 @@ def test_the_random_curve_from_vectors_equals_the_same_budget_stage():
         expected = stage(frame).set_index(['qid', 'docno'])['score']
         np.testing.assert_array_equal(run.set_index(['qid', 'docno'])['score'].loc[expected.index].to_numpy(),
                                       expected.to_numpy())
+
+
+@pytest.mark.slow  # three runs, one of them encoding the whole (small) corpus
+def test_the_rerank_variance_control_reads_the_candidates_whatever_the_cache_holds(small, tmp_path):
+    """The same re-ranking before and after a retrieve run on the same cache (which encodes the whole corpus into
+    the cached index): the variance control reads the run's candidates, so its numbers stay; and they are those of
+    SameBudget over the candidates' vectors encoded here."""
+    from pyterrier_rdime import PrfDime, Rdime, SameBudget, VectorScorer
+    from pyterrier_rdime.experiment.collection import load_collection
+    from pyterrier_rdime.experiment.dense_cache import dense_index_path
+    cache = tmp_path / 'cache'
+    rerank = dict(dimes=['prf'], ks=[0.5], depth=DEPTH, controls=['variance'], sweep=False, cache_dir=cache,
+                  verbose=False)
+    before = run_experiment(str(small), **rerank)
+    run_experiment(str(small), mode='retrieve', dimes=['prf'], ks=[0.5], controls=[], sweep=False,
+                   num_results=DEPTH, cache_dir=cache, verbose=False)
+    from pyterrier_dr import FlexIndex
+    held = FlexIndex(str(dense_index_path(load_collection(str(small)), 'minilm', cache)), verbose=False)
+    assert len(held) == 200  # the retrieve run left the whole corpus in the cached index
+    after = run_experiment(str(small), **rerank)
+    variance = [s for s in before.perquery['system'].unique() if s.endswith(':variance')]
+    assert variance == ['prf/RDIME:variance']
+    pd.testing.assert_frame_equal(before.perquery[before.perquery['system'].isin(variance)].reset_index(drop=True),
+                                  after.perquery[after.perquery['system'].isin(variance)].reset_index(drop=True))
+    # the expectation computed here: the candidates' own vectors, ranked with SameBudget over them
+    model = load_encoder('minilm')
+    run = pd.read_csv(small / 'bm25.run', sep=' ', names=['qid', 'q0', 'docno', 'rank', 'score', 'tag'],
+                      dtype={'qid': str, 'docno': str})
+    topics = pd.read_csv(small / 'queries.tsv', sep='\t', names=['qid', 'query'], dtype=str)
+    texts = {d['docno']: d['text'] for d in map(json.loads, (small / 'docs.jsonl').read_text().splitlines())}
+    docnos = list(dict.fromkeys(run['docno']))
+    doc_vecs = dict(zip(docnos, model.encode_docs([texts[d] for d in docnos])))
+    candidates = run[['qid', 'docno']].merge(model.query_encoder()(topics), on='qid')
+    candidates['doc_vec'] = candidates['docno'].map(doc_vecs)
+    dense = VectorScorer()(candidates)
+    control = PrfDime() >> Rdime() >> SameBudget(control='variance', index=np.stack([doc_vecs[d] for d in docnos]))
+    ranked = (control >> VectorScorer())(dense)
+    qrels = pd.read_csv(small / 'qrels', sep=' ', names=['qid', 'iter', 'docno', 'label'],
+                        dtype={'qid': str, 'docno': str})
+    expected = pt.Experiment([ranked], topics, qrels, [nDCG @ 10], names=['v'], perquery=True)
+    got = after.perquery[(after.perquery['system'] == 'prf/RDIME:variance') & (after.perquery['measure'] == 'nDCG@10')]
+    merged = got.merge(expected, on='qid', suffixes=('', '_expected'))
+    assert len(merged) == len(QIDS)
+    np.testing.assert_allclose(merged['value'].astype(float), merged['value_expected'].astype(float), atol=1e-6)

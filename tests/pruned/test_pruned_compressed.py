@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from pruned_data import DIMS, K, flex_index, full_topk, make_corpus, query_frame
+from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever
-from pyterrier_rdime.pruned import compressed, int8_copy, kept
+from pyterrier_rdime.pruned import compressed, int8_copy, kept, shard_data
 
 NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                                  reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -72,10 +72,12 @@ def search_with(docs, query_vecs, k, use_numba, one_pass=False, rows=True):
 
 
 def assert_reference(docs, query_vecs, result, k):
+    """The exact top-k of the scores the user sees: the float64 scores rounded to float32, ties to the lower docid."""
     for query_vec, s, d in zip(query_vecs, *result):
-        ref_s, ref_d = full_topk(docs, query_vec, k)
+        rounded = (docs.astype(np.float64) @ query_vec.astype(np.float64)).astype(np.float32)
+        ref_d = np.lexsort((np.arange(len(docs)), -rounded))[:k]
         assert d.tolist() == ref_d.tolist()
-        np.testing.assert_allclose(s, ref_s, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(s, rounded[ref_d])
 
 
 def test_quantisation_by_hand():
@@ -268,6 +270,32 @@ def test_exact_ties_go_to_the_lower_docid(search):
     assert docids[1].tolist() == list(range(1, 500, 4)) + [0, 2, 4, 6, 8]
     assert docids[2].tolist() == list(range(130)) and scores[2].tolist() == [0] * 130  # nothing kept
     assert docids[3].tolist() == list(range(3, 500, 4)) + [0, 1, 2, 4, 5]  # one kept dimension of codes 0 and 127
+
+
+@pytest.mark.parametrize('k', [1, 2, 5])
+def test_float32_ties_go_to_the_lower_docid_on_one_index_and_its_shards(search, k):
+    # twins whose float64 scores differ below float32's resolution (float32 values, summed exactly in float64): the
+    # higher one at the higher docid; the user sees two equal float32 scores, so the lower docid comes first, on one
+    # index and merged from its shards alike, also where k cuts between them
+    rng = np.random.default_rng(7)
+    docs = rng.uniform(-0.3, 0.3, size=(300, 6)).astype(np.float32)
+    docs[40], docs[250] = (1, 2.0 ** -30, 0, 0, 0, 0), (1, 2.0 ** -29, 0, 0, 0, 0)
+    queries = np.array([[1, 1, 0, 0, 0, 0],  # 1 + 2^-30 and 1 + 2^-29, both 1.0 in float32
+                        [2, 2, 1, 0, 0, 0],  # 2 + 2^-29 and 2 + 2^-28, both 2.0
+                        [1, 1, 0, 0, 0, 0.5]], dtype=np.float32)
+    scores, docids = search(docs, queries, k)
+    bounds = [0, 100, 300]
+    per_shard = []
+    for start, stop in zip(bounds, bounds[1:]):
+        shard_s, shard_d = search(docs[start:stop], queries, k)
+        counts = np.cumsum([0] + [len(d) for d in shard_d])
+        per_shard.append((counts, np.concatenate(shard_s), np.concatenate(shard_d) + start,
+                          np.concatenate(shard_d) + start))
+    merged_s, merged_d, _ = shard_data.merge_shards(per_shard, len(queries), k)
+    for q in range(len(queries)):
+        assert docids[q].tolist() == [40, 250][:k] + docids[q].tolist()[2:]
+        assert scores[q][0] == scores[q][min(1, k - 1)] == np.float32(1 if q != 1 else 2)
+        assert docids[q].tolist() == merged_d[q].tolist() and scores[q].tolist() == merged_s[q].tolist()
 
 
 @pytest.mark.parametrize('rows', [True, False])

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyterrier_rdime.pruned import calibration, cost, kept, plan
+from pyterrier_rdime.pruned import calibration, cost, kept, plan, planner
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -84,8 +84,8 @@ def test_plan_of_each_strategy():
     spread = np.eye(8, dtype=np.float32)[:2]  # disjoint kept sets: one by one 2 x 0.225 < one pass 0.1 + 0.5 + 0.05
 
     def decide(queries, strategy, matrix_bytes=2 ** 30, compiled=True, k=1):
-        return cost.plan(queries, strategy=strategy, matrix_bytes=matrix_bytes, compiled=compiled,
-                         model=lambda: ROUND, k=k).path
+        return planner.choose(queries, strategy=strategy, matrix_bytes=matrix_bytes, compiled=compiled,
+                              model=lambda: ROUND, k=k).path
 
     assert decide(half, 'auto', 2 ** 10) == 'dense'  # a matrix in the caches
     assert decide(half, 'auto', compiled=False) == 'dense'  # no compiled kernel
@@ -120,8 +120,8 @@ def test_an_exact_tie_goes_to_the_path_listed_first():
                                compressed_call_seconds=0.0, rescore_seconds=0.0)
     half = np.zeros((1, 8), dtype=np.float32)
     half[0, :4] = 1  # dense 1, pruned 2 x 0.5 = 1, compressed 1
-    assert cost.plan(half, strategy='auto', matrix_bytes=2 ** 30, compiled=True, model=lambda: tied,
-                     k=10).path == 'dense'
+    assert planner.choose(half, strategy='auto', matrix_bytes=2 ** 30, compiled=True, model=lambda: tied,
+                          k=10).path == 'dense'
 
 
 def test_plan_calls_the_model_only_when_it_decides():
@@ -131,7 +131,7 @@ def test_plan_calls_the_model_only_when_it_decides():
     for strategy, queries, matrix_bytes in (('dense', one, 2 ** 30), ('compressed', one, 2 ** 30),
                                             ('pruned', one, 2 ** 30), ('pruned', np.ones((3, 8)), 2 ** 10),
                                             ('auto', one, 2 ** 10)):
-        cost.plan(queries, strategy=strategy, matrix_bytes=matrix_bytes, compiled=True, model=fail, k=10)
+        planner.choose(queries, strategy=strategy, matrix_bytes=matrix_bytes, compiled=True, model=fail, k=10)
 
 
 @COMPILED

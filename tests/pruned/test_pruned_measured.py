@@ -1,5 +1,5 @@
-"""The measured choice of strategy='auto' (pyterrier_rdime.pruned.measured): buckets and candidates by hand, and the
-retriever driven by a fake clock, so that which path is faster is the test's to say: a path faster than the model
+"""The measured choice of strategy='auto' (pruned.planner, its timings pruned.measured): buckets and candidates by hand,
+the retriever driven by a fake clock, so that which path is faster is the test's to say: a path faster than the model
 says is found and taken, a clock agreeing with the model never runs a path beyond the margin, the record is kept
 for later processes and starts over when the index is rewritten. No timed assertions."""
 import numpy as np
@@ -7,7 +7,8 @@ import pytest
 from pruned_data import flex_index, full_topk, make_corpus
 
 from pyterrier_rdime import PrunedRetriever
-from pyterrier_rdime.pruned import calibration, cost, kept, measured
+from pyterrier_rdime.pruned import calibration, kept, measured, planner
+from pyterrier_rdime.pruned.plan import Choice
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='auto scores densely without numba: pip install pyterrier-rdime[fast]')
@@ -39,7 +40,7 @@ def driven(tmp_path, monkeypatch):
     """``drive(retriever, speeds)``: the retriever's calls timed by a fake clock; returns the clock, whose ``paths``
     lists the path each call was scored on."""
     monkeypatch.setenv('PYTERRIER_RDIME_CACHE', str(tmp_path / 'cache'))
-    monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', 0)  # the small test matrix would otherwise go dense
+    monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', 0)  # the small test matrix would otherwise go dense
 
     def drive(retriever, speeds, estimates):
         monkeypatch.setattr(calibration, 'model', lambda **kwargs: estimates)
@@ -63,16 +64,14 @@ def driven(tmp_path, monkeypatch):
 def test_buckets_and_candidates_by_hand():
     half = np.zeros((5, 20), dtype=np.float32)
     half[:, :7] = 1  # 35 % kept, 5 queries: a batch of 4 to 7
-    assert measured.bucket(half, 100) == 'k100 n4 kept0.25-0.50'
-    assert measured.bucket(half[:1, :4], 10) == 'k10 n1 kept0.75-1.00'
-    assert measured.bucket(np.ones((64, 20)), 1000) == 'k1000 n64 kept0.75-1.00'
-    assert measured.bucket(np.eye(20)[:1], 1000) == 'k1000 n1 kept0.00-0.25'
+    assert planner.bucket(half, 100) == 'k100 n4 kept0.25-0.50'
+    assert planner.bucket(half[:1, :4], 10) == 'k10 n1 kept0.75-1.00'
+    assert planner.bucket(np.ones((64, 20)), 1000) == 'k1000 n64 kept0.75-1.00'
+    assert planner.bucket(np.eye(20)[:1], 1000) == 'k1000 n1 kept0.00-0.25'
     # within twice the least, cheapest first; a tie in the order given
-    assert measured.candidates({'dense': 2.0, 'pruned': 1.0, 'compressed': 2.5}) == ['pruned', 'dense']
-    assert measured.candidates({'dense': 1.0, 'pruned': 1.0}) == ['dense', 'pruned']
-    assert measured.candidates({'dense': 9.0, 'compressed': 1.0}) == ['compressed']
-    with pytest.raises(ValueError, match='unknown reason'):
-        measured.Choice('dense', 1.0, 'k10 n1 kept0.00-0.25', 'guess')
+    assert planner.candidates({'dense': 2.0, 'pruned': 1.0, 'compressed': 2.5}) == ['pruned', 'dense']
+    assert planner.candidates({'dense': 1.0, 'pruned': 1.0}) == ['dense', 'pruned']
+    assert planner.candidates({'dense': 9.0, 'compressed': 1.0}) == ['compressed']
 
 
 def test_exploring_order_the_cold_run_the_recent_timings_and_the_recheck():
@@ -85,30 +84,30 @@ def test_exploring_order_the_cold_run_the_recent_timings_and_the_recheck():
         choice_of.timed(choice, lambda: now.__setitem__(0, now[0] + seconds[choice.path]))
 
     taken = []
-    for _ in range(2 * measured.RECHECK_EVERY + 10):
-        choice = choice_of.choose(costs, 'bucket')
+    for _ in range(2 * planner.RECHECK_EVERY + 10):
+        choice = planner.measured_choice(costs, 'bucket', choice_of)
         taken.append((choice.path, choice.reason))
         run(choice)
     # a (the model's best) first, twice: its first run in the process is cold; then b, twice
     assert taken[:4] == [('a', 'explore'), ('a', 'explore'), ('b', 'explore'), ('b', 'explore')]
     assert {path for path, reason in taken[4:] if reason == 'measured'} == {'b'}
     assert [i for i, (path, reason) in enumerate(taken) if reason == 'recheck'] == [
-        4 + measured.RECHECK_EVERY, 4 + 2 * measured.RECHECK_EVERY]  # the re-check counts as a call
+        4 + planner.RECHECK_EVERY, 4 + 2 * planner.RECHECK_EVERY]  # the re-check counts as a call
     assert all(path == 'a' for path, reason in taken if reason == 'recheck')
-    assert choice_of.factors('bucket') == pytest.approx({'a': 12.0, 'b': 8.0 / 1.5})
+    assert choice_of.bucket_timings('bucket')[0] == pytest.approx({'a': 12.0, 'b': 8.0 / 1.5})
     # another call of the bucket that the model prices otherwise: the factors correct the estimates (a: 0.5 x 12 = 6
     # beats b: 1.5 x 5.33 = 8)
-    assert choice_of.choose({'a': 0.5, 'b': 1.5}, 'bucket').path == 'a'
+    assert planner.measured_choice({'a': 0.5, 'b': 1.5}, 'bucket', choice_of).path == 'a'
     # the least of the recent timings: one slow timing does not move the record, RECENT slow ones do
     seconds['b'] = 30.0
     for _ in range(measured.RECENT - 1):
-        run(measured.Choice('b', 1.5, 'bucket', 'measured'))
-    assert choice_of.factors('bucket')['b'] == pytest.approx(8.0 / 1.5)
-    run(measured.Choice('b', 1.5, 'bucket', 'measured'))
-    assert choice_of.factors('bucket')['b'] == pytest.approx(20.0)
-    assert choice_of.choose(costs, 'bucket').path == 'a'
+        run(Choice('b', 1.5, 'bucket', 'measured'))
+    assert choice_of.bucket_timings('bucket')[0]['b'] == pytest.approx(8.0 / 1.5)
+    run(Choice('b', 1.5, 'bucket', 'measured'))
+    assert choice_of.bucket_timings('bucket')[0]['b'] == pytest.approx(20.0)
+    assert planner.measured_choice(costs, 'bucket', choice_of).path == 'a'
     # one candidate: taken, nothing timed
-    assert choice_of.choose({'a': 1.0, 'c': 5.0}, 'other') == measured.Choice('a', 1.0, 'other', 'only')
+    assert planner.measured_choice({'a': 1.0, 'c': 5.0}, 'other', choice_of) == Choice('a', 1.0, 'other', 'only')
 
 
 @COMPILED
@@ -151,7 +150,7 @@ def test_the_record_is_kept_for_later_processes_and_starts_over_with_a_rewritten
     # no float32 layout on disk: auto leaves the float32 pruned paths out, and times compressed against dense
     speeds, estimates = {'dense': 1.0, 'compressed': 0.5}, Estimates(dense=1.5, pruned=0.1, compressed=1.0)
     query = query_vecs[2:3]
-    bucket = measured.bucket(query, 10)
+    bucket = planner.bucket(query, 10)
     first = PrunedRetriever(index=index, num_results=10, verbose=False)
     clock = driven(first, speeds, estimates)
     for _ in range(5):
@@ -160,14 +159,14 @@ def test_the_record_is_kept_for_later_processes_and_starts_over_with_a_rewritten
     # a later process (a new retriever): the record is read and decides without exploring
     later = PrunedRetriever(index=index, num_results=10, verbose=False)
     later_clock = driven(later, speeds, estimates)
-    assert later._measured.factors(bucket) == pytest.approx({'compressed': 0.5, 'dense': 1.0 / 1.5})
+    assert later._measured.bucket_timings(bucket)[0] == pytest.approx({'compressed': 0.5, 'dense': 1.0 / 1.5})
     later.search(query)
     assert later_clock.paths == ['compressed']
     # the index rewritten: a new record, explored again
     rewritten = flex_index(tmp_path / 'docs.flex', docs[::-1].copy())
     again = PrunedRetriever(index=rewritten, num_results=10, verbose=False)
     again_clock = driven(again, speeds, estimates)
-    assert again._measured.factors(bucket) == {}
+    assert again._measured.bucket_timings(bucket)[0] == {}
     again.search(query)
     assert again_clock.paths == ['compressed']
-    assert again._measured.choose({'dense': 1.5, 'compressed': 1.0}, bucket).reason == 'explore'
+    assert planner.measured_choice({'dense': 1.5, 'compressed': 1.0}, bucket, again._measured).reason == 'explore'

@@ -1,5 +1,5 @@
 """Decide once, pass down: the modules of pyterrier_rdime.pruned import one another without a circle, and a call of
-PrunedRetriever decides its plan once (cost.plan) and the path below carries it out without deciding again."""
+PrunedRetriever decides its plan once (planner.choose) and the path below carries it out without deciding again."""
 import ast
 from pathlib import Path
 
@@ -8,8 +8,8 @@ import pytest
 from pruned_data import K, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever
-from pyterrier_rdime.pruned import compressed, cost, dense, kept
-from pyterrier_rdime.pruned.plan import Plan
+from pyterrier_rdime.pruned import compressed, dense, kept, planner
+from pyterrier_rdime.pruned.plan import Choice, Plan
 
 PRUNED = Path(kept.__file__).parent
 
@@ -52,7 +52,7 @@ def corpus():
 def test_a_call_decides_once_and_the_path_carries_the_plan_out(corpus, monkeypatch, path):
     docs, query_vecs = corpus
     plans, calls = [], []
-    monkeypatch.setattr(cost, 'plan', lambda queries, **kwargs: plans.append(len(queries)) or Plan(path))
+    monkeypatch.setattr(planner, 'choose', lambda q, **_: plans.append(len(q)) or Choice(path, 1, '', 'model'))
     for module, name in ((dense, 'search_dense'), (kept, 'search_pruned')):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **kw: calls.append((_n, kw)) or _f(*a, **kw))
@@ -75,7 +75,7 @@ def test_a_call_decides_once_and_the_path_carries_the_plan_out(corpus, monkeypat
 def test_search_takes_a_given_plan(corpus, monkeypatch):
     docs, query_vecs = corpus
     retriever = PrunedRetriever(index=docs, num_results=K)
-    monkeypatch.setattr(cost, 'plan', lambda *a, **kw: pytest.fail('decided again'))
+    monkeypatch.setattr(planner, 'choose', lambda *a, **kw: pytest.fail('decided again'))
     by_plan = {path: retriever.search(query_vecs, Plan(path)) for path in ('dense', 'pruned', 'one pass',
                                                                           'compressed', 'compressed one pass')}
     for path, (scores, docids) in by_plan.items():

@@ -12,7 +12,7 @@ import pytest
 from pruned_data import DIMS, DOCS, K, flex_index, full_topk, make_corpus, query_frame
 
 from pyterrier_rdime import PrfDime, PrunedRetriever, Rdime
-from pyterrier_rdime.pruned import calibration, cost, kept
+from pyterrier_rdime.pruned import calibration, cost, kept, planner
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -44,7 +44,7 @@ def test_numpy_fallback_without_numba(corpus, monkeypatch):
     docs, query_vecs = corpus
     monkeypatch.setattr(kept, 'NUMBA_AVAILABLE', False)
     monkeypatch.setitem(sys.modules, 'pyterrier_rdime.pruned._numba', None)  # importing the kernel would fail
-    monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', 0)
+    monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', 0)
     retriever = PrunedRetriever(index=docs, num_results=K, strategy='pruned')
     out = retriever(query_frame(query_vecs))
     for i, (qid, group) in enumerate(out.groupby('qid', sort=False)):
@@ -67,6 +67,21 @@ def test_flex_index_and_pipeline(corpus, tmp_path):
     assert {'query_kept', 'query_kept_frac', 'query_dime'} <= set(ours.columns)
 
 
+def test_the_paper_pipeline_with_compressed_feedback_prunes_as_with_dense_feedback(corpus, tmp_path):
+    """pruned.rst's recipe: the feedback top-10 on the compressed path gives the same documents as pyterrier-dr's
+    dense top-10, so the same pruned queries and the same final ranking."""
+    docs, _ = corpus
+    index = flex_index(tmp_path / 'docs.flex', docs)
+    queries = query_frame(np.random.default_rng(2).standard_normal((4, DIMS)).astype(np.float32))
+    rdime = index.vec_loader() >> PrfDime(keep_ranking=False) >> Rdime()
+    dense_fed = (index.np_retriever(num_results=10) >> rdime)(queries)
+    fast = PrunedRetriever(index=index, num_results=10, strategy='compressed') >> rdime
+    fast_fed = fast(queries)
+    np.testing.assert_array_equal(np.stack(fast_fed['query_vec']), np.stack(dense_fed['query_vec']))
+    second = PrunedRetriever(index=index, num_results=K)
+    assert second(fast_fed)['docno'].tolist() == second(dense_fed)['docno'].tolist()
+
+
 def test_pickle_travels_without_the_matrix(corpus):
     docs, query_vecs = corpus
     retriever = PrunedRetriever(index=docs, num_results=K)
@@ -81,7 +96,7 @@ def test_auto_strategy_of_the_stage(corpus, monkeypatch):
     docs, query_vecs = corpus
     retriever = PrunedRetriever(index=docs)
     assert retriever.choose_strategy(query_vecs[2:3]) == 'dense'  # a 0.5 MiB matrix sits in the caches
-    monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', 0)
+    monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', 0)
     # a given model (no calibration in the tests: it would time this machine): one query costs 0.4 + 0.7 x kept
     # pruned, 2 for the compressed scan
     model = cost.CostModel(dense_gemm_fixed=3.0, dense_gemm_per_query=0.3, pruned_fixed=0.4, pruned_slope=0.7,

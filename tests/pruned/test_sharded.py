@@ -5,6 +5,7 @@ and placed on nodes by custom resources, an actor killed mid-batch recovered and
 node lost (a pinned shard reported within the timeout, an unpinned one recovered elsewhere), docnos shared by two
 shards refused, a wrong address, close() and what num_cpus holds, a shard changed under its actor refused,
 pickling / repr / equality, and bad inputs."""
+import logging
 import os
 import pickle
 import socket
@@ -17,7 +18,7 @@ import pytest
 from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
-from pyterrier_rdime.pruned import calibration, cost, shard_data
+from pyterrier_rdime.pruned import calibration, cost, planner, shard_data, sharded
 from pyterrier_rdime.pruned.plan import Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore::DeprecationWarning')]
@@ -56,15 +57,19 @@ def corpus():
 
 
 def assert_same_ranking(out: pd.DataFrame, expected: pd.DataFrame, exact: bool = True) -> None:
-    """The same documents in the same order; the same scores, or (``exact=False``: BLAS sums a block of documents
-    in an order that depends on the matrix's width) within float32 rounding."""
+    """The same documents in the same order and the same scores, or (``exact=False``: BLAS sums a block of documents
+    in an order that depends on the matrix's width) scores within float32 rounding, documents that close swapped
+    among themselves."""
     assert list(out.columns) == list(expected.columns)
-    for column in ('qid', 'docno', 'docid', 'rank'):
+    for column in ('qid', 'rank') + (('docno', 'docid') if exact else ()):
         assert out[column].tolist() == expected[column].tolist(), column
     if exact:
         np.testing.assert_array_equal(out['score'].to_numpy(), expected['score'].to_numpy())
-    else:
+    else:  # documents whose scores are that close may swap ranks, among themselves
         np.testing.assert_allclose(out['score'].to_numpy(), expected['score'].to_numpy(), rtol=1e-6, atol=1e-5)
+        swapped = out['docid'].to_numpy() != expected['docid'].to_numpy()
+        assert sorted(zip(out['qid'][swapped], out['docid'][swapped], out['docno'][swapped])) == \
+            sorted(zip(expected['qid'][swapped], expected['docid'][swapped], expected['docno'][swapped]))
 
 
 @pytest.fixture(scope='module')
@@ -186,14 +191,46 @@ def test_every_shard_takes_the_plan_of_the_whole_collection(cluster, uneven, cor
                                   compressed_slope=1, compressed_call_seconds=1, compressed_pass_fixed=100,
                                   compressed_pass_per_query=1, compressed_pass_call_seconds=1, rescore_seconds=1,
                                   gemv_seconds_per_byte=1e-9)
-    monkeypatch.setattr(cost, 'MIN_PRUNED_BYTES', docs[:1000].nbytes)  # above every shard, below the collection
+    monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', docs[:1000].nbytes)  # above every shard, below the collection
     monkeypatch.setattr(calibration, 'model', lambda **_: cheap_pruned)  # the single index's model
     retriever = ShardedPrunedRetriever(shards=uneven, num_results=K)
     retriever._actors.model = cheap_pruned  # the model the first shard's node would give
     single = PrunedRetriever(index=docs, num_results=K)
     for queries in (query_vecs[:1], query_vecs):
-        assert retriever.plan(queries) == single.plan(queries) != Plan('dense')
+        assert retriever.choice(queries).plan == single.plan(queries) != Plan('dense')
         assert_same_ranking(retriever(query_frame(queries)), single(query_frame(queries)), exact=True)
+    retriever.close()
+
+
+def test_auto_on_shards_takes_the_path_the_driver_measured_fastest(cluster, uneven, corpus, monkeypatch):
+    docs, query_vecs = corpus
+    # the model (per query): compressed cheapest, pruned within the margin, dense far off; the driver's fake clock
+    # says pruned is faster, and the sharded call finds it
+    estimates = {'dense': 10.0, 'pruned': 1.5, 'compressed': 1.0}
+    seconds = {'dense': 1.0, 'pruned': 0.2, 'compressed': 0.5}
+    model = SimpleNamespace(path_costs=lambda queries, **_: {p: c * len(queries) for p, c in estimates.items()})
+    monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', 0)  # the small test shards would otherwise go dense
+    retriever = ShardedPrunedRetriever(shards=uneven, num_results=K)
+    retriever._actors.model = model  # the model the first shard's node would give
+    now, paths = [0.0], []
+    retriever._measured.clock = lambda: now[0]
+    search = retriever._search
+
+    def timed_search(ray, actors, queries, plan):
+        paths.append(plan.path)
+        now[0] += seconds[plan.path] * len(queries)
+        return search(ray, actors, queries, plan)
+    monkeypatch.setattr(retriever, '_search', timed_search)
+    query = query_frame(query_vecs[2:3])
+    expected = {path: PrunedRetriever(index=docs, num_results=K, strategy=path)(query)
+                for path in ('pruned', 'compressed')}
+    for _ in range(6):
+        out = retriever(query)
+        assert_same_ranking(out, expected[paths[-1]])  # each path's scores are one index's on that path
+    # the model's best first, each path twice (its first run is cold), then the one measured faster
+    assert paths == ['compressed', 'compressed', 'pruned', 'pruned', 'pruned', 'pruned']
+    assert retriever.choice(query_vecs[2:3]).reason == 'measured'
+    assert (retriever % 5).compile()._measured is retriever._measured  # a % k variant shares the driver's timings
     retriever.close()
 
 
@@ -263,6 +300,11 @@ def test_unreachable_address_fails_within_its_bound(cluster, corpus, monkeypatch
     assert time.monotonic() - started < 5 + 10
 
 
+def test_the_address_of_a_ray_cluster_passes_the_check(local_cluster):
+    """The probe that refuses a service that is not Ray (tests/experiment/test_cells.py) accepts a Ray GCS."""
+    sharded.check_ray_address(local_cluster.address, 10, 'ray_address')
+
+
 def test_close_releases_the_actors_and_their_cpus(cluster, corpus):
     docs, query_vecs = corpus
     queries = query_frame(query_vecs)
@@ -326,6 +368,7 @@ def test_pickle_repr_equality_and_empty_input(cluster, corpus, tmp_path):
     ({'shards': [np.ones((3, 4))], 'num_cpus': 0}, 'num_cpus must be a positive number'),
     ({'shards': [np.ones((3, 4))], 'max_restarts': -1}, 'max_restarts must be an integer >= 0'),
     ({'shards': [np.ones((3, 4))], 'timeout': 0}, 'timeout must be a positive number'),
+    ({'shards': [np.ones((3, 4))], 'start_timeout': -1}, 'start_timeout must be a positive number'),
     ({'shards': [np.ones((3, 4))], 'resources': [{'a': 1}, {'b': 1}]}, 'one dict of Ray resources per shard'),
     ({'shards': [np.ones((3, 4))], 'ray_address': 6379}, "ray_address must be None, 'auto' or 'host:port'"),
 ])
@@ -356,3 +399,46 @@ def test_bad_queries_and_shards(cluster, corpus, pruned_shards, tmp_path):
     with pytest.raises(RuntimeError, match=r"shard 0 .* found no node with \{'CPU': 0, 'node-c': 1\} free in "
                                            r"timeout=1 s"):
         ShardedPrunedRetriever(shards=[docs], resources=[{'node-c': 1}], timeout=1)(query_frame(query_vecs))
+
+
+def slow_server(delay: float) -> type:
+    """A ShardServer whose actor takes ``delay`` seconds more to start, as on a loaded machine; a class made here is
+    sent to the workers by value (the driver's monkeypatch of the module would not reach them)."""
+    class SlowServer(sharded.ShardServer):
+        def __init__(self, *args):
+            time.sleep(delay)
+            super().__init__(*args)
+    return SlowServer
+
+
+def test_actors_slow_to_start_are_waited_for_past_the_timeout_with_a_warning(cluster, corpus, monkeypatch, caplog):
+    docs, query_vecs = corpus
+    queries = query_frame(query_vecs)
+    monkeypatch.setattr(sharded, 'ShardServer', slow_server(5))  # 5 s at least, whatever the machine's speed
+    with caplog.at_level(logging.WARNING, logger=sharded.__name__), \
+            ShardedPrunedRetriever(shards=[docs[:1500], docs[1500:]], num_results=K, timeout=1) as retriever:
+        out = retriever(queries)
+    assert_same_ranking(out, PrunedRetriever(index=docs, num_results=K)(queries), exact=False)
+    assert 'the actors of shards [0, 1] have a node but have not started after timeout=1 s' in caplog.text
+
+
+def test_the_shard_whose_resources_no_node_offers_is_the_one_named(cluster, corpus, monkeypatch):
+    docs, query_vecs = corpus
+    monkeypatch.setattr(sharded, 'ShardServer', slow_server(30))  # shard 0 still starting when the timeout passes
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=(
+            rf"the actor of shard 1 \(an array of {len(docs) - 1500} x {DIMS}\) found no node with \{{'CPU': 0, "
+            r"'node-c': 1\} free in timeout=1 s \(no live node offers them; ")):
+        ShardedPrunedRetriever(shards=[docs[:1500], docs[1500:]], resources=[{}, {'node-c': 1}], timeout=1)(
+            query_frame(query_vecs))
+    assert time.monotonic() - started < 1 + 30  # the timeout, the polls and a loaded machine's slack
+
+
+def test_an_actor_that_does_not_start_within_start_timeout_is_reported(cluster, corpus, monkeypatch):
+    docs, query_vecs = corpus
+    monkeypatch.setattr(sharded, 'ShardServer', slow_server(120))
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"the actors of shards \[0\] had a node but did not start in "
+                                           r"start_timeout=2 s \(Ray starts a worker process"):
+        ShardedPrunedRetriever(shards=[docs], timeout=1, start_timeout=2)(query_frame(query_vecs))
+    assert time.monotonic() - started < 2 + 30
