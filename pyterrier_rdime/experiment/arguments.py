@@ -53,9 +53,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.rel is not None:
         check_int(PROG, '--rel', args.rel, 1,
                   hint='the lowest label that counts as relevant: 1, or 2 for the TREC DL convention')
-    if args.answers is not None and not Path(args.answers).expanduser().is_file():
-        raise ValueError(f'--answers {args.answers}: no such file; pass a qid<TAB>answer file, or leave --answers out '
-                         "to use the collection's llm_answers.tsv")
+    if args.answers is not None:
+        from .answer_sources import check_answers_spec
+        check_answers_spec(args.answers)
     encoders = [e.strip() for e in args.encoder.split(',') if e.strip()]
     if not encoders:
         raise ValueError(f"--encoder {args.encoder!r} names no encoder; pass 'minilm' (bundled), a model folder or a "

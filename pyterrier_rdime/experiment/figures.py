@@ -1,5 +1,6 @@
 """The runner's figures, drawn on bare matplotlib Figures (no pyplot state, so a notebook's backend is left alone):
-a cell's kept-fraction boxplot and Top-k sweep plot, and the grid's kept-fraction Figure (the paper's)."""
+a cell's kept-fraction boxplot, Top-k sweep plot and (several LLM answer sources) sources plot, and the grid's
+kept-fraction Figure (the paper's)."""
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple, Union
 
@@ -123,6 +124,45 @@ def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, 
     fig.suptitle(title + f' — RDIME bar: per-query kept fraction, percentiles {SPREAD[0]}–{SPREAD[1]}', fontsize=9)
     # the panels end where the legend begins, with a gap: its width depends on the DIMEs' names, so it is measured
     width, _ = _legend_inches(fig, legend)
+    fig.tight_layout(rect=(0, 0, 1 - (width + LEGEND_GAP) / fig.get_figwidth(), 1))
+    fig.savefig(path, dpi=120)
+    return fig
+
+
+#: Line styles of the sources plot: RDIME and the CV Top-k as solid lines with marks, the controls dotted.
+SOURCE_STYLES = {'RDIME': ('o-', 'tab:blue'), 'CV Top-k': ('x-', 'tab:orange'),
+                 'random (same budget)': ('.:', 'grey'), 'magnitude (same budget)': ('s:', 'tab:green')}
+
+
+def sources_plot(sources: List[str], curves: Dict[str, Dict[str, List[float]]], baseline: Dict[str, float],
+                 title: str, path: Union[str, Path]):
+    """Each measure against the LLM answer source (one panel per measure): LLM DIME's RDIME and CV Top-k, and
+    RDIME's same-budget controls, one line each across the sources, Baseline as a dashed line.
+
+    Args:
+        sources: the x-axis labels, in order.
+        curves: measure -> line name (a key of :data:`SOURCE_STYLES`) -> value per source.
+        baseline: measure -> Baseline's value.
+
+    Returns the Figure (saved to ``path``).
+    """
+    from matplotlib.figure import Figure
+    measures = list(baseline)
+    fig = Figure(figsize=(max(6.0, 0.55 * len(sources) + 2.5) * len(measures), 4.2))
+    axes = np.atleast_1d(fig.subplots(1, len(measures)))
+    x = np.arange(len(sources))
+    for ax, measure in zip(axes, measures):
+        for name, values in curves[measure].items():
+            style, colour = SOURCE_STYLES.get(name, ('.-', None))
+            ax.plot(x, values, style, color=colour, linewidth=1, markersize=5, label=name)
+        ax.axhline(baseline[measure], color='black', linestyle='--', linewidth=1, label='Baseline (all dimensions)')
+        ax.set_xticks(x, sources, rotation=45, ha='right', fontsize=7)
+        ax.set_ylabel(measure)
+        ax.grid(alpha=0.3)
+    handles, names = axes[0].get_legend_handles_labels()
+    legend = fig.legend(handles, names, fontsize=7, loc='center right')
+    fig.suptitle(f'LLM DIME by answer source — {title}', fontsize=9)
+    width, _ = _legend_inches(fig, legend)  # the panels end where the legend begins
     fig.tight_layout(rect=(0, 0, 1 - (width + LEGEND_GAP) / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=120)
     return fig

@@ -3,7 +3,8 @@ own, read back on a re-run where none of its inputs changed, then the combined t
 cells.
 
 Every option and cell is checked before any cell runs: the collections load, the encoders resolve to complete model
-folders, the answers file parses. A cell that fails loses no other one; a damaged cell record is recomputed.
+folders, the answers files parse and each answers name resolves for each collection. A cell that fails loses no
+other one; a damaged cell record is recomputed.
 """
 import functools
 import hashlib
@@ -15,10 +16,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pandas as pd
 
-from .._config import check_int
-from ..llm import read_answers_tsv
+from .._config import check_int, default_cache_dir
 from ..store import atomic_open
 from . import evaluate as ev
+from .answer_sources import answer_sources
 from .cells import run_cells
 from .collection import Collection, load_collection
 from .encoders import encoder_fingerprint
@@ -27,6 +28,7 @@ from .options import OPTION_NAMES, Options
 from .progress import PROGRESS, SystemRecords
 from .report import ExperimentResult
 from .runner import run_experiment
+from .systems import AnswerSources
 from .tables import write_combined
 
 logger = logging.getLogger(__name__)
@@ -82,13 +84,16 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     options = Options(**{k: v for k, v in settings.items() if k in OPTION_NAMES})
     ev.parse_measures(settings.get('measures') or ev.DEFAULT_MEASURES, settings.get('rel'))
     answers = settings.get('answers')
-    answers_key = _digest(sorted(read_answers_tsv(answers).items())) if answers is not None else None
     loaded = [c if isinstance(c, Collection) else load_collection(c) for c in collections]
     for collection in loaded:
         ev.check_rel(settings.get('rel'), collection.qrels)
         if settings.get('index') is None:
             options.check_documents(collection.num_docs, f'collection {collection.name!r}')
-    loaded = _once(loaded, [_digest(collection_inputs(c, answers_key)) for c in loaded], 'collection',
+    cache_dir = settings.get('cache_dir') or default_cache_dir()
+    # each name of --answers resolved for each collection now (a local copy, or the published file, downloaded once)
+    answers_keys = {id(c): answers_key(answer_sources(answers, c, cache_dir)) if answers is not None else None
+                    for c in loaded}
+    loaded = _once(loaded, [_digest(collection_inputs(c, answers_keys[id(c)])) for c in loaded], 'collection',
                    lambda c: c.name)
     encoders = _once(list(encoders), [encoder_fingerprint(e) for e in encoders], '--encoder', str)
     fingerprints = {encoder: encoder_fingerprint(encoder) for encoder in encoders}  # memoised: no second hashing
@@ -106,9 +111,17 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     for collection, collection_label in zip(loaded, collection_labels):
         for (encoder, fingerprint), encoder_label in zip(fingerprints.items(), encoder_labels):
             folder = Path(out) / slug(collection_label) / slug(encoder_label)
-            inputs = {**collection_inputs(collection, answers_key), 'encoder': fingerprint, **common}
+            inputs = {**collection_inputs(collection, answers_keys[id(collection)]), 'encoder': fingerprint, **common}
             cells.append(Cell(collection, encoder, folder, inputs, collection_label, encoder_label))
     return cells
+
+
+def answers_key(sources: AnswerSources) -> str:
+    """The content key of a run's answer sources: each source's name and answers (one unnamed source: its answers
+    alone, the key of a single answers file)."""
+    if list(sources) == ['']:
+        return _digest(sorted(sources[''].items()))
+    return _digest(sorted((name, sorted(answers.items())) for name, answers in sources.items()))
 
 
 def collection_inputs(collection: Collection, answers_key: Optional[str] = None) -> Dict[str, Optional[str]]:

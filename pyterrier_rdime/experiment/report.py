@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from . import figures
-from .parity import ALPHA, BEST_IS_BASELINE
+from .parity import ALPHA, BEST_IS_BASELINE, SAME_BUDGET
 
 #: Significance marks of the paper table: comparison label -> mark.
 MARKS = {'CV Top-k': '¶', 'best Top-k': '†', 'Baseline': '‡', 'RDIME': '§'}
@@ -181,6 +181,50 @@ class ExperimentResult:
         hit = sig[(sig['measure'] == measure) & (sig['system'] == f'{dime}/{threshold}') & sig['significant']]
         return ''.join(mark for label, mark in MARKS.items() if hit['comparison'].str.startswith(label).any())
 
+    def answer_sources(self) -> List[str]:
+        """The LLM DIMEs of a run with several answer sources (``llm@<source>``, ``llm-eclipse@<source>``)."""
+        return [dime for dime in self.labels if '@' in dime]
+
+    def sources_table(self, controls: Sequence[str] = ('random', 'magnitude')) -> pd.DataFrame:
+        """One row per answer source of the LLM DIMEs: each measure at RDIME and at the CV Top-k, RDIME's mean kept
+        fraction, and RDIME's outcome (:data:`OUTCOMES`) against each same-budget control of ``controls`` that ran; a
+        Baseline row."""
+        values = self.table.set_index(['system', 'measure'])['value']
+        sig = self.significance[self.significance['family'] == 'controls'].set_index(
+            ['system', 'measure', 'comparison'])
+        controls = [c for c in controls if c + SAME_BUDGET in set(sig.index.get_level_values('comparison'))]
+        rows = []
+        for dime in self.answer_sources():
+            row = {'source': self.labels[dime]}
+            for measure in self.measures:
+                row[f'{measure} RDIME'] = f'{values[f"{dime}/RDIME", measure]:.4f}'
+                cv = values.get((f'{dime}/CV Top-k', measure))
+                row[f'{measure} CV Top-k (mean k)'] = ('n/a' if cv is None else
+                                                       f'{cv:.4f} ({self.mean_cv_fraction(dime, measure):.2f})')
+            row['RDIME kept'] = f'{self.mean_kept(dime, "RDIME"):.2f}'
+            for control in controls:
+                for measure in self.measures:
+                    key = (f'{dime}/RDIME', measure, control + SAME_BUDGET)
+                    row[f'vs {control} ({measure})'] = (outcome(sig.loc[key, 'verdict'], sig.loc[key, 'mean_diff'])
+                                                        if key in sig.index else 'n/a')
+            rows.append(row)
+        baseline = {f'{m} RDIME': f'{values["Baseline", m]:.4f}' for m in self.measures}
+        rows.append({'source': 'Baseline', **baseline})
+        return pd.DataFrame(rows).fillna('')
+
+    def sources_plot(self, path: Union[str, Path], controls: Sequence[str] = ('random', 'magnitude')) -> None:
+        """Each measure against the answer source: LLM DIME's RDIME and CV Top-k per source, with the Baseline and
+        RDIME's same-budget ``controls`` as lines."""
+        values = self.table.set_index(['system', 'measure'])['value']
+        dimes = self.answer_sources()
+        lines = {'RDIME': [f'{d}/RDIME' for d in dimes], 'CV Top-k': [f'{d}/CV Top-k' for d in dimes]}
+        lines.update({c + SAME_BUDGET: [f'{d}/RDIME:{c}' for d in dimes] for c in controls
+                      if f'{dimes[0]}/RDIME:{c}' in set(self.table['system'])})
+        curves = {measure: {name: [values.get((system, measure), np.nan) for system in systems]
+                            for name, systems in lines.items()} for measure in self.measures}
+        baseline = {m: values['Baseline', m] for m in self.measures}
+        figures.sources_plot([self.labels[d] for d in dimes], curves, baseline, self._title(), path)
+
     def to_markdown(self) -> str:
         s = self.settings
         lines = [f'# RDIME vs Top-k on {s["collection"]}', '',
@@ -249,6 +293,9 @@ class ExperimentResult:
             ('kept_fraction.png', self.boxplot),
             ('sweep.png', self.sweep_plot),
         ]
+        if len(self.answer_sources()) > 1:
+            writers += [('sources.md', lambda p: p.write_text(self.sources_table().to_markdown(
+                index=False, disable_numparse=True) + '\n', encoding='utf-8')), ('sources.png', self.sources_plot)]
         return write_outputs(out, writers)
 
     @classmethod

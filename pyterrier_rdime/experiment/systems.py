@@ -83,6 +83,29 @@ DIME_NAMES = ('prf', 'swc', 'llm', 'rank', 'rbf', 'sigmoid', 'eclipse', 'magnitu
               'active-neg')
 #: DIMEs that read an LLM answer per query: skipped, with a note, where there are none.
 NEEDS_ANSWERS = ('llm', 'llm-eclipse')
+#: The LLM answers of a run by source: source name -> (qid -> answer). The source ``''`` (the collection's own
+#: answers, or one file) keeps the DIME's plain name; a named source ``s`` makes the DIME ``llm@s``, ``LLM (s)``.
+AnswerSources = Dict[str, Dict[str, str]]
+
+
+def expand_dimes(dimes: Sequence[str], answers: Optional[AnswerSources]) -> Dict[str, Tuple[str, str]]:
+    """The grid's DIMEs: system name -> (DIME, answer source): each DIME of :data:`NEEDS_ANSWERS` once per answer
+    source (named ``<dime>@<source>``, or ``<dime>`` for the source ``''``), every other DIME once (source
+    ``''``)."""
+    expanded: Dict[str, Tuple[str, str]] = {}
+    for dime in dimes:
+        sources = list(answers or {}) if dime in NEEDS_ANSWERS else ['']
+        expanded.update({f'{dime}@{source}' if source else dime: (dime, source) for source in sources})
+    return expanded
+
+
+def _with_answers(frame: pd.DataFrame, source: str, answers: Optional[AnswerSources], dime: str) -> pd.DataFrame:
+    """``frame`` with the ``query_answer`` of ``source`` where ``dime`` reads answers."""
+    return LlmAnswers(answers=answers[source])(frame) if dime in NEEDS_ANSWERS else frame
+
+
+def _label(factories: dict, dime: str, source: str) -> str:
+    return f'{factories[dime][0]} ({source})' if source else factories[dime][0]
 
 
 def thresholds(ks: Sequence[float], modulators: Sequence[str], masses: Sequence[float] = ()
@@ -143,7 +166,7 @@ def oracle_importance(qrels: pd.DataFrame, judged_docnos: Sequence[str], queries
     return scored[['qid', 'query_dime']]
 
 
-def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, str]], dimes: Sequence[str],
+def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSources], dimes: Sequence[str],
                 stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], feedback: str,
                 depth: int, run: Runner, sweep: Sequence[float] = (), controls: Sequence[str] = (),
                 seeds: int = 1, records: Optional[SystemRecords] = None) -> Grid:
@@ -158,8 +181,6 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, s
     back where an interrupted run of the cell finished it."""
     records = records or SystemRecords()
     candidates = run(model.query_encoder() >> index.vec_loader(), first)
-    if answers is not None:
-        candidates = LlmAnswers(answers=answers)(candidates)
     # the feedback ranking, with its vectors, whether or not the Baseline's frame reads back
     dense = run(VectorScorer(), candidates)
     grid = Grid({}, {}, '')
@@ -169,11 +190,12 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, s
     factories = dime_factories(qrels, model)
     order = 'dense re-ranking (full query vector)' if feedback == 'dense' else 'first-stage order'
     notes = [f'Feedback documents: the top of the {order} of the top-{depth} candidates.']
-    for name in dimes:
-        if name == 'oracle':
+    expanded = expand_dimes(dimes, answers)
+    for name, (dime, answer_source) in expanded.items():
+        if dime == 'oracle':
             scored = source.merge(oracle_importance(qrels, judged, candidates, index.vec_loader(), run), on='qid')
         else:
-            scored = run(factories[name][1](True), source)
+            scored = run(factories[dime][1](True), _with_answers(source, answer_source, answers, dime))
         columns = {('frames', f'{name}/{column}'): stage for column, stage in stages.items()}
         for key, frame in records.frames(list(columns), lambda missing: (
                 (key, run(columns[key] >> VectorScorer(), scored)) for key in missing)).items():
@@ -202,12 +224,13 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[Dict[str, s
     if {'eclipse', 'llm-eclipse'} & set(dimes):
         notes.append(f'Eclipse negatives: the bottom 5 of the {order} of the top-{depth} candidates (the references: '
                      'the bottom of a 1000-deep dense run).')
-    grid.labels, grid.notes = {d: factories[d][0] for d in dimes}, notes + _qrels_notes(dimes)
+    grid.labels = {name: _label(factories, dime, src) for name, (dime, src) in expanded.items()}
+    grid.notes = notes + _qrels_notes(dimes)
     return grid
 
 
 def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, backend: str,
-                  answers: Optional[Dict[str, str]], dimes: Sequence[str], stages: Dict[str, pt.Transformer],
+                  answers: Optional[AnswerSources], dimes: Sequence[str], stages: Dict[str, pt.Transformer],
                   qrels: pd.DataFrame, judged: Sequence[str], num_results: int, run: Runner,
                   sweep: Sequence[float] = (), controls: Sequence[str] = (), seeds: int = 1,
                   records: Optional[SystemRecords] = None) -> Grid:
@@ -219,8 +242,6 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     (:func:`~.batched.search_together`): a few scans of the index instead of one per system."""
     records = records or SystemRecords()
     queries = run(model.query_encoder(), topics)
-    if answers is not None:
-        queries = LlmAnswers(answers=answers)(queries)
     grid = Grid({}, {}, f'dense retrieval ({backend}, top {num_results})')
     grid.put(BASELINE, records.frame(BASELINE, lambda: run(retriever, queries)))
     # the feedback ranking: the Baseline's documents beside the full query vectors, which its frame does not hold
@@ -230,20 +251,24 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     factories = dime_factories(qrels, model)
     notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {num_results}).']
 
+    expanded = expand_dimes(dimes, answers)
+
     @functools.lru_cache(maxsize=None)
     def scored(name: str) -> pd.DataFrame:
         """The DIME's importance per query, computed on the first system that needs it."""
-        if name == 'oracle':
+        dime, answer_source = expanded[name]
+        if dime == 'oracle':
             return queries.merge(oracle_importance(qrels, judged, queries, index.vec_loader(), run), on='qid')
-        if name in NO_FEEDBACK:
-            return run(factories[name][1](False), queries)
-        return run((index.vec_loader() >> factories[name][1](False)).compile(), retrieved)
+        if dime in NO_FEEDBACK:
+            return run(factories[dime][1](False), _with_answers(queries, answer_source, answers, dime))
+        return run((index.vec_loader() >> factories[dime][1](False)).compile(),
+                   _with_answers(retrieved, answer_source, answers, dime))
 
     def pruned(stage: pt.Transformer, source: Callable[[], pd.DataFrame]) -> Callable[[], pd.DataFrame]:
         return lambda: run(stage, source())
 
     searches: Dict[Key, Callable[[], pd.DataFrame]] = {}  # system -> its query frame, in the table's order
-    for name in dimes:
+    for name in expanded:
         source = functools.partial(scored, name)
         searches.update({('frames', f'{name}/{column}'): pruned(stage, source) for column, stage in stages.items()})
         searches.update({('sweep', (name, fraction)): pruned(TopK(fraction=fraction), source) for fraction in sweep})
@@ -265,7 +290,8 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     notes += _oracle_notes(dimes, qrels, judged, queries)
     if {'eclipse', 'llm-eclipse'} & set(dimes):
         notes.append(f'Eclipse negatives: the bottom 5 of the {num_results}-deep dense ranking.')
-    grid.labels, grid.notes = {d: factories[d][0] for d in dimes}, notes + _qrels_notes(dimes)
+    grid.labels = {name: _label(factories, dime, src) for name, (dime, src) in expanded.items()}
+    grid.notes = notes + _qrels_notes(dimes)
     return grid
 
 

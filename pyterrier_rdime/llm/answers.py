@@ -1,15 +1,22 @@
-"""LLM answers for LLM DIME: a stage that adds the generated answer of each query as ``query_answer``."""
+"""LLM answers for LLM DIME: a stage that adds the generated answer of each query as ``query_answer``, and the
+readers of answer files (``qid<TAB>answer``, and the published CSV ``qid,query,answer``)."""
+import csv
+import io
 import math
 import os
 import warnings
-from typing import Dict, Mapping, Union
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Union
 
 import pandas as pd
 import pyterrier as pt
 
-from .._config import ConfigTransformer, check_choice
-from .._frames import check_qids, check_qids_written_alike
-from .._tsv import read_qid_tsv
+from .._config import ConfigTransformer, check_choice, default_cache_dir
+from .._frames import check_qids, check_qids_written_alike, float_twin
+from .._tsv import read_qid_tsv, utf8_lines
+
+#: The first fields of a header row of a published CSV (DIME's gpt4_answers.csv: ``query_id,text,response``).
+_CSV_HEADERS = ('qid', 'query_id')
 
 
 def read_answers_tsv(path: Union[str, os.PathLike]) -> Dict[str, str]:
@@ -17,9 +24,76 @@ def read_answers_tsv(path: Union[str, os.PathLike]) -> Dict[str, str]:
 
     An answer may contain further tabs, or be empty (no answer); blank lines are skipped. A line without a tab, a
     qid that is empty or holds whitespace, a qid given twice or a file that is not UTF-8 is a ValueError naming the
-    file and line (see :func:`pyterrier_rdime._tsv.read_qid_tsv`, which also reads a collection's queries).
+    file and line (see :func:`pyterrier_rdime._tsv.read_qid_tsv`, which also reads a collection's queries), and so
+    is an integer qid written as a float (``1.0``): it would match no query, whose qids are read as written.
     """
-    return read_qid_tsv(path, what='answer', allow_empty=True)
+    answers = read_qid_tsv(path, what='answer', allow_empty=True)
+    floats = [qid for qid in answers if '.' in qid and float_twin(qid) is not None]
+    if floats:
+        line_no = next(n for n, line in utf8_lines(path) if line.partition('\t')[0] == floats[0])
+        raise ValueError(f'{path}:{line_no}: qid {floats[0]!r} is an integer written as a float, which matches no '
+                         f'query (qids are compared as written); write it as {float_twin(floats[0])!r} (a file '
+                         "written by pandas: read the qids with dtype={'qid': str})")
+    return answers
+
+
+def read_answers_csv(path: Union[str, os.PathLike]) -> Dict[str, str]:
+    """Read a published answers file (CSV ``qid,query,answer``, UTF-8, as Unveiling DIME and DIME publish them) into
+    a dict qid -> answer, in file order.
+
+    Fields follow CSV quoting: an answer in double quotes may span lines and hold commas, and ``""`` in it is one
+    ``"``. A first row whose first field is ``qid`` or ``query_id`` is a header and skipped. A row without exactly
+    three fields, an empty or repeated qid, or a qid written as a float is a ValueError naming the file and line.
+    """
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode('utf-8-sig')
+    except UnicodeDecodeError as e:
+        line_no = path.read_bytes()[:e.start].count(b'\n') + 1
+        raise ValueError(f'{path}:{line_no}: not UTF-8; convert the file to UTF-8') from None
+    reader = csv.reader(io.StringIO(text, newline=''), strict=True)
+    answers: Dict[str, str] = {}
+    first_line: Dict[str, int] = {}
+    line_no = 1
+    while True:
+        start = line_no
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise ValueError(f'{path}:{reader.line_num}: {e}; each record is qid,query,"answer" with any " in a quoted '
+                             'field doubled') from None
+        line_no = reader.line_num + 1
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        if start == 1 and row[0].strip().lower() in _CSV_HEADERS:
+            continue
+        if len(row) != 3:
+            raise ValueError(f'{path}:{start}: {len(row)} fields in {",".join(row)[:80]!r}; each record is '
+                             'qid,query,"answer" (quote a field that holds a comma, a quote or a line break)')
+        qid, _, answer = row
+        _check_csv_qid(path, start, qid, first_line)
+        first_line[qid] = start
+        answers[qid] = answer
+    return answers
+
+
+def _check_csv_qid(path: Path, line_no: int, qid: str, seen: Dict[str, int]) -> None:
+    if not qid or qid.split() != [qid]:
+        raise ValueError(f'{path}:{line_no}: qid {qid!r} is empty or holds whitespace; each record is '
+                         'qid,query,"answer"')
+    if '.' in qid and float_twin(qid) is not None:
+        raise ValueError(f'{path}:{line_no}: qid {qid!r} is an integer written as a float, which matches no query; '
+                         f'write it as {float_twin(qid)!r}')
+    if qid in seen:
+        raise ValueError(f'{path}:{line_no}: qid {qid!r} is also on line {seen[qid]}; give each qid one answer')
+
+
+def missing_answers(answers: Mapping[str, Optional[str]], qids) -> list:
+    """The qids of ``qids`` (in their order) that ``answers`` does not answer (absent, ``None`` or blank)."""
+    return [qid for qid in dict.fromkeys(qids)
+            if not isinstance(answers.get(qid), str) or not answers[qid].strip()]
 
 
 class LlmAnswers(ConfigTransformer):
@@ -68,6 +142,20 @@ class LlmAnswers(ConfigTransformer):
     def from_tsv(cls, path: Union[str, os.PathLike], *, missing: str = 'fallback') -> 'LlmAnswers':
         """Answers from a ``qid<TAB>answer`` file, such as ``llm_answers.tsv`` of msmarco-dl19-pool."""
         return cls(answers=read_answers_tsv(path), missing=missing)
+
+    @classmethod
+    def published(cls, name: str, dataset: str, *, cache: Optional[Union[str, os.PathLike]] = None,
+                  missing: str = 'fallback') -> 'LlmAnswers':
+        """Published answers by name: ``name`` (e.g. ``'gpt-4'``, ``'qwen2.5-3b'``; see
+        :data:`~pyterrier_rdime.llm.published.CATALOGUE`) for the query set ``dataset`` (an ir_datasets id,
+        ``irds:`` optional, e.g. ``'msmarco-passage/trec-dl-2020/judged'``). The file is downloaded once into the
+        cache folder (default: :func:`~pyterrier_rdime._config.default_cache_dir`), checked on every
+        use (:func:`~pyterrier_rdime.llm.published.fetch`) and parsed with :func:`read_answers_csv`.
+        """
+        from .published import fetch, published_entry
+        entry = published_entry(name, dataset)
+        path = fetch(entry, default_cache_dir() if cache is None else cache)
+        return cls(answers=read_answers_csv(path), missing=missing)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.columns(inp, includes=['qid'], context=self)
