@@ -12,6 +12,8 @@ from pyterrier_rdime.experiment.dense_cache import dense_index
 from pyterrier_rdime.experiment.encoders import load_encoder
 from pyterrier_rdime.experiment.first_stage import bm25
 
+pytestmark = pytest.mark.slow  # encodes a real collection with MiniLM
+
 NUM_QUERIES = 15
 DEPTH = 20
 
