@@ -89,16 +89,21 @@ def test_the_sweep_carries_the_random_curve(result, tmp_path):
     assert (tmp_path / 'sweep.png').stat().st_size > 0
 
 
-def test_vector_prf_rows_equal_pyterrier_dr_run_by_hand(small, result):
-    """pyterrier-dr's VectorPrf and AveragePrf on the dense top of the candidates, each re-scoring the candidates,
-    measured with pt.Experiment, computed here without the runner."""
+def _encoded_candidates(small):
+    """The MiniLM model, the collection's BM25 run and topics, and each candidate's vector, encoded here."""
     model = load_encoder('minilm')
     run = pd.read_csv(small / 'bm25.run', sep=' ', names=['qid', 'q0', 'docno', 'rank', 'score', 'tag'],
                       dtype={'qid': str, 'docno': str})
     topics = pd.read_csv(small / 'queries.tsv', sep='\t', names=['qid', 'query'], dtype=str)
     texts = {d['docno']: d['text'] for d in map(json.loads, (small / 'docs.jsonl').read_text().splitlines())}
     docnos = list(dict.fromkeys(run['docno']))
-    doc_vecs = dict(zip(docnos, model.encode_docs([texts[d] for d in docnos])))
+    return model, run, topics, dict(zip(docnos, model.encode_docs([texts[d] for d in docnos])))
+
+
+def test_vector_prf_rows_equal_pyterrier_dr_run_by_hand(small, result):
+    """pyterrier-dr's VectorPrf and AveragePrf on the dense top of the candidates, each re-scoring the candidates,
+    measured with pt.Experiment, computed here without the runner."""
+    model, run, topics, doc_vecs = _encoded_candidates(small)
     queries = model.query_encoder()(topics)
     candidates = run[['qid', 'docno']].merge(queries, on='qid')
     candidates['doc_vec'] = candidates['docno'].map(doc_vecs)
@@ -187,17 +192,11 @@ def test_the_rerank_variance_control_reads_the_candidates_whatever_the_cache_hol
     pd.testing.assert_frame_equal(before.perquery[before.perquery['system'].isin(variance)].reset_index(drop=True),
                                   after.perquery[after.perquery['system'].isin(variance)].reset_index(drop=True))
     # the expectation computed here: the candidates' own vectors, ranked with SameBudget over them
-    model = load_encoder('minilm')
-    run = pd.read_csv(small / 'bm25.run', sep=' ', names=['qid', 'q0', 'docno', 'rank', 'score', 'tag'],
-                      dtype={'qid': str, 'docno': str})
-    topics = pd.read_csv(small / 'queries.tsv', sep='\t', names=['qid', 'query'], dtype=str)
-    texts = {d['docno']: d['text'] for d in map(json.loads, (small / 'docs.jsonl').read_text().splitlines())}
-    docnos = list(dict.fromkeys(run['docno']))
-    doc_vecs = dict(zip(docnos, model.encode_docs([texts[d] for d in docnos])))
+    model, run, topics, doc_vecs = _encoded_candidates(small)
     candidates = run[['qid', 'docno']].merge(model.query_encoder()(topics), on='qid')
     candidates['doc_vec'] = candidates['docno'].map(doc_vecs)
     dense = VectorScorer()(candidates)
-    control = PrfDime() >> Rdime() >> SameBudget(control='variance', index=np.stack([doc_vecs[d] for d in docnos]))
+    control = PrfDime() >> Rdime() >> SameBudget(control='variance', index=np.stack(list(doc_vecs.values())))
     ranked = (control >> VectorScorer())(dense)
     qrels = pd.read_csv(small / 'qrels', sep=' ', names=['qid', 'iter', 'docno', 'label'],
                         dtype={'qid': str, 'docno': str})
