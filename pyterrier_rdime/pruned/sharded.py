@@ -55,7 +55,7 @@ class ShardServer:
             pass
 
     def _use_threads(self) -> None:
-        """Set numba's threads: the setting is per thread, and Ray runs methods on a thread other than ``__init__``'s."""
+        """Set numba's threads: the setting is per thread, and Ray runs methods on another thread than ``__init__``."""
         if kept.NUMBA_AVAILABLE:
             import numba
             numba.set_num_threads(self.threads)
