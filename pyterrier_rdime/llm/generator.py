@@ -104,7 +104,6 @@ class LlmGenerator(ConfigTransformer):
         if self.cache is not False:  # a cache that cannot be written fails here, not after the first batch
             AnswerCache(self.cache_folder(), stage)
 
-    # ------------------------------------------------------------------ transform
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.columns(inp, includes=['qid', 'query'], context=self)
         if not len(inp):
@@ -153,7 +152,6 @@ class LlmGenerator(ConfigTransformer):
                     progress.close()
         return {q: found[q] for q in queries}
 
-    # ------------------------------------------------------------------ cache
     def model_id(self) -> str:
         """The model's identity in the cache key (see :func:`~pyterrier_rdime.llm._hf.model_identity`)."""
         return model_identity(self.model)
@@ -184,7 +182,6 @@ class LlmGenerator(ConfigTransformer):
         folder = self.cache_folder()
         return None if folder is None else folder / CACHE_FILE
 
-    # ------------------------------------------------------------------ generation
     def _generate(self, queries: List[str]) -> List[str]:
         """Generate answers for a batch of query texts (no cache)."""
         loaded = self._loaded()
