@@ -1,7 +1,5 @@
-"""The files this package keeps beside a pyterrier-dr FlexIndex (where they go, how the vectors are streamed and read)
-and the first of them, :func:`vector_stats`: the shared helpers of the stages that read an index (``SameBudget``'s
-variance control) and of the retriever's on-disk copies (:mod:`pyterrier_rdime.pruned`), below both. Each is kept by
-the one protocol of :mod:`pyterrier_rdime.store`.
+"""The files this package keeps beside a pyterrier-dr FlexIndex: where they go, how the vectors are streamed and read,
+and :func:`vector_stats`.
 """
 import contextlib
 import hashlib
@@ -20,22 +18,20 @@ from .flex_index import check_whole
 LAYOUT_NAME = 'rdime.dim_major.npy'
 #: The files of a FlexIndex that derived files are made from: the vectors, and the docnos (checked for repeats).
 SOURCES = ('vecs.f4', 'docnos.npids')
-#: Documents per block of a streaming pass over the vectors (``block x dims x 4`` bytes: 96 MiB at 768 dimensions).
+#: Documents per block of a streaming pass over the vectors (``block x dims x 4`` bytes).
 STREAM_BLOCK = 32768
 
 
 def portable_index(index: object) -> object:
-    """The index as it should travel to another process: a FlexIndex reopened by path (pickling a FlexIndex whose
-    vectors are open would copy them all, as a plain array), an array as it is."""
+    """The index as it should travel to another process: a FlexIndex by path (not its open vectors)."""
     if isinstance(index, np.ndarray) or not hasattr(index, 'index_path'):
         return index
     return type(index)(str(index.index_path), sim_fn=index.sim_fn, verbose=index.verbose)
 
 
 def flex_layout_path(index: object) -> Path:
-    """Where the layout of a FlexIndex is (or will be) stored, and beside it every other derived file: in the index
-    folder if a layout is there or the folder is writable, else in ``default_cache_dir()/layouts`` under a name keyed
-    by the index's resolved path and size."""
+    """Where a FlexIndex's layout, and beside it every derived file, is stored: the index folder if writable, else
+    ``default_cache_dir()/layouts``."""
     folder = Path(index.index_path)
     beside, source = os.path.join(folder, LAYOUT_NAME), os.path.join(folder, 'vecs.f4')
     if os.path.exists(beside) or os.access(folder, os.W_OK) or not os.path.isfile(source):  # not built: no write
@@ -45,8 +41,7 @@ def flex_layout_path(index: object) -> Path:
 
 
 def check_finite(rows: np.ndarray, start: int, docnos: Optional[object], stage: str, source: str) -> None:
-    """Fails, naming the first document (docno and docid) with a NaN or infinite value: it would score NaN, and a
-    NaN score cannot be ranked against real ones."""
+    """Fails, naming the first document (docno and docid) with a NaN or infinite value (it would score NaN)."""
     finite = np.isfinite(rows).all(axis=1)
     if not finite.all():
         docid = start + int(np.argmin(finite))
@@ -58,11 +53,8 @@ def check_finite(rows: np.ndarray, start: int, docnos: Optional[object], stage: 
 
 @contextlib.contextmanager
 def row_reader(vecs: np.ndarray):
-    """``read(start, stop) -> (stop - start, dims) float32`` rows of ``vecs``; a C-ordered float32 memory map is
-    read with plain file reads, so its pages do not pile up in this process, and each block is then dropped from the
-    page cache (``POSIX_FADV_DONTNEED``): a streaming pass over MS MARCO's 27 GB of vectors would otherwise mark
-    them as the page cache's working set and evict the int8 copy the searches need (measured in the scale
-    rehearsal: its first searches read the copy back from disk)."""
+    """``read(start, stop) -> (stop - start, dims) float32`` rows of ``vecs``; a memory map is read with plain file
+    reads, each block then dropped from the page cache, so a streaming pass does not evict what the searches need."""
     filename = getattr(vecs, 'filename', None)
     if isinstance(vecs, np.memmap) and filename and vecs.dtype == np.float32 and vecs.flags.c_contiguous:
         row_bytes = vecs.shape[1] * 4
@@ -82,12 +74,8 @@ def row_reader(vecs: np.ndarray):
 
 
 class RowFile:
-    """The rows of a C-ordered float32 memory map (a FlexIndex's ``vecs.f4``) read by ``rows[docids]`` through a
-    memory map of their own, advised ``MADV_RANDOM``: reading a few scattered rows through the index's own map faults
-    in the kernel's read-ahead around each (128 KiB or more per 3 KiB row at 768 dimensions), which made the exact
-    re-scoring of the compressed path read ~1 GB/s from disk at 8.8M documents for a few MB of rows; without
-    read-ahead a row out of the page cache costs its own page or two, and one in it a memory copy (a ``pread`` per
-    row, the first fix, cost ~8 us a row: 1-2 ms per query of a top-100, 10-15 % of a query at 1M documents)."""
+    """The rows of a float32 memory map (a FlexIndex's ``vecs.f4``) read by ``rows[docids]`` through a map of their
+    own, advised ``MADV_RANDOM``: the kernel's read-ahead around scattered rows would read far more than them."""
 
     def __init__(self, vecs: np.memmap):
         self.filename, self.offset, self.shape = vecs.filename, vecs.offset, vecs.shape
@@ -109,11 +97,8 @@ class RowFile:
 
 
 def vector_stats(index: object, *, stage: str, verbose: bool = False) -> Dict[str, np.ndarray]:
-    """``{'abs_max', 'variance'}``: the largest absolute value and the population variance of each dimension over the
-    document vectors of a FlexIndex (float64 ``(dims,)`` each), from one streaming pass (a progress bar with
-    ``verbose``; a document with NaN or inf is an error naming it), kept in a record beside the layout
-    (``rdime.dim_major.stats.json``) with the fingerprint of ``vecs.f4``: later calls, in this process or another,
-    only ``stat`` the vectors (:func:`pyterrier_rdime.store.derived`)."""
+    """``{'abs_max', 'variance'}`` of each dimension over a FlexIndex's vectors (float64), from one streaming pass,
+    kept in ``rdime.dim_major.stats.json``; later calls only ``stat`` the vectors."""
     folder = Path(index.index_path)
 
     def build(path: Path) -> Dict[str, list]:

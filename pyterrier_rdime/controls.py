@@ -19,12 +19,9 @@ class SameBudget(ConfigTransformer):
     (``query_kept``), chosen by a rule that ignores the DIME importance; the query vector is the original ``q``
     (``query_vec_full``) on those dimensions and 0 elsewhere. It says how much the DIME's choice adds over that rule.
 
-    Controls: ``'random'`` (a uniform draw fixed by ``seed`` and the qid; report the mean over seeds), ``'magnitude'``
-    (the largest ``q_j^2``), ``'variance'`` (the dimensions of largest variance over ``index``'s document vectors, one
-    global order, cached for a FlexIndex; the runner passes the run's candidates when re-ranking, the corpus when
-    retrieving), ``'prefix'`` (the first dimensions, Matryoshka truncation). Ties keep the lower index.
-    ``query_mean_weight`` becomes 1.0; the threshold's other columns pass through. pt_docs/thresholds.rst, "Same-budget
-    controls", has the details.
+    Controls: ``'random'`` (fixed by ``seed`` and the qid), ``'magnitude'`` (largest ``q_j^2``), ``'variance'``
+    (largest variance over ``index``'s documents), ``'prefix'`` (Matryoshka truncation). Ties keep the lower index.
+    Details: pt_docs/thresholds.rst, "Same-budget controls".
 
     Args:
         control: ``'random'``, ``'magnitude'``, ``'variance'`` or ``'prefix'``.
@@ -115,13 +112,8 @@ class SameBudget(ConfigTransformer):
 
 
 def document_variance(index: object, *, stage: str = 'SameBudget') -> np.ndarray:
-    """The variance of each dimension over the document vectors of ``index`` (float64, (p,)).
-
-    For an array, computed on the spot. For a pyterrier-dr FlexIndex, the index's cached vector statistics
-    (:func:`pyterrier_rdime._index_files.vector_stats`: one streaming pass on first use, a JSON record beside the
-    index with the fingerprint of ``vecs.f4``); later calls only ``stat`` the vectors, and a changed file (size, time
-    or inode moved, then its content hashed) is seen and its statistics recomputed.
-    """
+    """The variance of each dimension over the document vectors of ``index`` (float64, (p,)); for a FlexIndex from
+    its cached statistics (:func:`pyterrier_rdime._index_files.vector_stats`)."""
     if isinstance(index, np.ndarray):
         return _variance(index, stage, 'the array index')
     return vector_stats(index, stage=stage)['variance']

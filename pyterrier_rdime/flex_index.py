@@ -1,21 +1,15 @@
-"""Whether a pyterrier-dr FlexIndex folder holds a whole index: ``FlexIndex.built()`` only checks that the folder
-exists, so an indexing run stopped half way (Ctrl-C, a failed download) leaves a folder that ``built()`` accepts and
-every later search fails on (``FileNotFoundError: …/pt_meta.json``). The package's one answer to "is this FlexIndex
-whole": the retrievers, the statistics and the dense-vector cache all ask :func:`flex_index_problem`."""
+"""Whether a pyterrier-dr FlexIndex folder holds a whole index (``FlexIndex.built()`` accepts a half-written one)."""
 import json
 import os
 from pathlib import Path
 from typing import Optional, Union
 
-#: The files of a FlexIndex, in the order pyterrier-dr's indexer finishes them: the vectors and the docnos while it
-#: reads the documents, ``pt_meta.json`` (the vector size and the document count) last.
+#: The files of a FlexIndex, in the order pyterrier-dr's indexer finishes them (``pt_meta.json`` last).
 FLEX_FILES = ('vecs.f4', 'docnos.npids', 'pt_meta.json')
 
 
 def flex_index_problem(index: Union[object, str, os.PathLike]) -> Optional[str]:
-    """Why ``index`` (a pyterrier-dr ``FlexIndex`` or its folder) is not a whole index, in words, or ``None`` when it
-    is: its folder exists, ``pt_meta.json`` reads as JSON with ``vec_size`` and ``doc_count``, ``vecs.f4`` holds
-    exactly ``doc_count x vec_size`` float32 values and ``docnos.npids`` ``doc_count`` docnos."""
+    """Why ``index`` (a ``FlexIndex`` or its folder) is not a whole index, in words, or ``None`` when it is."""
     folder = Path(getattr(index, 'index_path', index))
     if not folder.is_dir():
         return f'{folder} does not exist'
@@ -44,10 +38,8 @@ def flex_index_problem(index: Union[object, str, os.PathLike]) -> Optional[str]:
 
 
 def flex_index_complete(index: Union[object, str, os.PathLike]) -> bool:
-    """``True`` when ``index`` (a pyterrier-dr ``FlexIndex`` or its folder) holds a whole index; ``False`` when the
-    folder is missing or was left half written (see :func:`flex_index_problem` for why). Use it instead of
-    ``FlexIndex.built()``, which is ``True`` as soon as the folder exists, and rebuild with ``mode='overwrite'``,
-    which replaces a half-written folder.
+    """Whether ``index`` (a ``FlexIndex`` or its folder) holds a whole index; use it instead of ``FlexIndex.built()``,
+    which is ``True`` as soon as the folder exists.
 
     Example::
 

@@ -1,19 +1,7 @@
-"""The one store of the files this package derives and keeps (the float32 layout and the int8 copy of an index, its
-vector statistics and docno check, the dense-vector cache's records, a grid's progress, the measured timings): one
-protocol, after pyterrier-alpha's ``Artifact`` (built once, atomically, then only read):
-
-- **atomic write** (:func:`atomic_open`): a hidden temporary file renamed into place; a reader sees the old file or
-  the new one, and a failed or killed write leaves at most a temporary file, removed by the next builder;
-- **checksummed record** (:func:`write_record`, :func:`read_record`): a header line naming the record's kind, length
-  and SHA-256, then its content; a record cut short, edited (one byte), or of another kind is :class:`Damaged`;
-- **identity of a file** (:func:`stat_fields`): size, modification time, inode change time (ctime) and inode. Any
-  write sets the ctime, which, unlike the mtime (``touch -r``, ``os.utime``), cannot be set back; a source whose
-  stat moved is hashed in full (:func:`fingerprint`), so new times on the same content keep what was built from it;
-- **lock** (:func:`locked`): one builder at a time, across threads and processes;
-- **check on use, rebuild when stale or damaged** (:func:`derived`): a derived file and its record are checked by
-  ``stat`` on every use (a few microseconds), and rebuilt, with a warning naming the reason, when a source changed
-  or anything is missing, damaged or unreadable; a stale file is removed before the rebuild, so that it neither
-  fools nor crowds out (a full disk) the next build.
+"""The one store of the files this package derives and keeps, after pyterrier-alpha's ``Artifact``: atomic writes
+(:func:`atomic_open`), checksummed records (:func:`write_record`), file identity by ``stat`` including the ctime
+(:func:`stat_fields`, :func:`fingerprint`), one builder at a time (:func:`locked`), and check on every use, rebuild
+with a warning when stale or damaged (:func:`derived`).
 """
 import contextlib
 import hashlib
@@ -45,9 +33,8 @@ class Damaged(ValueError):
 
 @contextlib.contextmanager
 def atomic_open(path: Union[str, os.PathLike], mode: str = 'w') -> Iterator[IO]:
-    """Opens a hidden temporary file beside ``path`` (``.<name>.<random>.tmp``, text as UTF-8 unless ``mode`` has
-    ``'b'``) and moves it onto ``path`` when the block ends; when the block raises, the temporary file is removed and
-    ``path`` is left as it was. Unlike ``pt.io.finalized_open``, the file is created under the umask.
+    """Opens a hidden temporary file beside ``path`` and moves it onto ``path`` when the block ends (removed if it
+    raises). Unlike ``pt.io.finalized_open``, the file is created under the umask.
 
     Example::
 
@@ -110,8 +97,7 @@ def stat_fields(path: Path) -> dict:
 
 
 def snapshot(paths: Sequence[Union[str, os.PathLike]]) -> tuple:
-    """The stat identity of each path (None where it cannot be read): equal snapshots mean no file was written,
-    replaced or touched in between. Called on every use of a derived file, so it stays a bare ``stat``."""
+    """The stat identity of each path (None where unreadable): equal snapshots mean no file changed in between."""
     identities = []
     for path in paths:
         try:
@@ -128,8 +114,7 @@ _HASHED: Dict[Path, dict] = {}
 
 
 def fingerprint(source: Path) -> dict:
-    """:func:`stat_fields` and the SHA-256 of a file, hashed once per process while its stat stays the same; the
-    stat is taken first, so a change while hashing shows as a changed ctime on the next check."""
+    """:func:`stat_fields` and the SHA-256 of a file, hashed once per process while its stat stays the same."""
     fields = stat_fields(source)
     key = Path(source).resolve()
     if _HASHED.get(key, {}).items() >= fields.items():
@@ -148,10 +133,8 @@ def fingerprint(source: Path) -> dict:
 
 
 def sources_problem(recorded: Dict[str, dict], folder: Path, *, verify: bool) -> Tuple[Optional[str], Dict[str, dict]]:
-    """``(problem, refreshed)`` for the sources a derived file recorded (name -> :func:`fingerprint`): ``problem`` is
-    None while every source is unchanged (``stat`` first; a full hash where a time or the inode moved and ``verify``
-    is set, else that is the problem); ``refreshed`` holds the new fingerprints of sources whose content is the same
-    but whose stat moved, for the record, so that the next use need not hash again."""
+    """``(problem, refreshed)`` for a derived file's recorded sources: ``problem`` None while all are unchanged (a
+    moved stat is hashed when ``verify``); ``refreshed`` the new fingerprints of same-content sources."""
     moved = {}
     for name, built_from in recorded.items():
         try:
@@ -177,9 +160,8 @@ _THREAD_LOCKS: Dict[Path, threading.Lock] = {}
 
 @contextlib.contextmanager
 def locked(path: Path):
-    """Held while the entry ``path`` is checked and built: one builder at a time, in this process and (``flock`` on
-    ``.<name>.lock`` beside it, where the folder is writable) in others. What a killed builder left (temporary
-    files of :func:`atomic_open`, folders of ``pt.io.finalized_directory``) is removed, as no builder is running."""
+    """Held while the entry ``path`` is checked and built: one builder at a time, across threads and processes
+    (``flock``); removes what a killed builder left."""
     path = Path(path)
     with _REGISTRY_LOCK:
         thread_lock = _THREAD_LOCKS.setdefault(path, threading.Lock())
@@ -206,15 +188,10 @@ def derived(path: Path, kind: str, *, folder: Path, sources: Sequence[str], buil
             open_with: Callable[[Path, dict], object] = lambda path, content: content,
             check: Callable[[Path, dict], Optional[str]] = lambda path, content: None,
             before_build: Callable[[], None] = lambda: None, what: str, stage: str, data: bool = True) -> object:
-    """The file derived from the ``sources`` files of ``folder`` at ``path``, opened by ``open_with(path, content)``
-    (every caller in this process gets the same value while nothing changed: a ``stat`` of each file per call).
-
-    Its record (``path`` itself when ``data`` is False, else beside it with the suffix ``.json``) holds the sources'
-    fingerprints, the identity of the data file and ``content``. When that record is missing or damaged, a source
-    changed, the data file is not the one recorded, or ``check(path, content)`` gives a reason, ``before_build()``
-    checks the sources, the old files are removed, and ``build(path)`` writes the data file (atomically) and returns
-    the content, with a warning (naming ``what``, ``stage`` and the reason) where an old one was there. With
-    ``build=None``, None then.
+    """The file derived from ``sources`` at ``path``, opened by ``open_with(path, content)`` (cached while the
+    ``stat`` of each file is unchanged). Its record (``path`` + ``.json``, or ``path`` itself when ``data`` is False)
+    holds the sources' fingerprints and ``content``; when anything is stale, damaged or ``check`` objects,
+    ``build(path)`` rebuilds it, with a warning naming ``what``, ``stage`` and the reason (``build=None``: None).
     """
     record = path.with_suffix('.json') if data else path
     own = [str(path), str(record)] if data else [str(path)]

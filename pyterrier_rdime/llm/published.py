@@ -1,11 +1,6 @@
-"""The catalogue of published LLM answers (:data:`CATALOGUE`), declared as data, and the one download of a
-catalogued file into the package cache.
-
-Each entry is one file at a commit-pinned URL: the answers of one LLM to the queries of one query set (an ir_datasets
-id), from Unveiling DIME (Campagnano, Mallia, Silvestri, SIGIR 2025) or DIME (Faggioli et al., SIGIR 2024). The
-format is CSV ``qid,query,answer`` (:func:`~.answers.read_answers_csv`). Where the sha256 of the file's bytes is
-known it is checked on download and on every use; where it is not (``None``), the parsed answers are checked against
-the queries instead, and the sha256 of the first download is recorded and checked on every later use."""
+"""The catalogue of published LLM answers (:data:`CATALOGUE`: one commit-pinned CSV per LLM and query set, from
+Unveiling DIME, SIGIR 2025, or DIME, SIGIR 2024), and the one download of a catalogued file into the package cache,
+checked by sha256 (the catalogue's, else the first download's) on every use."""
 import hashlib
 import os
 import tempfile
@@ -69,8 +64,7 @@ _UNVEILING_FOLDERS = {
     DL_HARD: 'llm_docs/msmarco-passage/msmarco-passage_trec-dl-hard',
     ROBUST04: 'llm_docs/disks45_nocr_trec-robust-2004/disks45_nocr_trec-robust-2004',
 }
-#: The sha256 of the DL19 files as copied into ../shared/data (their SOURCES.md): of the source text, not checked
-#: against a download here (no network). The other files' are unknown here.
+#: The sha256 of the DL19 files as copied into ../shared/data (their SOURCES.md); the others' are unknown.
 _DL19_SHA256 = {
     'gpt-4': 'd4188817e27d43e12043134941a8fed31c5a57287da2b6aa36eb8083e775f7ae',
     'gpt-4o': '6f5669b196d7a841e413a586a5b4fbe6c86bb4a2958c14dfd58fddf2546ec54c',
@@ -124,10 +118,8 @@ def cached_path(entry: Published, cache_dir: Union[str, os.PathLike]) -> Path:
 
 
 def fetch(entry: Published, cache_dir: Union[str, os.PathLike]) -> Path:
-    """``entry``'s file in the cache, downloaded once (written whole, then renamed into place) and checked on every
-    use: against the catalogue's sha256 where it is known, else against the sha256 recorded at the first download
-    (``<file>.sha256``). A file that fails the check is downloaded again; offline, a file not in the cache is one
-    ``ConnectionError`` line naming the URL, where to put the file, and ``--answers FILE``."""
+    """``entry``'s file in the cache, downloaded once atomically and checked by sha256 on every use (downloaded again
+    if it fails); offline, a missing file is one ``ConnectionError`` line naming the URL and the fix."""
     path = cached_path(entry, cache_dir)
     if path.is_file() and _matches(path, entry):
         return path
@@ -154,8 +146,7 @@ def fetch(entry: Published, cache_dir: Union[str, os.PathLike]) -> Path:
 
 
 def _matches(path: Path, entry: Published) -> bool:
-    """Whether the cached file holds the catalogued bytes (or, where the catalogue has no sha256, the bytes
-    recorded at its download; a file put there by hand without a record is taken and recorded)."""
+    """Whether the cached file holds the catalogued bytes (else those recorded at its download)."""
     actual = hashlib.sha256(path.read_bytes()).hexdigest()
     if entry.sha256 is not None:
         return actual == entry.sha256

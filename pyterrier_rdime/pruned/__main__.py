@@ -20,9 +20,8 @@ EXAMPLE_DOCS, EXAMPLE_DIMS, EXAMPLE_K = 1_000_000, 768, 100
 
 
 def summary(fitted: CostModel, path: str, seconds: float) -> str:
-    """What a calibration means, in words: where it was saved, and for one query over a ``EXAMPLE_DOCS x
-    EXAMPLE_DIMS`` float32 index, the time of a dense search and each exact path's estimated cost relative to it at
-    25, 50 and 75 % of the dimensions kept, with the path ``strategy='auto'`` takes."""
+    """A calibration in words: where it was saved, a dense search's time over the example index, and each path's
+    relative cost at 25, 50 and 75 % of the dimensions kept."""
     matrix_bytes = EXAMPLE_DOCS * EXAMPLE_DIMS * 4
     lines = [f"Calibrated the cost model of PrunedRetriever(strategy='auto') in {seconds:.0f} s; saved to {path}",
              '(read by every process on this machine with these thread counts; run this command again to replace it).',

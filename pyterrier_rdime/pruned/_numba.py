@@ -11,14 +11,11 @@ import numpy as np
 from .plan import kept_dims
 from .topk import Result, merge_heaps
 
-#: Documents per block of the score vector for one query: the block's scores (64 KiB) stay in the L2 cache while
-#: every kept row adds to them, and each row segment read is long enough (64 KiB) for the hardware prefetcher.
+#: Documents per block of one query's scores: 64 KiB, held in L2 while every kept row adds to them.
 BLOCK_DOCS = 16384
-#: Dimensions per tile for a batch: a tile of ``TILE_DIMS x block`` values is read from memory once and re-used from
-#: the cache by every query of the batch.
+#: Dimensions per tile for a batch: read from memory once, re-used from the cache by every query.
 TILE_DIMS = 32
-#: For a batch, the block is narrowed until a tile and the scores of every query, ``(TILE_DIMS + queries) x block``
-#: floats, fit in this many floats (768 KiB: most of a 1 MiB L2 cache).
+#: For a batch, ``(TILE_DIMS + queries) x block`` floats must fit in this many (768 KiB: most of a 1 MiB L2).
 BATCH_CACHE_FLOATS = 196608
 #: Document blocks per thread: more, smaller chunks balance the work when another process takes a core.
 CHUNKS_PER_THREAD = 4
@@ -41,14 +38,9 @@ if hasattr(os, 'register_at_fork'):
 
 
 def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pass: bool) -> Result:
-    """The compiled path of :func:`.kept.search_pruned`. The documents are cut into chunks, the tasks of a parallel loop
-    (several per thread, for balance when another process takes a core); a chunk is scored block by block, each
-    block's scores held in the cache while the kept rows are added to them (eight rows per pass over the block), then
-    pushed into the chunk's top-k heap. A batch is scored either one query after the other (each streams only its
-    kept rows) or in one pass (``one_pass``, as the call's :class:`.plan.Plan` says): blocks narrow enough for the
-    scores of every query to stay in the L2 cache, rows taken in tiles of ``TILE_DIMS`` dimensions that every query
-    re-reads from the cache, so the matrix is read from memory once per batch. The chunks' heaps are merged at the
-    end."""
+    """The compiled path of :func:`.kept.search_pruned`: parallel chunks of documents, each scored block by block in
+    the cache and pushed into the chunk's top-k heap. With ``one_pass`` a batch shares tiles of ``TILE_DIMS`` rows, so
+    the matrix is read from memory once per batch."""
     if len(query_vecs) > 1 and not one_pass:
         results = [fused_top_k(dim_major, query_vec[None], k, one_pass=True) for query_vec in query_vecs]
         return [r[0][0] for r in results], [r[1][0] for r in results]
@@ -68,10 +60,8 @@ def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pa
 
 
 def approximate_top_k(codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, k: int):
-    """The first pass of the compressed path (:func:`.compressed.search_compressed`) for one query: the approximate
-    score ``sum_r weights[r] * codes[dims[r], d]`` of every document ``d`` of a dimension-major int8 ``(dims, docs)``
-    matrix, in float32 (the same chunks, blocks and eight-row passes as :func:`fused_top_k`, reading a quarter of
-    its bytes), and the docids of the ``k`` best of them. Returns ``(approx, docids)``."""
+    """The compressed path's first pass for one query: ``(approx, docids)``, the float32 score ``sum_r weights[r] *
+    codes[dims[r], d]`` of every document and the ``k`` best docids."""
     n_docs = codes.shape[1]
     k = min(k, n_docs)
     approx = np.empty(n_docs, dtype=np.float32)
@@ -82,9 +72,7 @@ def approximate_top_k(codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, 
     return approx, merge_heaps(heap_s, heap_i, k)[1][0]
 
 
-#: The candidates buffer of :class:`IntegerCandidates` holds this many documents per result (and at least
-#: ``MIN_CANDIDATES``): a query keeps ~1.1 per result in the benchmarks' data, plus those seen while its running k-th
-#: best was still low, which compaction drops.
+#: Candidates buffered per result by :class:`IntegerCandidates` (at least ``MIN_CANDIDATES``).
 CANDIDATES_PER_RESULT = 4
 MIN_CANDIDATES = 4096
 #: Below every integer score (``|score| < 2 ** 31``) with room for the slack below it: the heaps start full of it.
@@ -92,11 +80,8 @@ EMPTY_SCORE = -2 ** 62
 
 
 class IntegerCandidates:
-    """The compiled first pass of the compressed one pass (:func:`.compressed.integer_candidates`): per query a heap of
-    its ``k`` best integer scores and a buffer of its candidates, every document whose integer score reaches the
-    running k-th best less ``slack[q]`` (compacted to the current k-th best less ``slack`` when full); one query per
-    task of a parallel loop, slab after slab. A query whose buffer is still full after compaction overflows: its
-    candidates are then incomplete, and the caller scores it another way."""
+    """The compiled :func:`.compressed.integer_candidates`: per query a heap of its ``k`` best integer scores and a
+    buffer of candidates within ``slack[q]`` of the running k-th best; a buffer full after compaction overflows."""
 
     def __init__(self, n_queries: int, k: int, slack: np.ndarray):
         capacity = max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES)
@@ -168,9 +153,8 @@ def _push_block(heap_s, heap_i, scores, n, first_docid):
 
 @_jit
 def _add_rows(acc, matrix, dims, weights, j, stop, b0, n):
-    # acc[:n] += weights[r] * matrix[dims[r], b0:b0 + n] for r in [j, stop): eight rows per pass over acc, so that
-    # the block of scores is read and written once per eight rows; the remaining 0-7 rows in at most two passes (4,
-    # then 3, 2 or 1: a batch's query keeps ~10 rows of a 32-dimension tile, so the remainder is most of its work)
+    # acc[:n] += weights[r] * matrix[dims[r], b0:b0 + n] for r in [j, stop), eight rows per pass over acc; the
+    # remaining 0-7 rows in at most two passes (in a batch's tile they are most of the work)
     while j + 8 <= stop:
         r0, r1 = matrix[dims[j], b0:b0 + n], matrix[dims[j + 1], b0:b0 + n]
         r2, r3 = matrix[dims[j + 2], b0:b0 + n], matrix[dims[j + 3], b0:b0 + n]
@@ -293,8 +277,7 @@ _SERIAL = {}
 
 
 def _runnable(kernel):
-    """``(kernel, threads)``: the parallel kernel on numba's threads, or, in a child forked after the parallel kernels
-    ran on GNU OpenMP, the same kernel compiled without its parallel loop, on one thread."""
+    """``(kernel, threads)``: the parallel kernel, or its serial twin in a child forked after GNU OpenMP ran."""
     if _PARALLEL['forked']:
         return _serial(kernel), 1
     return kernel, numba.get_num_threads()
@@ -302,8 +285,7 @@ def _runnable(kernel):
 
 @contextlib.contextmanager
 def _running():
-    """Around every call of a parallel kernel: one call at a time, and the threading layer noted after the first (a
-    child forked after it ran on GNU OpenMP must not run the parallel kernels)."""
+    """Around every parallel kernel call: one at a time, noting the threading layer after the first."""
     with _KERNEL_LOCK:
         yield
         if _PARALLEL['layer'] is None and not _PARALLEL['forked']:
@@ -311,8 +293,7 @@ def _running():
 
 
 def _serial(kernel):
-    """The kernel compiled without the parallel loop (not cached on disk, where it would share the parallel kernel's
-    entry)."""
+    """The kernel compiled without the parallel loop (not cached on disk: it would share the parallel entry)."""
     if kernel not in _SERIAL:
         _SERIAL[kernel] = numba.njit(nogil=True, fastmath={'contract'})(kernel.py_func)
     return _SERIAL[kernel]

@@ -1,8 +1,5 @@
-"""The dense path: top-k inner-product search over every dimension of a dimension-major ``(dims, docs)`` float32
-matrix, or of the ``(docs, dims)`` rows of a FlexIndex's vectors, with BLAS: the reference the pruned paths must
-match. Pure numpy. BLAS's float32 sums depend on the shape of the product (how many queries share it), so the top-k
-found is re-scored in float64 and ranked by that score rounded to float32, ties to the lower docid: the same scores
-and order whatever the batch, as the compressed path gives."""
+"""The dense path: top-k inner-product search over every dimension with BLAS, the reference the pruned paths match.
+BLAS's float32 sums depend on the batch, so the top-k is re-scored in float64 and ranked rounded to float32."""
 import numpy as np
 
 from .topk import Result, best_k, top_k
@@ -13,12 +10,8 @@ GEMV_BELOW = 4
 
 def search_dense(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, batch_size: int = 64,
                  doc_block: int = 32768, rows: bool = False) -> Result:
-    """Top-``k`` ``(scores, docids)`` of each query scored over every dimension with BLAS: one ``gemv`` per query
-    below ``GEMV_BELOW`` queries, else ``batch_size`` queries per matrix product over blocks of ``doc_block``
-    documents (16k-64k is fastest: larger blocks slow OpenBLAS down), merging the top-k block by block. With
-    ``rows``, ``dim_major`` is instead the ``(docs, dims)`` matrix of document rows (a FlexIndex's ``vecs.f4``, which
-    may be far larger than memory): always read a block of documents at a time, queries ``batch_size`` at a time,
-    so that the vectors are read once per batch."""
+    """Top-``k`` ``(scores, docids)`` of each query over every dimension with BLAS, over blocks of ``doc_block``
+    documents (16k-64k is fastest for OpenBLAS). With ``rows``, ``dim_major`` is the ``(docs, dims)`` rows instead."""
     query_vecs = np.ascontiguousarray(query_vecs, dtype=np.float32)
     if rows:
         docs = dim_major.shape[0]
@@ -42,8 +35,7 @@ def search_dense(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, batch
 
 
 def _rescored(rows_of, query_vecs: np.ndarray, docids) -> Result:
-    """Each query's documents re-scored in float64 from their float32 rows (``rows_of(docids)``, ``(n, dims)``), a
-    sum per row that no other row or query changes, rounded to float32 and ranked (ties to the lower docid)."""
+    """Each query's documents re-scored in float64 row by row, rounded to float32 and ranked."""
     scores, ranked = [], []
     for query_vec, found in zip(query_vecs, docids):
         exact = (np.asarray(rows_of(found), dtype=np.float64) * query_vec.astype(np.float64)).sum(axis=1)
@@ -56,9 +48,7 @@ def _rescored(rows_of, query_vecs: np.ndarray, docids) -> Result:
 
 def _search_blocks(read_block, product, docs: int, query_vecs: np.ndarray, k: int, batch_size: int,
                    doc_block: int) -> Result:
-    """Top-``k`` of each query over blocks of ``doc_block`` documents, each block read once (``read_block(d0)``) and
-    scored ``batch_size`` queries at a time (``product(queries, block) -> (queries, block)`` scores), the top-k merged
-    block by block."""
+    """Top-``k`` of each query, each block read once and scored ``batch_size`` queries at a time."""
     best = [(np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64))] * len(query_vecs)
     bar = np.full(len(query_vecs), -np.inf, dtype=np.float32)  # the k-th best score so far, once k are known
     for d0 in range(0, docs, doc_block):

@@ -1,13 +1,7 @@
-"""The int8 codes of the compressed path and their copy on disk: one scale per dimension, ``code[j, d] =
-round(value[j, d] / scale[j])`` in ``[-127, 127]`` with ``scale[j] = max_d |value[j, d]| / 127``, and the largest
-quantisation error of each dimension (measured while quantising, at most ``scale[j] / 2``), which the exact bounds of
-:mod:`.compressed` read.
-
-For a FlexIndex the copy is one file per index (``rdime.dim_major.i8.npy`` beside where the float32 layout is or
-would be, a quarter of the vectors' size), built on first use by streaming the index's own vectors (``vecs.f4``) a
-block of documents at a time, with the scales from the index's cached vector statistics: no float32
-dimension-major copy is needed for it. It is kept by the protocol of :mod:`pyterrier_rdime.store`, as the layout is.
-An array index gets an in-memory copy.
+"""The int8 codes of the compressed path: ``code[j, d] = round(value[j, d] / scale[j])`` with ``scale[j] = max_d
+|value[j, d]| / 127``, and each dimension's measured largest quantisation error. A FlexIndex's copy is
+``rdime.dim_major.i8.npy``, streamed from ``vecs.f4`` and kept by :mod:`pyterrier_rdime.store`; an array index's is
+in memory.
 """
 import dataclasses
 import os
@@ -25,8 +19,7 @@ from .layout import BUILD_BLOCK, Layout, npy_problem
 
 #: The largest code: int8 values are in ``[-CODE_MAX, CODE_MAX]`` (-128 unused, so that the scale is symmetric).
 CODE_MAX = 127
-#: Dimensions quantised per step of a build: ``ROWS_PER_STEP x docs x 8`` bytes of temporary memory (64 MiB per
-#: million documents).
+#: Dimensions quantised per step of a build (``ROWS_PER_STEP x docs x 8`` bytes of temporary memory).
 ROWS_PER_STEP = 8
 
 
@@ -61,9 +54,8 @@ def quantise(dim_major: np.ndarray) -> Codes:
 
 
 class CompressedCopy:
-    """The int8 copy of one :class:`.layout.Layout`'s index, opened (or built) on first use, for a FlexIndex checked
-    by ``stat`` on every call. Thread-safe; pickles without the copy (the other side reopens the file, or quantises
-    its own matrix again)."""
+    """The int8 copy of one :class:`.layout.Layout`'s index, opened (or built) on first use. Thread-safe; pickles
+    without the copy."""
 
     def __init__(self, layout: Layout):
         self.layout = layout
@@ -86,15 +78,13 @@ class CompressedCopy:
 
 
 def compressed_path(layout_path: Path) -> Path:
-    """Where the int8 copy belonging to the float32 layout path ``layout_path`` is stored: beside it, ``.i8`` added
-    to its name (``rdime.dim_major.i8.npy`` in an index folder)."""
+    """Where the int8 copy of the float32 layout ``layout_path`` is stored: beside it, ``.i8`` added."""
     layout_path = Path(layout_path)
     return layout_path.with_name(f'{layout_path.stem}.i8{layout_path.suffix}')
 
 
 def open_flex_compressed(layout: Layout) -> Codes:
-    """The memory-mapped int8 copy of a FlexIndex, built first from its vectors (with a warning when one was there)
-    if it is missing, incomplete, damaged or was built from other vectors or docnos. No float32 layout is opened."""
+    """The memory-mapped int8 copy of a FlexIndex, (re)built first from its vectors where stale."""
     index, stage = layout.index, layout.stage
     folder = Path(index.index_path)
 
@@ -119,8 +109,7 @@ def open_flex_compressed(layout: Layout) -> Codes:
 
 
 def scales(abs_max: np.ndarray) -> np.ndarray:
-    """The float32 scale of each dimension from its largest absolute value, as :func:`quantise_rows` computes it
-    (1 for a dimension of zeros)."""
+    """Each dimension's float32 scale from its abs max, as :func:`quantise_rows` computes it."""
     scale = (np.asarray(abs_max, dtype=np.float32) / CODE_MAX).astype(np.float32)
     scale[scale == 0] = 1
     return scale
@@ -129,11 +118,8 @@ def scales(abs_max: np.ndarray) -> np.ndarray:
 def build_compressed(vecs: np.ndarray, path: Path, abs_max: np.ndarray, *, docnos: Optional[object] = None,
                      stage: str = 'PrunedRetriever', source: str = 'the index', block: Optional[int] = None,
                      verbose: bool = False) -> Tuple[np.ndarray, np.ndarray]:
-    """Write the int8 ``(dims, docs)`` ``.npy`` copy of ``(docs, dims)`` float32 vectors to ``path``, streaming
-    ``block`` documents at a time (plain file reads of a memory map, so its pages do not pile up here) and writing
-    each block's codes into every dimension's row; the scales come from ``abs_max`` (the largest absolute value of
-    each dimension), so the codes equal :func:`quantise`'s. The file appears under its name only once complete and
-    flushed. Returns ``(scale, error)`` of each dimension; a document with NaN or inf is an error naming it."""
+    """Write the int8 ``(dims, docs)`` ``.npy`` copy of ``(docs, dims)`` vectors to ``path`` atomically, ``block``
+    documents at a time, the codes equal to :func:`quantise`'s. Returns ``(scale, error)``; fails on NaN or inf."""
     docs, dims = vecs.shape
     block = block or BUILD_BLOCK
     scale = scales(abs_max)

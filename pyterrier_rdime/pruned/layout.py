@@ -1,13 +1,6 @@
-"""The dimension-major ``(dims, docs)`` float32 copy of an index that :class:`PrunedRetriever` reads.
-
-For a FlexIndex there is one copy per index, on disk: ``rdime.dim_major.npy`` in the index folder (or, when the folder
-is read-only, in the cache folder under a name keyed by the index's path and size), memory-mapped read-only, so every
-retriever on the index, in every process, shares the operating system's page cache instead of holding its own copy.
-It is built once, streaming the index in blocks of documents (bounded memory), and kept by the protocol of
-:mod:`pyterrier_rdime.store`: written atomically, recorded (the fingerprints of ``vecs.f4`` and ``docnos.npids``, the
-layout's own identity, the largest absolute value of each dimension), checked by ``stat`` on every call, rebuilt with a
-warning when a source changed or anything is missing or damaged. An array index gets an in-memory copy instead (its
-docnos checked once, there).
+"""The dimension-major ``(dims, docs)`` float32 copy of an index that :class:`PrunedRetriever` reads: for a FlexIndex
+``rdime.dim_major.npy`` on disk, memory-mapped and shared by every process, built once in blocks and kept by the
+protocol of :mod:`pyterrier_rdime.store`; for an array index, an in-memory copy.
 """
 import os
 import threading
@@ -29,10 +22,8 @@ BUILD_BLOCK = 32768
 
 
 class Layout:
-    """The dimension-major matrix and the docnos of one index, opened (or built) on first use. Thread-safe: two threads
-    asking at once get the same matrix, built once. For a FlexIndex, every call checks its files by ``stat``
-    (:func:`pyterrier_rdime.store.derived`), so an open retriever follows a change of ``vecs.f4`` or ``docnos.npids``
-    on its next call. Pickles without the matrix, so a worker process reopens the shared file.
+    """The dimension-major matrix and the docnos of one index, opened (or built) on first use; thread-safe. A
+    FlexIndex's files are checked by ``stat`` on every call. Pickles without the matrix.
 
     Args:
         index: a pyterrier-dr ``FlexIndex`` or a ``(docs, dims)`` array.
@@ -78,21 +69,17 @@ class Layout:
             self._whole = True
 
     def matrix(self) -> np.ndarray:
-        """The ``(dims, docs)`` float32 C-contiguous matrix (for a FlexIndex, the on-disk layout, built on first
-        use)."""
+        """The ``(dims, docs)`` float32 C-contiguous matrix (built on first use)."""
         if self.is_array:
             return self._array_copy()[0]
         return open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)[0]
 
     def has_matrix(self) -> bool:
-        """Whether the float32 matrix is at hand without a build: an array index, or a FlexIndex layout on disk that
-        matches the index (``stat`` only)."""
+        """Whether the float32 matrix is at hand without a build (``stat`` only)."""
         return self.is_array or open_flex_layout(self.index, stage=self.stage, build=False) is not None
 
     def abs_max(self) -> np.ndarray:
-        """The largest absolute value of each dimension over the documents, float64 ``(dims,)``: bounds the scores.
-        For a FlexIndex, from its cached vector statistics (one streaming pass on first use), so that no copy of the
-        vectors is built for it."""
+        """The largest absolute value of each dimension, float64 ``(dims,)`` (a FlexIndex's from its cached stats)."""
         if self.is_array:
             return self._array_copy()[1]
         abs_max = vector_stats(self.index, stage=self.stage, verbose=self.verbose)['abs_max']
@@ -109,9 +96,7 @@ class Layout:
             return self._in_memory
 
     def doc_rows(self) -> Optional[np.ndarray]:
-        """The ``(docs, dims)`` float32 C-contiguous vectors the index holds, where there are such (a FlexIndex's
-        ``vecs.f4``, memory-mapped; an array index given in that form), else None: the dense path of a FlexIndex
-        scores them, and the compressed path re-scores its few documents from their rows."""
+        """The index's ``(docs, dims)`` float32 C-contiguous vectors where it holds such, else None."""
         if self.is_array:
             index = self.index
             return index if index.dtype == np.float32 and index.flags.c_contiguous else None
@@ -119,9 +104,7 @@ class Layout:
         return self.index.payload(return_docnos=False)[0]
 
     def rescoring_rows(self) -> Optional[object]:
-        """What the compressed path re-scores its few documents from, by ``rows[docids]``: a FlexIndex's ``vecs.f4``
-        through a :class:`~pyterrier_rdime._index_files.RowFile` (opened again when the file changes), an array
-        index's C-ordered rows, else None (the dimension-major matrix then)."""
+        """What the compressed path re-scores from by ``rows[docids]`` (None: the dimension-major matrix)."""
         if self.is_array:
             return self.doc_rows()
         now = store.snapshot([Path(self.index.index_path) / 'vecs.f4'])
@@ -148,9 +131,7 @@ def flex_shape(index: object) -> Tuple[int, int]:
 
 
 def check_flex_docnos(index: object, stage: str) -> None:
-    """Refuses a FlexIndex where two documents share a docno (:func:`check_unique_docnos`), once per docno file: a
-    record beside the layout (``rdime.dim_major.docnos.json``) keeps the fingerprint of the ``docnos.npids`` found
-    unique, checked by ``stat`` afterwards, so that no path, the dense one included, returns a docno twice."""
+    """Refuses a FlexIndex where two documents share a docno, checked once per ``docnos.npids`` (a record keeps it)."""
     def check(path: Path) -> dict:
         docnos = index.payload(return_dvecs=False)[0]
         check_unique_docnos(docnos.fwd.__getitem__, len(docnos), stage=stage, source=str(index.index_path),
@@ -164,9 +145,8 @@ def check_flex_docnos(index: object, stage: str) -> None:
 
 def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None, stage: str = 'PrunedRetriever',
                     block: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """An in-memory ``(dims, docs)`` float32 C-contiguous copy of ``(docs, dims)`` vectors (a view when ``vecs`` is
-    already a Fortran-ordered float32 array), filled block by block, and the largest absolute value of each
-    dimension; fails on a document with NaN or inf values."""
+    """An in-memory ``(dims, docs)`` float32 copy of ``(docs, dims)`` vectors and each dimension's abs max; fails on
+    NaN or inf."""
     docs, dims = vecs.shape
     block = block or BUILD_BLOCK
     view = vecs.dtype == np.float32 and vecs.flags.f_contiguous
@@ -183,10 +163,8 @@ def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None,
 
 def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever', verbose: bool = False,
                      build: bool = True) -> Optional[Tuple[np.ndarray, np.ndarray]]:
-    """The read-only memory-mapped layout of a FlexIndex and the largest absolute value of each dimension, built
-    first (unless ``build`` is False: None then) if the layout is missing, damaged or was not built from the index's
-    current vectors and docnos (an index with a repeated docno is refused then). Every caller in this process gets
-    the same array; concurrent builds (threads, or processes) wait for the first one and then open its file."""
+    """A FlexIndex's read-only memory-mapped layout and each dimension's abs max, (re)built first where stale
+    (unless ``build`` is False: None then); concurrent builders wait for the first."""
     folder = Path(index.index_path)
 
     def write(path: Path) -> dict:
@@ -208,15 +186,8 @@ def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever', verbose: 
 
 def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = None, stage: str = 'PrunedRetriever',
                  source: str = 'the index', block: Optional[int] = None, verbose: bool = False) -> np.ndarray:
-    """Write the ``(dims, docs)`` float32 ``.npy`` layout of ``(docs, dims)`` vectors to ``path``, reading ``block``
-    documents at a time (a memory-mapped source is read with plain file reads, so its pages do not pile up in this
-    process). The file appears under its name only once complete and flushed to disk. Returns the largest absolute
-    value of each dimension.
-
-    Raises:
-        ValueError: a document has a NaN or infinite value (named by its docno): it would score NaN, and a NaN score
-            cannot be ranked against real ones.
-    """
+    """Write the ``(dims, docs)`` float32 ``.npy`` layout of ``(docs, dims)`` vectors to ``path`` atomically, ``block``
+    documents at a time; returns each dimension's abs max. Raises ValueError naming a document with NaN or inf."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     docs, dims = vecs.shape
@@ -246,10 +217,8 @@ def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = Non
 
 def check_unique_docnos(lookup: Callable[[np.ndarray], np.ndarray], count: int, *, stage: str, source: str,
                         fix: str) -> None:
-    """Raise a ValueError naming a docno that two of the ``count`` documents share (``lookup(docids)`` gives their
-    docnos): a ranking would hold it twice. The docnos are hashed a block at a time, so an index of millions of
-    documents is checked in ~24 bytes of memory per document (hash, order, sorted hash); documents of equal hash are
-    then compared by docno."""
+    """Raise a ValueError naming a docno that two of the ``count`` documents share, hashing them a block at a time
+    (~24 bytes per document)."""
     hashes = np.empty(count, dtype=np.uint64)
     for start in range(0, count, DOCNO_BLOCK):
         stop = min(count, start + DOCNO_BLOCK)
@@ -271,8 +240,7 @@ def check_unique_docnos(lookup: Callable[[np.ndarray], np.ndarray], count: int, 
 
 
 def npy_problem(path: Path, shape: Tuple[int, int], dtype: np.dtype) -> Optional[str]:
-    """None for a complete C-ordered ``.npy`` matrix of this shape and dtype at ``path``; else why not (no file, not a
-    readable ``.npy``, or cut short / another shape or type)."""
+    """None for a complete C-ordered ``.npy`` matrix of this shape and dtype at ``path``; else why not."""
     if not path.exists():
         return 'there is none'
     try:

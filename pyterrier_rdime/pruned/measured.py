@@ -1,10 +1,6 @@
-"""The timings behind ``strategy='auto'``'s measured choice (:mod:`.planner`): per bucket of like calls, each path's
-seconds per unit of its estimate, the least of its last ``RECENT`` (a path's first run in a process, cold, is not
-recorded).
-
-- The **record** of an index is kept beside the calibration (``default_cache_dir()/cost/measured``), keyed by the
-  machine (:func:`.calibration.machine_key`) and the index's file, written after each exploring or re-checking call;
-  an array index's record lives in memory, with its retriever.
+"""The timings behind ``'auto'``'s measured choice (:mod:`.planner`): per bucket, each path's seconds per unit of
+estimate, the least of its last ``RECENT``. A FlexIndex's record is kept under ``default_cache_dir()/cost/measured``,
+keyed by machine and index file; an array index's lives in memory.
 """
 import hashlib
 import json
@@ -57,8 +53,7 @@ class MeasuredChoice:
         return self._buckets.setdefault(name, {'calls': 0, 'seconds_per_unit': {}})
 
     def timed(self, choice: Choice, score: Callable[[], object]) -> object:
-        """Runs ``score`` (the call, scored on ``choice.path``), records its time (where ``choice`` was measured:
-        explored, re-checked or taken) and returns its result."""
+        """Runs ``score`` (the call on ``choice.path``), records its time where measured, and returns its result."""
         start = self.clock()
         result = score()
         seconds = self.clock() - start
@@ -87,24 +82,21 @@ class MeasuredChoice:
                                      'to a writable folder to keep them for later runs', self._path, error)
 
     def bucket_timings(self, name: str) -> Tuple[Dict[str, float], int]:
-        """Of bucket ``name``: each timed path's measured seconds per unit of estimate (the least of its recent
-        timings), and the calls taken on a measured or re-checked path."""
+        """Of bucket ``name``: each path's measured seconds per unit of estimate, and the calls taken."""
         with self._lock:
             state = self._state(name)
             return {path: min(times) for path, times in state['seconds_per_unit'].items() if times}, state['calls']
 
 
 def record_path(vecs: Path) -> Path:
-    """Where the record of the index whose vectors are the file ``vecs`` is kept on this machine: keyed by the
-    machine and by the file's path, size, times and inode."""
+    """Where the record of the index with vectors ``vecs`` is kept: keyed by machine and the file's identity."""
     identity = json.dumps({'path': str(vecs.resolve()), **store.stat_fields(vecs)}, sort_keys=True)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return default_cache_dir() / 'cost' / 'measured' / f'{machine_key()}-{vecs.parent.name}-{digest}.json'
 
 
 def _read_timings(path: Path) -> Dict[str, dict]:
-    """The buckets of the record at ``path``; none (the record is then rewritten from this process's timings) when
-    it is missing, does not check (:mod:`pyterrier_rdime.store`) or holds anything but call counts and timings."""
+    """The buckets of the record at ``path``; none when it is missing, damaged or malformed."""
     def number(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) and x >= 0
     try:

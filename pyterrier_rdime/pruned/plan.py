@@ -1,19 +1,13 @@
-"""What one call of :class:`PrunedRetriever` will do, and the facts about its queries that the cost model and the
-kernels both read: the :class:`Plan` and the :class:`Choice` it comes from (decided once, by :func:`.planner.choose`,
-and carried out as it is by the stage and the kernels below it), the kept dimensions of each query, the kept fractions
-and the features of a batch. The bottom of the ``pruned`` package: pure numpy, importing none of its siblings."""
+"""What one call of :class:`PrunedRetriever` will do (the :class:`Plan` and its :class:`Choice`), and the facts
+about its queries that the cost model and the kernels both read. Imports none of its siblings."""
 import dataclasses
 from typing import Tuple
 
 import numpy as np
 
-#: The ways of scoring a call: every dimension with BLAS; the kept dimensions in float32, query after query; the
-#: kept dimensions of a whole batch in one pass over the union of their rows; the kept dimensions of the int8 copy,
-#: then the documents its error bound cannot rule out re-scored exactly (query after query); the int8 copy for a whole
-#: batch in one pass (integer scores from one int8 matrix product per slab of documents), then the same re-scoring.
+#: The ways of scoring a call: BLAS; float32 kept rows per query or in one pass; the int8 copy per query or one pass.
 PATHS = ('dense', 'pruned', 'one pass', 'compressed', 'compressed one pass')
-#: Why a path was taken: a forced strategy; the model alone (``'auto'`` without timings, or scoring densely without
-#: asking the model); the only candidate; exploring (not yet timed); re-checking the runner-up; the fastest timed.
+#: Why a path was taken: forced, the model alone, the only candidate, exploring, re-checking, the fastest timed.
 REASONS = ('forced', 'model', 'only', 'explore', 'recheck', 'measured')
 
 
@@ -28,15 +22,13 @@ class Plan:
 
     @property
     def strategy(self) -> str:
-        """The ``strategy`` value that forces this path's family: ``'pruned'`` for one query at a time or one pass,
-        ``'compressed'`` for either compressed path."""
+        """The ``strategy`` value that forces this path's family."""
         return {'one pass': 'pruned', 'compressed one pass': 'compressed'}.get(self.path, self.path)
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The path of one call as :func:`.planner.choose` took it: its estimated cost (the model's units; NaN where none
-    was made), its bucket of like calls (``''`` unless measured) and why it was taken (one of :data:`REASONS`)."""
+    """The path of one call as :func:`.planner.choose` took it, its estimated cost, bucket and reason."""
     path: str
     estimate: float
     bucket: str
@@ -62,8 +54,7 @@ def nonzero_fractions(query_vecs: np.ndarray) -> np.ndarray:
 
 
 def batch_features(query_vecs: np.ndarray) -> np.ndarray:
-    """What a batch's one pass costs in proportion to: ``(queries, union of the kept fractions, sum of the kept
-    fractions)``."""
+    """``(queries, union of the kept fractions, sum of the kept fractions)`` of a batch."""
     if not len(query_vecs):
         return np.zeros(3)
     union = float(np.mean((query_vecs != 0).any(axis=0)))

@@ -1,16 +1,8 @@
-"""The one planner of :class:`~pyterrier_rdime.PrunedRetriever` and
-:class:`~pyterrier_rdime.ShardedPrunedRetriever`: :func:`choose` decides once how a call's queries are scored (a
-:class:`.plan.Choice`, whose :class:`.plan.Plan` the retriever and the kernels below it carry out as it is).
-
-- A forced strategy takes its path; the cost model (:mod:`.cost`) only decides one pass or query after query.
-- ``'auto'``: the model's estimates (:func:`auto_costs`) are the prior; the paths it cannot rank apart (within
-  ``EXPLORE_MARGIN`` of the least) are timed on the index itself, as cuDNN's benchmark mode does. The first calls of a
-  :func:`bucket` explore each candidate, the model's best first; then the least estimate x measured seconds per unit
-  of estimate (:class:`.measured.MeasuredChoice`) is taken, and every ``RECHECK_EVERY``-th call the runner-up.
-- On shards the **driver** measures: the plan is one for every shard (one index's over the whole collection, which
-  keeps their scores one index's), so what is timed is the call as its user waits for it, slowest shard and Ray's
-  round trip included, which no shard's clock sees. The driver's timings live in its memory (a new process explores
-  again: a few calls).
+"""The one planner of both retrievers: :func:`choose` decides once how a call's queries are scored (a
+:class:`.plan.Choice`). A forced strategy takes its path; under ``'auto'`` the cost model (:mod:`.cost`) is the prior
+and the paths within ``EXPLORE_MARGIN`` of the least are timed on the index itself, like cuDNN's benchmark mode
+(:class:`.measured.MeasuredChoice`), the runner-up re-checked every ``RECHECK_EVERY`` calls. On shards the driver
+measures.
 """
 import math
 from typing import Callable, Dict, List, Optional
@@ -21,11 +13,9 @@ from .cost import CostModel
 from .measured import MeasuredChoice
 from .plan import Choice, Plan, nonzero_fractions
 
-#: Below this matrix size (bytes) the matrix sits in the CPU caches, scoring is not memory-bound, and BLAS (tuned
-#: for compute) is at least as fast as the compiled kernel: ``'auto'`` scores densely.
+#: Below this matrix size (bytes) the matrix sits in the caches and ``'auto'`` scores densely (BLAS is as fast).
 MIN_PRUNED_BYTES = 16 * 2 ** 20
-#: Paths estimated to cost up to this factor of the cheapest are timed: the model's misses measured so far were up to
-#: 1.6x (a batch of 64 at RDIME's fraction with one thread on an AMD Zen 4: 1,023 ms chosen against 632 ms).
+#: Paths estimated within this factor of the cheapest are timed (the model's misses so far were up to 1.6x).
 EXPLORE_MARGIN = 2.0
 #: Every this many calls of a bucket on its winner, the runner-up is timed once more.
 RECHECK_EVERY = 64
@@ -40,20 +30,16 @@ def bucket(query_vecs: np.ndarray, k: int) -> str:
 
 
 def candidates(costs: Dict[str, float]) -> List[str]:
-    """The paths within ``EXPLORE_MARGIN`` of the least estimated cost, cheapest first (an exact tie in the order
-    listed)."""
+    """The paths within ``EXPLORE_MARGIN`` of the least estimated cost, cheapest first."""
     least = min(costs.values())
     return sorted((path for path, cost in costs.items() if cost <= EXPLORE_MARGIN * least), key=costs.get)
 
 
 def auto_costs(query_vecs: np.ndarray, *, matrix_bytes: int, compiled: bool, model: Callable[[], CostModel], k: int,
                float32_ready: bool = True) -> Optional[Dict[str, float]]:
-    """The estimated cost of each path ``'auto'`` may take for these pruned query vectors (n, dims), ``k`` results
-    each, over a matrix of ``matrix_bytes``, in :meth:`.CostModel.path_costs`'s order; None where it scores densely
-    without asking the model: without the compiled kernels (the numpy fallbacks are slower than BLAS beyond ~30 %
-    kept), for a matrix under ``MIN_PRUNED_BYTES`` and for no queries. Without ``float32_ready`` (a FlexIndex whose
-    float32 dimension-major layout is not built: a second copy of the vectors on disk), the float32 pruned paths are
-    left out: ``'auto'`` never builds that copy, only ``strategy='pruned'`` does."""
+    """The estimated cost of each path ``'auto'`` may take (:meth:`.CostModel.path_costs`); None where it scores
+    densely without asking (no compiled kernels, a matrix under ``MIN_PRUNED_BYTES``, no queries). Without
+    ``float32_ready`` the float32 pruned paths are left out: ``'auto'`` never builds that copy."""
     if not compiled or matrix_bytes < MIN_PRUNED_BYTES or not len(query_vecs):
         return None
     costs = model().path_costs(query_vecs, k=k, matrix_bytes=matrix_bytes, one_pass=len(query_vecs) > 1)
@@ -65,19 +51,10 @@ def auto_costs(query_vecs: np.ndarray, *, matrix_bytes: int, compiled: bool, mod
 def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: bool,
            model: Callable[[], CostModel], k: int, float32_ready: bool = True,
            timings: Optional[MeasuredChoice] = None) -> Choice:
-    """How a call scores these pruned query vectors (n, dims), ``k`` results each, over a matrix of
-    ``matrix_bytes``:
-
-    - ``'dense'`` is taken as it is;
-    - ``'pruned'`` (``'compressed'``): one query, or a batch without the compiled kernels (the numpy paths score query
-      after query), query after query; a batch over a matrix under ``MIN_PRUNED_BYTES`` (read from the caches either
-      way) in one pass; else in one pass where ``model()`` finds it cheaper than query after query;
-    - ``'auto'``: dense where :func:`auto_costs` is None; else, with ``timings``, the measured choice among the
-      candidates (see the module), as the next call would take it; without, the path of least estimated cost (an
-      exact tie goes to the path listed first).
-
-    ``model`` (e.g. :func:`.calibration.model`, which calibrates on first use) is called only when the choice depends
-    on it. Nothing is recorded: :meth:`.MeasuredChoice.timed` times the call."""
+    """How a call scores these pruned query vectors (n, dims), ``k`` results each: ``'dense'`` as it is;
+    ``'pruned'`` / ``'compressed'`` in one pass or query after query, as ``model()`` finds cheaper; ``'auto'`` dense
+    where :func:`auto_costs` is None, else the measured choice with ``timings``, the least estimate without.
+    ``model`` is called only when the choice depends on it; nothing is recorded here."""
     if strategy in ('dense', 'pruned', 'compressed'):
         one_pass = {'pruned': 'one pass', 'compressed': 'compressed one pass'}.get(strategy)
         if one_pass is None or not compiled or len(query_vecs) < 2:
@@ -99,8 +76,7 @@ def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled
 
 
 def measured_choice(costs: Dict[str, float], name: str, timings: MeasuredChoice) -> Choice:
-    """The path of a call of bucket ``name`` whose paths the model estimates at ``costs``, by ``timings`` (see the
-    module)."""
+    """The path of a call of bucket ``name`` with estimates ``costs``, by ``timings``."""
     paths = candidates(costs)
     if len(paths) == 1:
         return Choice(paths[0], costs[paths[0]], name, 'only')

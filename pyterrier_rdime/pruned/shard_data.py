@@ -1,7 +1,5 @@
-"""What the shards of a :class:`~pyterrier_rdime.ShardedPrunedRetriever` hold and return, without Ray:
-:func:`split_flex_index` cuts a FlexIndex into shards by document range, :func:`docno_hashes` and
-:func:`shared_hashes` find a docno that two shards share, :func:`merge_shards` merges their exact top-k into the exact
-global top-k. Pure numpy and files."""
+"""What the shards of a :class:`~pyterrier_rdime.ShardedPrunedRetriever` hold and return, without Ray: cutting,
+docno hashes, merging top-k."""
 import json
 import os
 from pathlib import Path
@@ -19,8 +17,7 @@ SPLIT_BLOCK = 65536
 
 
 def docno_hashes(lookup: Callable[[np.ndarray], np.ndarray], count: int) -> np.ndarray:
-    """The 64-bit hash of each of ``count`` documents' docnos (``lookup(docids)`` gives them), in docid order: pandas'
-    ``hash_array``, a block at a time."""
+    """The 64-bit hash of each of ``count`` documents' docnos, in docid order, a block at a time."""
     return np.concatenate([
         pd.util.hash_array(np.asarray(lookup(np.arange(start, min(count, start + DOCNO_BLOCK))), dtype=object),
                            categorize=False)
@@ -28,17 +25,15 @@ def docno_hashes(lookup: Callable[[np.ndarray], np.ndarray], count: int) -> np.n
 
 
 def shared_hashes(per_shard: List[np.ndarray]) -> np.ndarray:
-    """The values that occur more than once in the shards' sorted hash arrays together (a value two shards share, or,
-    rarely, one shard's hash collision): the merge of sorted runs is one stable sort."""
+    """The values that occur more than once in the shards' sorted hash arrays together."""
     merged = np.sort(np.concatenate(per_shard), kind='stable')
     return np.unique(merged[1:][merged[1:] == merged[:-1]])
 
 
 def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], queries: int,
                  k: int) -> Tuple[list, list, list]:
-    """The global top-``k`` of each query from each shard's top-k ``(bounds, scores, global docids, docnos)`` (query
-    ``q``'s results at ``bounds[q]:bounds[q + 1]``): higher score first, exact ties to the lower global docid, as
-    one index ranks them. Returns ``(scores, docids, docnos)``, one array per query."""
+    """``(scores, docids, docnos)``: each query's global top-``k`` from each shard's ``(bounds, scores, global
+    docids, docnos)``, ties to the lower global docid."""
     scores, docids, docnos = [], [], []
     for q in range(queries):
         s = np.concatenate([shard_s[b[q]:b[q + 1]] for b, shard_s, _, _ in per_shard])
@@ -52,11 +47,9 @@ def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
 
 def split_flex_index(index: object, folder: str, num_shards: int) -> List[object]:
-    """Cut a FlexIndex into ``num_shards`` FlexIndexes of consecutive document ranges (sizes differing by at most
-    one), written to ``folder/shard-<i>-of-<n>.flex``; each is written to a temporary folder and renamed into place
-    when complete. Returns them in order: ``ShardedPrunedRetriever(shards=...)`` over them ranks as a
-    ``PrunedRetriever`` over ``index`` does. Copy each shard to the node that serves it, or put ``folder`` on a file
-    system every node sees.
+    """Cut a FlexIndex into ``num_shards`` FlexIndexes of consecutive document ranges, written atomically to
+    ``folder/shard-<i>-of-<n>.flex``, in order: ``ShardedPrunedRetriever`` over them ranks as ``PrunedRetriever``
+    over ``index``.
 
     Raises:
         ValueError: ``num_shards`` is not between 1 and the number of documents, or a shard's folder exists.

@@ -1,11 +1,6 @@
 """Pruned retrieval over a sharded index: one :class:`~pyterrier_rdime.PrunedRetriever` per shard, each in its own Ray
-actor (on the node that holds the shard), queried at once; their exact top-k merged into the exact global top-k.
-What the shards hold and return, without Ray, is :mod:`.shard_data`'s (cutting a FlexIndex into shards, hashing
-docnos, merging top-k).
-
-Over the house's ~400 lines on purpose: the stage's checks, the actors' start-up and placement, the bounded wait for
-an actor that lost its node and the refusal of docnos that two shards share are one protocol (no partial result ever
-leaves it), and read best in one place."""
+actor, queried at once; their exact top-k merged into the exact global top-k. The Ray-free parts are in
+:mod:`.shard_data`."""
 import functools
 import logging
 import os
@@ -26,15 +21,13 @@ from .plan import Choice, Plan
 from .shard_data import docno_hashes, merge_shards, shared_hashes
 from .stage import PrunedRetriever
 
-#: Seconds between two checks that the actor of a shard whose reply is late still answers (from a thread of its own,
-#: while it searches): a call that is answered sooner pays no check at all.
+#: Seconds between two checks that a late shard's actor still answers (a call answered sooner pays no check).
 PROBE_EVERY = 1.0
 #: Candidate pairs of shared docno hashes whose docnos are fetched and compared at a time.
 DOCNO_PAIRS = 1024
 #: Seconds to wait for the cluster's table of resource requests (a GCS call) before the call fails.
 GCS_TIMEOUT = 30
-#: What a client of an HTTP/2 (gRPC) server sends first: the connection preface and an empty SETTINGS frame. Ray's
-#: GCS, a gRPC server, answers with a SETTINGS frame of its own; a service that is not Ray does not.
+#: HTTP/2 connection preface and empty SETTINGS frame: Ray's GCS (gRPC) answers with SETTINGS, a non-Ray service not.
 HTTP2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 #: The type byte of an HTTP/2 SETTINGS frame (after its 3 bytes of length).
 SETTINGS_FRAME = 4
@@ -43,10 +36,8 @@ logger = logging.getLogger(__name__)
 
 
 class ShardServer:
-    """What a Ray actor of :class:`ShardedPrunedRetriever` runs: the ``PrunedRetriever`` of one shard, its files
-    opened (or built) on the actor's node, on ``threads`` threads for numba and BLAS alike (the CPUs Ray gave
-    the actor; None: every core of the node). Its replies to :meth:`info`, :meth:`where` and :meth:`search` name its
-    node (ID and IP address), so that an error after a restart names the node the shard was last on."""
+    """What a Ray actor of :class:`ShardedPrunedRetriever` runs: one shard's ``PrunedRetriever`` on ``threads``
+    threads (None: every core). Replies name its node, so that an error after a restart names where the shard was."""
 
     def __init__(self, retriever: PrunedRetriever, threads: Optional[int]):
         import ray
@@ -64,34 +55,29 @@ class ShardServer:
             pass
 
     def _use_threads(self) -> None:
-        """numba's threads for this call: its setting belongs to the calling thread, and Ray runs the methods of an
-        actor with concurrency groups on a thread other than the constructor's (BLAS's limit is process-wide)."""
+        """Set numba's threads: the setting is per thread, and Ray runs methods on another thread than ``__init__``."""
         if kept.NUMBA_AVAILABLE:
             import numba
             numba.set_num_threads(self.threads)
 
     def where(self) -> Tuple[str, str]:
-        """``(node ID, IP address)``: asked from the actor's own thread (concurrency group ``'probe'``) while it
-        searches, to tell a slow shard from one whose actor has no node."""
+        """``(node ID, IP address)``, asked on the ``'probe'`` thread to tell a slow shard from a lost one."""
         return self.node
 
     def info(self) -> Tuple[Tuple[str, str], int, np.ndarray, bool, bool]:
-        """``(node, documents, largest |value| of each dimension, whether the compiled kernels run here, whether the
-        float32 pruned paths may be planned)``: the latter as ``PrunedRetriever.plan`` decides it (a forced strategy,
-        or a float32 layout at hand: ``'auto'`` never builds one)."""
+        """``(node, documents, abs max per dimension, compiled kernels here, float32 pruned paths plannable)``."""
         self._use_threads()
         retriever = self.retriever
         return (self.node, retriever.shape[1], retriever._layout.abs_max(), kept.NUMBA_AVAILABLE,
                 retriever.strategy != 'auto' or retriever._layout.has_matrix())
 
     def cost_model(self) -> cost.CostModel:
-        """The cost model of this node (calibrated on first use), from which the driver plans every call."""
+        """This node's cost model (calibrated on first use), from which the driver plans."""
         self._use_threads()  # the model is calibrated, and cached, for the threads the searches use
         return calibration.model()
 
     def docno_hashes(self) -> np.ndarray:
-        """The hashes of the shard's docnos, sorted: what the driver compares across shards (kept in docid order for
-        :meth:`docnos_hashed`)."""
+        """The shard's docno hashes, sorted, for the driver to compare across shards."""
         self._hashes = docno_hashes(self.retriever._layout.lookup_docnos, self.retriever.shape[1])
         return np.sort(self._hashes)
 
@@ -101,9 +87,8 @@ class ShardServer:
 
     def search(self, query_vecs: np.ndarray, k: int, plan: Plan) -> Tuple[Tuple[str, str], int, np.ndarray,
                                                                           np.ndarray, np.ndarray, np.ndarray]:
-        """The exact top-``k`` (at most the retriever's ``num_results``) of each query in this shard, scored as
-        ``plan`` says, flat: ``(node, documents, counts, scores, local docids, docnos)``, the documents so that the
-        caller can tell a shard that changed under it."""
+        """Each query's exact top-``k`` in this shard on ``plan``, flat: ``(node, documents, counts, scores, local
+        docids, docnos)``."""
         self._use_threads()
         retriever = self.retriever.fuse_rank_cutoff(k) or self.retriever
         scores, docids = retriever.search(query_vecs, plan)
@@ -114,11 +99,7 @@ class ShardServer:
 
 
 class _Actors:
-    """The running actors of a retriever and its ``% k`` variants (started on first use), with what the plan and the
-    merge need: the shards served, the node each actor last answered from, their first global docid, documents,
-    dimensions, the largest |value| of each dimension, whether every node runs the compiled kernels and every shard
-    may take the float32 pruned paths (when the actors started), and the cost model (asked from the first actor when a
-    plan first needs it)."""
+    """The running actors of a retriever and its ``% k`` variants, with what the plan and the merge need."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -136,9 +117,7 @@ class _Actors:
 
 
 def _queued_requests(ray) -> List[Dict[str, float]]:
-    """The resource shapes of the requests (actors, tasks) that wait in the cluster's queues for a node with those
-    resources free, or for one that offers them at all, as ``ray status`` reads them from the GCS. An actor that has
-    a node, its worker process still starting, is in none."""
+    """The resource shapes of the requests waiting in the cluster's queues for a node (as ``ray status`` shows)."""
     usage = ray._private.worker.global_worker.gcs_client.get_all_resource_usage(timeout=GCS_TIMEOUT)
     return [dict(d.shape) for d in usage.resource_usage_data.resource_load_by_shape.resource_demands
             if d.num_ready_requests_queued or d.num_infeasible_requests_queued or d.backlog_size]
@@ -225,8 +204,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         self._measured = MeasuredChoice(None)  # the driver's timings of its calls, in memory (see .planner)
 
     def _shard_retrievers(self) -> List[Optional[PrunedRetriever]]:
-        """The ``PrunedRetriever`` of each shard (None for an empty array), which checks the shard and the options:
-        what each actor runs. An array shard's docnos are its rows' global ones."""
+        """Each shard's ``PrunedRetriever`` (None for an empty array), which checks the shard and the options."""
         retrievers, row = [], 0
         for i, shard in enumerate(self.shards):
             docnos = None
@@ -264,8 +242,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         self._actors = _Actors()
 
     def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
-        """``ShardedPrunedRetriever(num_results=n) % k`` with ``k < n`` is the retriever with ``num_results=k``,
-        sharing this one's actors (whichever of the two starts them, they serve up to ``n`` per shard)."""
+        """``% k`` with ``k < num_results``: the retriever with ``num_results=k``, sharing this one's actors."""
         if k >= self.num_results:
             return None
         fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
@@ -304,9 +281,8 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return out[columns]
 
     def choice(self, query_vecs: np.ndarray) -> Choice:
-        """How every shard scores these (already pruned) query vectors, and why, as the next call takes it
-        (starting the actors if need be): :func:`.planner.choose` for the whole collection, with the cost model of the
-        first shard's node and, for ``'auto'``, this retriever's timings of its calls (see :mod:`.planner`)."""
+        """How every shard scores these pruned query vectors, and why: :func:`.planner.choose` for the whole
+        collection, with the first shard's node's cost model."""
         ray, actors = self._start()
         total = int(np.sum(actors.docs))
 
@@ -320,13 +296,12 @@ class ShardedPrunedRetriever(ConfigTransformer):
                               float32_ready=actors.float32_ready, timings=self._measured)
 
     def _search(self, ray, actors: _Actors, query_vecs: np.ndarray, plan: Plan) -> list:
-        """Every shard's reply to the search of these queries on ``plan``'s path: what the measured choice times."""
+        """Every shard's reply to the search of these queries on ``plan``'s path."""
         batch = ray.put(query_vecs)  # sent once, read by every shard from the object store
         return self._gather(ray, actors, lambda handle: handle.search.remote(batch, self.num_results, plan), 'search')
 
     def close(self) -> None:
-        """Release the actors (and what they reserve) of this retriever and its ``% k`` variants; a later call starts
-        new ones."""
+        """Release the actors of this retriever and its ``% k`` variants; a later call starts new ones."""
         actors = self._actors
         with actors.lock:
             if actors.handles is not None:
@@ -344,7 +319,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         self.close()
 
     def _start(self):
-        """Ray and the running actors (started, their shards opened and their docnos compared, on first use)."""
+        """Ray and the running actors (started and checked on first use)."""
         name = type(self).__name__
         try:
             import ray
@@ -392,9 +367,8 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return ray, actors
 
     def _wait_placed(self, ray, actors: _Actors) -> None:
-        """Every actor running, or an error naming a shard whose actor found no node with its resources free for
-        ``timeout`` seconds (its request waited in Ray's queue), or the shards whose actors had a node but did not
-        start within ``start_timeout`` (a warning says so once ``timeout`` has passed)."""
+        """Wait until every actor runs; fail naming a shard that found no node in ``timeout`` or did not start in
+        ``start_timeout``."""
         ready = [h.__ray_ready__.remote() for h in actors.handles]
         started = last = time.monotonic()
         pending = set(range(len(ready)))
@@ -435,7 +409,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
                                'to start_timeout=%s s', type(self).__name__, starting, self.timeout, self.start_timeout)
 
     def _shape(self, shard: int) -> Dict[str, float]:
-        """The resources the actor of ``shard`` asks of a node, as Ray's queue of requests lists them (no zeros)."""
+        """:meth:`_wanted` as Ray's queue lists it (no zeros)."""
         return {name: float(value) for name, value in self._wanted(shard).items() if value}
 
     def _offering(self, ray, shard: int) -> List[dict]:
@@ -452,7 +426,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 'closed holds its num_cpus)')
 
     def _check_dims(self, served: List[int], abs_maxes: List[np.ndarray]) -> None:
-        """Every FlexIndex shard of one dimensionality (array shards are checked when the retriever is built)."""
+        """Fail unless every FlexIndex shard has one dimensionality."""
         if len({len(a) for a in abs_maxes}) > 1:
             first, other = served[0], next(i for i, a in zip(served, abs_maxes) if len(a) != len(abs_maxes[0]))
             raise ValueError(f'{type(self).__name__}: shard {first} ({self._where(first)}) holds {len(abs_maxes[0])}-'
@@ -460,9 +434,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
                              f'{len(abs_maxes[served.index(other)])}; every shard needs vectors of the same model')
 
     def _refuse_shared_docnos(self, ray, actors: _Actors) -> None:
-        """A ValueError naming a docno that two shards hold, and both shards (a ranking could hold it twice): the
-        shards' sorted docno hashes are merged here, and only the docnos of hashes that two shards share are fetched
-        and compared (64-bit hashes of distinct docnos rarely collide, so that is ~none unless docnos repeat)."""
+        """Fail naming a docno that two shards hold; only docnos whose hashes two shards share are fetched."""
         hashes = self._gather(ray, actors, lambda handle: handle.docno_hashes.remote(), 'hash its docnos')
         shared = shared_hashes(hashes)
         for start in range(0, len(shared), DOCNO_PAIRS):
@@ -481,14 +453,9 @@ class ShardedPrunedRetriever(ConfigTransformer):
 
     def _gather(self, ray, actors: _Actors, send: Callable[[object], object], what: str,
                 first_only: bool = False) -> list:
-        """Every actor's reply to ``send(handle)`` (only the first actor's with ``first_only``), or an error naming
-        the first shard that failed (never the replies of the others).
-
-        A reply late by ``PROBE_EVERY`` has its actor asked where it is, from the actor's own thread: an actor that
-        answers is working (its wait is not bounded); one that does not answer has no node (its node is lost, Ray
-        has not placed it again) and is waited for up to ``timeout`` seconds in all, or, when Ray's queues show it
-        waits for no node (placed again, still starting), up to ``start_timeout``. A call that finds its actor
-        unavailable (a lost node that Ray has not declared dead yet) is sent again."""
+        """Every actor's reply to ``send(handle)`` (the first's only with ``first_only``), or an error naming the
+        first shard that failed. A late actor is probed: one that answers is working (no bound); one that does not
+        is waited for up to ``timeout`` (``start_timeout`` while Ray restarts it). Unavailable actors are re-sent."""
         count = 1 if first_only else len(actors.handles)
         futures = [send(handle) for handle in actors.handles[:count]]
         sent = [time.monotonic()] * count
@@ -538,8 +505,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return replies
 
     def _reply(self, ray, shard: int, future: object, what: str) -> object:
-        """The reply of one shard's actor, or the error that names the shard; an unavailable actor's error is
-        passed on for the caller to send the call again."""
+        """One shard's reply, or an error naming the shard (ActorUnavailableError passes through, to re-send)."""
         try:
             return ray.get(future)
         except ray.exceptions.RayTaskError as e:
@@ -554,9 +520,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
                                f'and could not be recovered (max_restarts={self.max_restarts}): {e}') from e
 
     def _no_node(self, ray, actors: _Actors, position: int, starting: bool = False) -> None:
-        """The error of a shard whose actor has had no node for ``timeout`` seconds (``starting``: has not answered
-        for ``start_timeout`` seconds, though it waited for no node): the node it was last on, whether that node is
-        alive, whether any live node offers what the actor needs, and the fix."""
+        """Fail for a shard whose actor had no node for ``timeout`` (``starting``: silent for ``start_timeout``)."""
         shard = actors.served[position]
         node_id, address = actors.nodes[position]
         wanted = self._wanted(shard)
@@ -585,11 +549,9 @@ class ShardedPrunedRetriever(ConfigTransformer):
 
 
 def check_ray_address(address: Optional[str], timeout: float, option: str) -> None:
-    """A ``'host:port'`` Ray address (``'auto'``: the cluster this machine belongs to, as Ray finds it) must answer
-    as a Ray cluster (its GCS speaks gRPC, over HTTP/2) within ``timeout`` seconds, else a ConnectionError of one line
-    naming ``option``, the address and the fix: ``ray.init`` would retry, logging warnings, for minutes, or fail with a
-    message about its own ``--address`` flag. ``None`` and ``'local'`` start Ray here; a ``'ray://'`` (Ray Client)
-    address, or any with ``RAY_USE_TLS`` set, must accept a connection."""
+    """Fail in one line naming ``option`` unless ``address`` (``'host:port'`` or ``'auto'``) answers as a Ray GCS
+    within ``timeout`` seconds (``ray.init`` would retry for minutes). ``None``/``'local'`` pass; ``'ray://'`` or
+    TLS addresses need only accept a connection."""
     if address in (None, 'local'):
         return
     fix = ("pass the Ray head node's 'host:port' (the address ray start --head prints), 'auto' on a node of the "
@@ -622,8 +584,7 @@ def check_ray_address(address: Optional[str], timeout: float, option: str) -> No
 
 
 def _first_reply(conn: socket.socket, message: bytes, size: int, deadline: float) -> bytes:
-    """What ``conn`` answers to ``message`` by ``deadline``, read until it holds ``size`` bytes or more (fewer if it
-    closes, resets or stays silent)."""
+    """What ``conn`` answers to ``message`` by ``deadline``: up to ``size`` bytes or more, fewer if it stops."""
     reply = b''
     try:
         conn.sendall(message)
@@ -639,9 +600,7 @@ def _first_reply(conn: socket.socket, message: bytes, size: int, deadline: float
 
 
 def connect(address: Optional[str], timeout: float, option: str) -> None:
-    """This process connected to the Ray cluster at ``address`` (``None`` starts Ray on this machine), unless it is
-    already: an address where no Ray cluster answers within ``timeout`` seconds fails with
-    :func:`check_ray_address`'s one line naming ``option``, and so does a Ray cluster that refuses this process."""
+    """Connect to the Ray cluster at ``address`` (``None`` starts Ray here) unless connected, failing in one line."""
     import ray
     if not ray.is_initialized():
         check_ray_address(address, timeout, option)

@@ -100,8 +100,7 @@ class PrunedRetriever(ConfigTransformer):
         return state
 
     def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
-        """``PrunedRetriever(num_results=n) % k`` with ``k < n`` is the retriever with ``num_results=k``, sharing this
-        one's matrix."""
+        """``% k`` with ``k < num_results``: the retriever with ``num_results=k``, sharing this one's matrix."""
         if k >= self.num_results:
             return None
         fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
@@ -120,9 +119,7 @@ class PrunedRetriever(ConfigTransformer):
         return self._layout.shape
 
     def choice(self, query_vecs: np.ndarray) -> Choice:
-        """How this retriever scores these (already pruned) query vectors (n, dims), and why, as the next call takes
-        it: :func:`.planner.choose` (for ``'auto'``, the measured choice among the paths the cost model puts near the
-        cheapest; for a FlexIndex, the float32 pruned paths only once their layout is on disk)."""
+        """How this retriever scores these pruned query vectors (n, dims), and why: :func:`.planner.choose`."""
         dims, docs = self.shape
         return planner.choose(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
                               compiled=kept.NUMBA_AVAILABLE, model=lambda: calibration.model(verbose=self.verbose),
@@ -134,16 +131,12 @@ class PrunedRetriever(ConfigTransformer):
         return self.choice(query_vecs).plan
 
     def choose_strategy(self, query_vecs: np.ndarray) -> str:
-        """The path this retriever takes for these (already pruned) query vectors (n, dims): ``'pruned'``,
-        ``'dense'`` or ``'compressed'``."""
+        """The path for these query vectors: ``'pruned'``, ``'dense'`` or ``'compressed'``."""
         return self.plan(query_vecs).strategy
 
     def search(self, query_vecs: np.ndarray, plan: Optional[Plan] = None) -> Result:
-        """The top ``num_results`` ``(scores, docids)`` of each query vector (n, dims), already checked by
-        :meth:`stack_queries`, scored as ``plan`` says (default: :meth:`plan`, and for ``'auto'`` the call is timed
-        for its measured choice): the search of one index, which
-        :class:`~pyterrier_rdime.pruned.sharded.ShardedPrunedRetriever` runs on every shard with the plan of its
-        driver."""
+        """The top ``num_results`` ``(scores, docids)`` of each checked query vector, scored as ``plan`` says
+        (default: :meth:`plan`, timed under ``'auto'``)."""
         choice = self.choice(query_vecs) if plan is None else None
         plan = choice.plan if choice is not None else plan
         start = time.perf_counter()
@@ -157,8 +150,7 @@ class PrunedRetriever(ConfigTransformer):
         return result
 
     def _scorer(self, plan: Plan, query_vecs: np.ndarray) -> Callable[[], Result]:
-        """The scoring of these queries on ``plan``'s path, with the files it reads opened (or built) first: what the
-        measured choice times."""
+        """The scoring of these queries on ``plan``'s path, its files opened (or built) first."""
         if plan.path == 'dense':
             rows = None if self._layout.is_array else self._layout.doc_rows()
             matrix = self.dim_major() if rows is None else rows
@@ -192,9 +184,8 @@ class PrunedRetriever(ConfigTransformer):
 
     @staticmethod
     def stack_queries(inp: pd.DataFrame, dims: int, abs_max: np.ndarray, name: str) -> np.ndarray:
-        """The ``query_vec`` column as a float32 (n, dims) matrix, refusing (naming the stage ``name`` and the qid)
-        vectors of another size, NaN / inf, and any whose scores could overflow float32 against documents whose
-        dimensions reach ``abs_max`` (float64 ``(dims,)``)."""
+        """The ``query_vec`` column as a float32 (n, dims) matrix, refusing (naming the qid) other sizes, NaN / inf,
+        and scores that could overflow float32."""
         values = inp['query_vec'].to_numpy()
         bad = [i for i, v in enumerate(values) if np.ndim(v) != 1 or np.size(v) != dims]
         if bad:
