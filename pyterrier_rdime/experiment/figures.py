@@ -5,7 +5,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-#: Percentiles of the per-query kept fraction that RDIME's bar spans in the sweep plot.
+#: Percentiles of the per-query kept fraction that RDIME's bar spans in the sweep plot (the inter-quartile range).
 SPREAD = (25, 75)
 #: Line styles of the Top-k reference lines, one per Top-k column.
 TOPK_STYLES = (':', '--', '-.', (0, (6, 1.5)), (0, (3, 1, 1, 1, 1, 1)))
