@@ -1,7 +1,5 @@
-"""Test collections for experiments: an ir_datasets id (``irds:…``) or a local folder of the shared-data format.
-
-A folder's files are checked line by line when loaded, so that a bad line is reported with its file and line
-before anything is built from it."""
+"""Test collections for experiments: an ir_datasets id (``irds:…``) or a local folder of the shared-data format,
+its files checked line by line when loaded."""
 import functools
 import hashlib
 import json
@@ -346,11 +344,8 @@ def _read_qrels(path: Path) -> pd.DataFrame:
 
 
 def read_trec_run(path: Union[str, os.PathLike]) -> pd.DataFrame:
-    """A TREC run file as ``qid, docno, score, rank`` (rank re-derived from the score, 0-based).
-
-    Lines are ``qid Q0 docno rank score tag`` (integer rank, finite score, each (qid, docno) once); the first bad
-    line raises ``ValueError`` with its file and line.
-    """
+    """A TREC run file as ``qid, docno, score, rank`` (rank re-derived from the score, 0-based); the first bad line
+    (not ``qid Q0 docno rank score tag``, or a (qid, docno) repeated) raises ``ValueError`` with its file and line."""
     path = Path(path)
     return _parsed_run(path, _file_identity(path)).copy()
 

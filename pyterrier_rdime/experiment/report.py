@@ -39,13 +39,11 @@ class ExperimentResult:
             ``<dime>/CV Top-k`` is the cross-validated Top-k.
         perquery: ``system, qid, measure, value``.
         kept: per query and pruned system: ``dime, threshold, qid, kept_frac, fallback, mean_weight``.
-        significance: the comparisons of :func:`~pyterrier_rdime.experiment.parity.significance` (test and
-            alternative used, Holm-corrected p, mean difference with its 95 % CI, TOST p, verdict).
+        significance: the comparisons of :func:`~pyterrier_rdime.experiment.parity.significance`.
         labels: DIME name -> row label.
         settings: the run's settings (collection, encoder, protocol, test, margin, folds, ...).
         notes: what the reader must know (feedback source, relevance level, skipped rows, dropped queries).
-        timings: seconds per phase (``load``, ``generation``, ``first_stage``, ``index``, ``systems``,
-            ``evaluation``) and their ``total``.
+        timings: seconds per phase and their ``total``.
         sweep: the Top-k sweep per query: ``dime, fraction, system, qid, measure, value`` (``dime`` ``random``:
             the random-selection curve).
         cv: the fraction cross-validation chose per fold: ``dime, measure, fold, fraction, queries``.
@@ -147,9 +145,8 @@ class ExperimentResult:
         return self.sweep.groupby(['dime', 'fraction', 'measure'], sort=False)['value'].mean().reset_index()
 
     def test_best(self, measure: str, dime: str) -> Optional[Tuple[str, float]]:
-        """``(system, value)`` of the best Top-k of ``dime`` tuned on the test queries (among the sweep and the
-        Top-k columns), the comparator RDIME was tested against (``<dime>/k=1.0`` where it is Baseline:
-        :data:`~.parity.BEST_IS_BASELINE`); None without Top-k."""
+        """``(system, value)`` of the best Top-k of ``dime`` tuned on the test queries (``<dime>/k=1.0`` where it is
+        Baseline: :data:`~.parity.BEST_IS_BASELINE`); None without Top-k."""
         sig = self.significance
         mine = sig[(sig['measure'] == measure) & (sig['system'] == f'{dime}/RDIME')]
         hit = mine[mine['comparison'].str.startswith('best Top-k')]
