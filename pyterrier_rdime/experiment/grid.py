@@ -118,8 +118,7 @@ def answers_key(sources: AnswerSources) -> str:
 
 
 def collection_inputs(collection: Collection, answers_key: Optional[str] = None) -> Dict[str, Optional[str]]:
-    """A fingerprint of each of a collection's files that a cell's numbers depend on (``answers_key``: of
-    ``--answers``)."""
+    """A fingerprint of each of a collection's files that a cell's numbers depend on."""
     shipped = None if collection.answers is None else _digest(sorted(collection.answers.items()))
     return {'documents': collection.fingerprint, 'queries': _frame_digest(collection.topics),
             'qrels': _frame_digest(collection.qrels),
@@ -129,8 +128,7 @@ def collection_inputs(collection: Collection, answers_key: Optional[str] = None)
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """The content of this package's modules and the versions of the libraries: a cell computed by other code is
-    recomputed."""
+    """The content of this package's modules and the libraries' versions: other code recomputes a cell."""
     import importlib.metadata
     digest = hashlib.sha256()
     package = Path(__file__).resolve().parents[1]
@@ -216,8 +214,7 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
 
 
 def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict, lone: bool = False) -> Cell:
-    """Runs ``cell``, writes its outputs and then its record; sets its status, result and problems, or its error
-    (raised where the cell is ``lone``)."""
+    """Runs ``cell``, writes its outputs, then its record; sets its status and result, or its error."""
     (cell.folder / CELL_FILE).unlink(missing_ok=True)
     progress = SystemRecords(cell.folder / PROGRESS, cell.key)
     try:

@@ -22,8 +22,7 @@ Key = Tuple[str, Hashable]
 
 
 def without_vectors(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` without its vector columns (``query_vec``, ``doc_vec``, ``query_dime``, …), which nothing after
-    the systems reads."""
+    """``frame`` without its vector columns (``query_vec``, ``doc_vec``, …): nothing later reads one."""
     if not len(frame):
         return frame
     first = frame.iloc[0]

@@ -85,8 +85,7 @@ def run_experiment(
             each (:func:`~.answer_sources.answer_sources`).
         cache_dir: indexes and generated answers (default: ``$PYTERRIER_RDIME_CACHE``, else the XDG cache folder).
         batch_size: encoder batch size.
-        llm_generator: generate the LLM row's answers with :class:`LlmGenerator` (``'smollm2'`` or a Hugging Face
-            model) instead of reading them; cached under ``cache_dir``.
+        llm_generator: generate the LLM answers with :class:`LlmGenerator` (``'smollm2'`` or a hub model).
         workers, parallel_backend: processes for the query-level work (``'joblib'`` or ``'ray'``).
         progress: where each finished system is recorded for a re-run (:class:`~.progress.SystemRecords`).
     """
