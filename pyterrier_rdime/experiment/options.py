@@ -18,8 +18,8 @@ STAGE = 'rdime-experiment'
 @dataclass(frozen=True)
 class Options:
     """The run's protocol options, checked when built: each error names the option (as the command spells it) and
-    the fix. :func:`run_experiment`, the command's parser, the grid's cell key and the recorded settings all derive
-    from the fields (:data:`OPTION_NAMES`). Lists become tuples without repeats, fractions floats."""
+    the fix. The command builds them from its parser; the grid's cell key and the recorded settings derive from the
+    fields (:data:`OPTION_NAMES`). Lists become tuples without repeats, fractions floats."""
     mode: str = 'rerank'
     first_stage: str = 'auto'
     feedback: str = 'dense'
