@@ -22,8 +22,7 @@ def split_answers(spec: Optional[str]) -> List[str]:
 
 
 def check_answers_spec(spec: str) -> None:
-    """Each item of ``--answers`` is an existing file (parsed now, so that a bad line fails before any work) or a
-    well-formed name; whether a name has answers for each collection is checked when the grid is planned."""
+    """Each item of ``--answers`` is an existing file (parsed now) or a well-formed name."""
     items = split_answers(spec)
     if not items:
         raise ValueError(f'--answers {spec!r} names no answers; pass a qid<TAB>answer file, or names such as gpt-4 '
@@ -43,11 +42,9 @@ def answer_sources(spec: Optional[str], collection: Collection,
                    cache_dir: Union[str, Path]) -> AnswerSources:
     """The answers of ``--answers`` for ``collection``: source name -> (qid -> answer).
 
-    Without ``spec``, the collection's own ``llm_answers.tsv`` as the source ``''`` (none: empty). A single file is
-    the source ``''`` too (its rows keep the plain ``LLM`` label); several items are named by the file's stem or
-    by the name. A name is read from the collection folder's ``llm_answers/<name>.tsv``, else, for an ``irds:``
-    collection, from the catalogue of published answers (:mod:`pyterrier_rdime.llm.published`), downloaded once
-    into ``cache_dir``.
+    Without ``spec``, the collection's own ``llm_answers.tsv`` as the source ``''``; a single file is the source
+    ``''`` too; several items are named by the file's stem or the name. A name is read from the folder's
+    ``llm_answers/<name>.tsv``, else from the published answers (:mod:`pyterrier_rdime.llm.published`).
     """
     if spec is None:
         return {} if collection.answers is None else {'': collection.answers}

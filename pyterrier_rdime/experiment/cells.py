@@ -1,8 +1,5 @@
-"""A grid's cells as Ray tasks: up to ``--cells`` of them in flight on a cluster, each computed, written and recorded on
-its node by the grid's own code (:func:`~.grid.compute_cell`, into folders every node shares), a cell whose node or
-worker process is lost run again elsewhere (at most :data:`RETRIES` times), and every wait bounded.
-
-Only the orchestration lives here: what a cell is, how it is keyed and recorded, is the grid's."""
+"""A grid's cells as Ray tasks: up to ``--cells`` of them in flight on a cluster, each computed on its node by
+:func:`~.grid.compute_cell`, a lost cell run again elsewhere, and every wait bounded."""
 import logging
 import time
 from typing import Callable, Dict, List, Optional, Sequence
@@ -11,13 +8,11 @@ import pyterrier as pt
 
 logger = logging.getLogger(__name__)
 
-#: Times a cell is run again after its node or its worker process was lost (Ray's task retries); its own errors are
-#: recorded at once, never retried.
+#: Times a cell is run again after its node or worker was lost; its own errors are never retried.
 RETRIES = 3
 #: Seconds between two looks at the cells in flight.
 POLL = 5
-#: Seconds the cells left may wait while no live node of the cluster offers the CPUs one needs, before they
-#: fail.
+#: Seconds the cells may wait while no live node offers the CPUs one needs.
 NO_NODE_TIMEOUT = 120
 #: Seconds to fetch a finished cell's result, and to connect to ``ray_address``.
 FETCH_TIMEOUT = 60
@@ -25,15 +20,9 @@ FETCH_TIMEOUT = 60
 
 def run_cells(pending: Sequence, compute: Callable, *, cells: int, total: int, ray_address: Optional[str] = None,
               cpus: int = 1, verbose: bool = True) -> None:
-    """Runs ``compute(cell)`` for each of the ``pending`` cells as a Ray task reserving ``cpus`` CPUs, ``cells`` of
-    them at once, and copies each returned cell's status, error, problems and result onto the driver's cell (in
-    place). A bar shows the cells done out of the grid's ``total`` (the read-back ones count as done; none when not
-    ``verbose``).
-
-    Bounded: a task whose node dies is run again by Ray (``max_retries=RETRIES``), then fails with the reason; the
-    cells wait at most :data:`NO_NODE_TIMEOUT` seconds while no live node offers ``cpus`` CPUs; a result is fetched
-    within :data:`FETCH_TIMEOUT` seconds. Interrupted, the cells in flight are cancelled; the finished ones are
-    recorded already."""
+    """Runs ``compute(cell)`` for each of the ``pending`` cells as a Ray task reserving ``cpus`` CPUs, ``cells`` at
+    once, and copies each result onto the driver's cell. Bounded by :data:`RETRIES`, :data:`NO_NODE_TIMEOUT` and
+    :data:`FETCH_TIMEOUT`; interrupted, the cells in flight are cancelled."""
     if not pending:
         return
     try:
@@ -76,8 +65,7 @@ def _task(compute: Callable, cell) -> tuple:
 
 
 def _finish(ray, ref, cell) -> None:
-    """The result of a finished task onto the driver's ``cell``; a task that failed makes a failed cell that says
-    why."""
+    """The result of a finished task onto the driver's ``cell``; a failed task makes a failed cell."""
     try:
         computed, node = ray.get(ref, timeout=FETCH_TIMEOUT)
     except ray.exceptions.RayError as e:
@@ -100,8 +88,7 @@ def _reason(error: Exception) -> str:
 
 
 def _cpus(ray) -> float:
-    """The most CPUs one live node of the cluster offers (a cell runs on one node; 0 while the cluster cannot be
-    asked)."""
+    """The most CPUs one live node of the cluster offers (0 while the cluster cannot be asked)."""
     try:
         return max([n.get('Resources', {}).get('CPU', 0) for n in ray.nodes() if n.get('Alive')], default=0)
     except Exception:  # the head is being reached again: no CPU known, the bound goes on counting

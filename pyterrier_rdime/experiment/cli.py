@@ -10,8 +10,7 @@ from typing import List, Optional, Sequence
 
 from . import arguments
 
-#: Seconds ``--ray-address`` may take to accept a connection before the command fails (``ray.init`` alone retries
-#: for minutes).
+#: Seconds ``--ray-address`` may take to accept a connection (``ray.init`` alone retries for minutes).
 RAY_CONNECT_TIMEOUT = 60
 
 
@@ -117,8 +116,8 @@ def _split(text: Optional[str]) -> List[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The command: exit 0 on success, 1 when some outputs could not be written, 2 with one line for an error the
-    user can fix (an option, a file, a cache, the environment), 70 with a traceback for a bug."""
+    """The command: exit 0 on success, 1 when some outputs could not be written, 2 for the user's error, 70 for a
+    bug."""
     args = _parser().parse_args(argv)  # --help works without the runner's packages
     missing = arguments.missing_runner_packages()
     if missing:
@@ -162,10 +161,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run(args, encoders: List[str], settings: dict, out: Path, cache: Path, backend: str, start: float) -> int:
-    """One cell per collection and encoder, in ``<out>/<collection>/<encoder>/``, then the combined outputs in
-    ``<out>``: a single collection and encoder is a one-cell grid, with the same layout. Prints the tables (a lone
-    cell's results.md, else grid.md). The errors of checking every cell before any work, and a lone cell's own error,
-    propagate to :func:`main`; a cell's failure among several is reported here."""
+    """One cell per collection and encoder, then the combined outputs in ``<out>`` (one cell is a one-cell grid).
+    Prints a lone cell's results.md, else grid.md; a cell's failure among several is reported here."""
     from .grid import run_grid
     grid = run_grid(args.collection, encoders, out, rel=args.rel, measures=_split(args.measures) or None,
                     index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
@@ -206,9 +203,8 @@ def _failure(error: Exception) -> int:
 
 
 def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str, cells: int = 1) -> str:
-    """``'ray'`` when ``--ray-address`` spreads ``--workers``, else ``'joblib'`` (the grid runs the workers of a cell
-    sent to a node of ``--cells`` there, with joblib); connected to the cluster (within :data:`RAY_CONNECT_TIMEOUT`
-    seconds, or one line of error) for the workers, the shards of ``--retriever sharded`` or the ``--cells``."""
+    """``'ray'`` when ``--ray-address`` spreads ``--workers``, else ``'joblib'``; connects to the cluster (within
+    :data:`RAY_CONNECT_TIMEOUT`) where anything needs it."""
     if ray_address is None:
         return 'joblib'
     try:
@@ -224,8 +220,7 @@ def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str, 
 
 
 def _quiet_libraries(verbose: bool) -> None:
-    """The command's terminal: this package's progress lines, no INFO lines of other libraries between the bars,
-    and model-loading bars only when verbose."""
+    """The command's terminal: this package's progress lines, no other libraries' INFO lines."""
     logging.basicConfig(level=logging.WARNING, format='%(message)s')
     logging.getLogger('pyterrier_rdime').setLevel(logging.INFO if verbose else logging.WARNING)
     # ir_datasets sets its logger to INFO on first use, with a handler of its own: a filter outlasts that

@@ -1,10 +1,5 @@
-"""Test collections for experiments: an ir_datasets id (``irds:…``) or a local folder of the shared-data format.
-
-A folder's files are checked line by line when it is loaded, so that a bad line is reported with its file and line
-number before anything (an index, a cache) is built from it.
-
-Longer than the package's ~250-line habit on purpose: the loader, the readers of its four file formats (docs,
-queries, qrels, runs) and their line-by-line checks are one job, and each reader is short."""
+"""Test collections for experiments: an ir_datasets id (``irds:…``) or a local folder of the shared-data format,
+its files checked line by line when loaded."""
 import functools
 import hashlib
 import json
@@ -43,14 +38,10 @@ class Collection:
         topics: ``qid, query`` of the judged queries.
         qrels: ``qid, docno, label``.
         docs: ``docs(docnos=None)`` iterates ``{'docno', 'text'}`` dicts, of all documents or of the given ones
-            (in corpus order; a docno the corpus lacks is a ``ValueError`` naming it, raised by the call, before
-            anything is read). For a folder, all documents are read again and every line checked while iterating (a
-            bad line raises ``ValueError`` naming ``docs.jsonl:<line>``, a changed content when the iteration ends,
-            so that nothing built from it is finalised); given ones are read at their byte offsets, indexed when
-            the collection was loaded, after checking that the file is the one loaded (size, times, inode).
+            (in corpus order; a docno the corpus lacks is a ``ValueError`` raised by the call). A folder's lines
+            are checked again while read, and a file changed since loading is an error.
         absent: ``absent(docnos)`` lists those of ``docnos`` that the corpus does not hold (in their order).
-        fingerprint: what the documents' content is keyed by in caches: for a folder, ``sha256:`` of
-            ``docs.jsonl``'s bytes; for ir_datasets, its id (a dataset's documents never change under its id).
+        fingerprint: what caches key the documents by: ``sha256:`` of ``docs.jsonl``, or the ir_datasets id.
         run: a supplied first-stage run (``qid, docno, score, rank``), if the collection ships one.
         answers: LLM answers (qid -> text) for LLM DIME, if the collection ships them.
         dropped_queries: qids of queries that were dropped because they have no judgments.
@@ -67,9 +58,7 @@ class Collection:
     dropped_queries: tuple = ()
     num_docs: Optional[int] = None
 
-    #: A file-name-safe key of the collection for cache folders, set when it is built: the ir_datasets id, or the
-    #: folder's name (not its path, so that a collection and its cache copied elsewhere keep their key). Two folders
-    #: of the same name share the key; every cached artefact records :attr:`fingerprint` and is checked against it.
+    #: A file-name-safe key for cache folders: the ir_datasets id or the folder's name (not its path).
     slug: str = field(init=False)
 
     def __post_init__(self):
@@ -85,15 +74,10 @@ def load_collection(name: Union[str, os.PathLike]) -> Collection:
     """Load ``irds:<ir_datasets id>`` or a folder holding ``docs.jsonl``, ``queries.tsv`` and ``qrels`` (optionally
     one ``*.run`` first-stage run and ``llm_answers.tsv``).
 
-    A folder's files must be UTF-8 (a leading byte-order mark is ignored); blank lines are skipped. Each line is
-    checked, and the first bad one raises ``ValueError`` naming the file and line: in ``docs.jsonl`` a JSON object
-    with string ``docno`` and ``text`` (other keys are ignored), docnos unique and free of whitespace, at least one
-    document; in ``queries.tsv`` ``qid<TAB>query`` (further tabs belong to the query), qids unique, queries not
-    empty; in ``qrels`` four fields with an integer label (negative labels are kept as given), one judgment per
-    query and document; a run as :func:`read_trec_run` checks it, and every docno it names must be in
-    ``docs.jsonl`` (checked here, before anything is encoded). Queries without judgments are dropped (listed in
-    ``dropped_queries``); a collection where no query is judged is an error. :attr:`Collection.fingerprint` keys
-    every cache built from the documents.
+    A folder's files must be UTF-8; blank lines are skipped. The first bad line raises ``ValueError`` naming the
+    file and line (docs: JSON with string ``docno`` and ``text``, docnos unique; queries: ``qid<TAB>query``; qrels:
+    four fields, integer label; a run as :func:`read_trec_run`, its docnos in the corpus). Queries without judgments
+    are dropped (``dropped_queries``); a collection with no judged query is an error.
 
     Args:
         name: ``irds:<id>``, or the path of a collection folder (``str`` or ``os.PathLike``).
@@ -207,9 +191,8 @@ def _load_folder(path: Path) -> Collection:
 
 
 class DocsFile:
-    """A collection folder's ``docs.jsonl``, read once when loaded: every line checked, the bytes hashed
-    (:attr:`fingerprint`) and the byte range of each document's line indexed, so that a few documents are a few
-    reads at their offsets, not a pass over the corpus."""
+    """A collection folder's ``docs.jsonl``, read once when loaded: lines checked, bytes hashed and each line's byte
+    range indexed, so that a few documents are a few reads, not a pass over the corpus."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -263,8 +246,7 @@ class DocsFile:
 
 
 class _LineSpans:
-    """A ``digest`` for :func:`utf8_lines` that hashes every byte (sha256) and keeps the byte range of the line
-    read last, so that one pass both fingerprints the file and indexes where each line is."""
+    """A ``digest`` for :func:`utf8_lines` that hashes every byte and keeps the byte range of the last line read."""
 
     def __init__(self):
         self.digest = hashlib.sha256()
@@ -276,8 +258,7 @@ class _LineSpans:
 
 
 def _file_identity(path: Path, opened=None) -> Tuple[int, int, int, int]:
-    """What changes when a file is written, replaced or touched: its size, modification and change times and
-    inode."""
+    """What changes when a file is written, replaced or touched: size, times and inode."""
     stat = os.fstat(opened.fileno()) if opened is not None else path.stat()
     return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
 
@@ -363,20 +344,15 @@ def _read_qrels(path: Path) -> pd.DataFrame:
 
 
 def read_trec_run(path: Union[str, os.PathLike]) -> pd.DataFrame:
-    """A TREC run file as ``qid, docno, score, rank`` (rank re-derived from the score, 0-based).
-
-    Every line must be ``qid Q0 docno rank score tag`` with an integer rank and a finite score, and name each
-    (qid, docno) once; the first bad line raises ``ValueError`` with its file and line number. Blank lines are
-    skipped.
-    """
+    """A TREC run file as ``qid, docno, score, rank`` (rank re-derived from the score, 0-based); the first bad line
+    (not ``qid Q0 docno rank score tag``, or a (qid, docno) repeated) raises ``ValueError`` with its file and line."""
     path = Path(path)
     return _parsed_run(path, _file_identity(path)).copy()
 
 
 @functools.lru_cache(maxsize=4)
 def _parsed_run(path: Path, identity: Tuple[int, int, int, int]) -> pd.DataFrame:
-    """:func:`read_trec_run`, parsed once per file content (``identity``: checking the command's options and running
-    the cell read the same file)."""
+    """:func:`read_trec_run`, parsed once per file content (``identity``)."""
     rows = []
     first_line: Dict[Tuple[str, str], int] = {}
     for line_no, line in utf8_lines(path):
@@ -407,15 +383,13 @@ def _parsed_run(path: Path, identity: Tuple[int, int, int, int]) -> pd.DataFrame
 
 
 def check_in_corpus(collection: Collection, docnos: Sequence[str], source: str) -> None:
-    """Fails, naming the first missing docno and the collection, when the corpus lacks documents of ``docnos``
-    (taken from ``source``, e.g. a run file): before anything is encoded, rather than giving a missing document
-    another one's vector or failing after the others were encoded."""
+    """Fails, naming the first missing docno, when the corpus lacks documents of ``docnos`` (from ``source``):
+    before anything is encoded."""
     _refuse_absent(collection.absent(list(dict.fromkeys(docnos))), collection.name, source)
 
 
 def iter_texts(collection: Collection, docnos: Optional[Iterable[str]]) -> Iterator[Dict[str, str]]:
-    """Documents of ``collection`` (all, or those in ``docnos``, in corpus order); every requested docno is checked
-    to be in the corpus first."""
+    """Documents of ``collection`` (all, or those in ``docnos``, in corpus order), checked to be in the corpus first."""
     wanted = None if docnos is None else list(dict.fromkeys(docnos))
     if wanted is not None:
         check_in_corpus(collection, wanted, 'the documents to encode')

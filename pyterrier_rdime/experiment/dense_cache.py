@@ -33,9 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 def encoder_slug(name: str) -> str:
-    """The cache folder name of an encoder: its name (a folder's own name, not its path) and a digest of its content
-    (:func:`encoder_fingerprint`), so that local folders, often all called 'model', do not share one, and a cache
-    copied to another machine or virtual environment is found again."""
+    """The cache folder name of an encoder: its name and a digest of its content (:func:`encoder_fingerprint`), so
+    that local folders all called 'model' do not share one."""
     digest = hashlib.sha1(encoder_fingerprint(name).encode()).hexdigest()[:8]
     return slug(Path(name).expanduser().resolve().name if Path(name).expanduser().is_dir() else name, digest)
 
@@ -60,14 +59,10 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
                 docnos: Optional[Sequence[str]] = None, *, batch_size: int = 32, verbose: bool = True):
     """A FlexIndex of ``collection`` encoded with ``model`` (named ``encoder_name``), cached under ``cache_dir``.
 
-    With ``docnos`` only those documents are needed: a cached index that holds them all is reused, otherwise only the
-    missing ones are encoded and added. ``docnos=None`` needs the whole corpus. The cache records what it was built
-    from (:func:`dense_index_path`, :data:`FINGERPRINT`): the encoder's content and the collection's, and the hash
-    of each document's text. When the collection changed, the vectors of unchanged documents are kept, changed and
-    new ones encoded, removed ones dropped, and one line says so; when the encoder changed, or the cache has no
-    fingerprint, everything is encoded again. A docno the corpus lacks is an error naming it, before any encoding.
-    A killed run leaves the cached index as it was (the new one is written beside it and moved into place), and the
-    vectors it encoded in chunks beside it (:class:`_EncodedSoFar`): the next run reads them back.
+    With ``docnos`` only those documents are needed (``None``: the whole corpus); only the ones the cache lacks are
+    encoded. The cache records the encoder's content, the collection's and each document's text hash
+    (:data:`FINGERPRINT`): unchanged documents keep their vectors; a changed encoder encodes everything again. A
+    killed run leaves the cached index as it was, and the next run reads back what it encoded (:class:`_EncodedSoFar`).
     """
     check_int('dense_index', 'batch_size (--batch-size)', batch_size, 1)
     needed = None if docnos is None else list(dict.fromkeys(str(d) for d in docnos))
@@ -101,8 +96,7 @@ def _dense_index(path: Path, collection: Collection, model, encoder_name: str, n
     partial = _EncodedSoFar(path.with_name(path.name + PARTIAL_SUFFIX), encoder)
 
     def records() -> Iterator[dict]:
-        """Streams the reused vectors, then the new ones a batch at a time (bounded memory, a progress bar that
-        moves with every batch); the vectors an interrupted run encoded are read back, not encoded again."""
+        """Streams the reused vectors, then the new ones a batch at a time (bounded memory)."""
         for docid, docno in zip(cached.docids, cached.docnos):
             yield {'docno': docno, 'doc_vec': np.asarray(vectors[docid])}
         fresh = (doc for doc in new_docs if doc['docno'] not in held)
@@ -129,16 +123,14 @@ def _dense_index(path: Path, collection: Collection, model, encoder_name: str, n
     return FlexIndex(str(path), verbose=False)
 
 
-#: Beside a dense index being encoded: the vectors encoded so far (:class:`_EncodedSoFar`), until it is complete.
+#: Beside a dense index being encoded: the vectors encoded so far (:class:`_EncodedSoFar`).
 PARTIAL_SUFFIX = '.encoded-so-far'
 
 
 class _EncodedSoFar:
-    """The vectors encoded for a dense index not built yet, kept in chunks beside it so that an interrupted run
-    (Ctrl-C, a crash, a kill) loses at most the last :data:`FLUSH_EVERY` documents: the next run reads back those of
-    the same encoder and text (docno and text hash) instead of encoding them again. A chunk is a ``.npy`` of vectors
-    and a JSON of their docnos, text hashes and encoder, each written atomically (the JSON last); one that does not
-    read back is ignored. Used as a context manager around the encoding: leaving it writes what is pending."""
+    """The vectors encoded for a dense index not built yet, kept in chunks beside it so that an interrupted run loses
+    at most the last :data:`FLUSH_EVERY` documents (the next run reads back those of the same encoder and text). A
+    context manager around the encoding: leaving it writes what is pending."""
     FLUSH_EVERY = 4096
 
     def __init__(self, folder: Path, encoder: str):
@@ -160,8 +152,7 @@ class _EncodedSoFar:
             logger.info('%s: %d documents encoded by an interrupted run are read back', folder, len(self.found))
 
     def vectors(self, docnos: List[str], hashes: np.ndarray, texts: List[str], model) -> List[np.ndarray]:
-        """The vectors of a batch: read back where an earlier run encoded the same docno and text, else encoded
-        now (in one call of the model) and kept."""
+        """The vectors of a batch: read back where an earlier run encoded the same docno and text, else encoded."""
         keys = list(zip(docnos, (int(h) for h in hashes)))
         todo = [i for i, key in enumerate(keys) if key not in self.found]
         encoded = model.encode_docs([texts[i] for i in todo]) if todo else []
@@ -233,8 +224,7 @@ def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached
     removed = set(collection.absent(docnos))
     now = {doc['docno']: text_hash(doc['text']) for doc in collection.docs([d for d in docnos if d not in removed])}
     keep = np.array([now.get(d) == int(h) for d, h in zip(docnos, hashes)], dtype=bool)
-    # The corpus's documents that the index does not hold: added since, for a complete index; for a partial one
-    # (the candidates of a re-ranking), possibly never needed.
+    # documents the index lacks: added since (complete index), or possibly never needed (a re-ranking's candidates)
     others = collection.num_docs - len(now) if collection.num_docs is not None else None
     if others is None:
         others_note = ''
@@ -250,18 +240,15 @@ def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached
 
 
 def _lookup_round_trips(index, docnos: Sequence[str]) -> bool:
-    """Whether the index's docno lookup finds every document at its own row. npids (pyterrier-dr's docno store)
-    encodes runs of 256 or more consecutive integer docnos compactly, and its reverse lookup over several such runs
-    compares the docno, not its offset in the run, with the run's length: cranfield's docnos 1..1400 in corpus order
-    give 877 of 1,397 documents another row or none, and every vector loaded for them would be another document's."""
+    """Whether the index's docno lookup finds every document at its own row: npids' reverse lookup is wrong over
+    several runs of 256+ consecutive integer docnos (cranfield's), which would load other documents' vectors."""
     lookup = index.payload(return_dvecs=False)[0]
     return bool(np.array_equal(np.asarray(lookup.inv[list(docnos)]), np.arange(len(docnos))))
 
 
 def _ensure_lookup_round_trips(folder: Path, hashes: np.ndarray) -> np.ndarray:
-    """Rewrites the FlexIndex just built in ``folder`` in the order of its docnos' digests when its lookup does not
-    round-trip (:func:`_lookup_round_trips`; no run of consecutive integers survives that order), and returns the
-    text hashes in the new order. Fails, naming the folder, if even that order does not round-trip."""
+    """Rewrites the FlexIndex in ``folder`` in the order of its docnos' digests when its lookup does not round-trip,
+    and returns the text hashes in the new order; fails, naming the folder, if it still does not."""
     from pyterrier_dr import FlexIndex
     index = FlexIndex(str(folder), verbose=False)
     lookup, vecs, _ = index.payload()
@@ -302,10 +289,8 @@ def _read_cached(path: Path) -> Tuple[object, List[str], Optional[np.ndarray]]:
 
 def adopt_index(folder: Union[str, Path], collection: Collection, encoder_name: str,
                 cache_dir: Union[str, Path]) -> Path:
-    """Moves a FlexIndex that was encoded from ``collection`` with ``encoder_name`` without a fingerprint (by hand,
-    or by a version before fingerprints) into :func:`dense_index`'s cache, recording what it was built from, and
-    returns its new path. Its documents must be exactly those of the collection now, encoded with these encoder
-    files: that is taken on trust. Whether it holds the whole corpus is read from its documents."""
+    """Moves a FlexIndex without a fingerprint, encoded from ``collection`` with ``encoder_name``, into
+    :func:`dense_index`'s cache, recording what it was built from (taken on trust), and returns its new path."""
     from pyterrier_dr import FlexIndex
     folder = Path(folder)
     if not (folder / 'pt_meta.json').is_file():

@@ -7,10 +7,7 @@ from typing import Tuple
 
 from .._config import check_int, hub_offline
 
-#: Short names of the paper's encoders (768-d; they need the Hugging Face hub or its local cache): the
-#: sentence-transformers names the reference implementations load, through pyterrier-dr's ``SBertBiEncoder``
-#: (the pooling each model's own sentence-transformers configuration declares: CLS for TAS-B and ANCE, mean for
-#: Contriever; no normalisation).
+#: Short names of the paper's encoders: the sentence-transformers names the reference implementations load.
 PAPER_ENCODERS = {
     'tasb': 'sentence-transformers/msmarco-distilbert-base-tas-b',
     'contriever': 'facebook/contriever-msmarco',
@@ -18,8 +15,7 @@ PAPER_ENCODERS = {
 }
 DEFAULT_ENCODER = 'minilm'
 
-#: The files of a model folder that decide its vectors: configurations, vocabularies, tokenizers, weights and custom
-#: code. Documentation, licences and desktop clutter (README.md, desktop.ini) change no vector.
+#: The files of a model folder that decide its vectors (not documentation or licences).
 _MODEL_SUFFIXES = ('.json', '.txt', '.model', '.safetensors', '.bin', '.pt', '.pth', '.py', '.tiktoken')
 _WEIGHT_SUFFIXES = ('.safetensors', '.bin', '.pt', '.pth')
 #: Alternative runtimes' copies that sentence-transformers does not load.
@@ -37,8 +33,7 @@ def bundled_minilm_path() -> Path:
 
 
 def resolve_encoder(name: str) -> str:
-    """The local path or hub id that ``name`` stands for; fails fast, with the fix, when a hub model is neither
-    reachable nor in the local Hugging Face cache."""
+    """The local path or hub id that ``name`` stands for; fails, with the fix, when a hub model cannot be had."""
     key = name.lower().replace('-', '').replace('_', '')
     if key == DEFAULT_ENCODER:
         return str(bundled_minilm_path())
@@ -59,10 +54,8 @@ def resolve_encoder(name: str) -> str:
 
 
 def encoder_fingerprint(name: str) -> str:
-    """What an encoder's cached vectors are keyed by: a digest of the content of the model folder ``name`` resolves
-    to (its configuration, tokenizer and weights files; see ``_MODEL_SUFFIXES``), so that the same model in another
-    virtual environment, on another machine or in another folder has the same key, and a changed or fine-tuned
-    model in the same folder has another. A hub id that is not downloaded yet is keyed by the id itself."""
+    """What an encoder's cached vectors are keyed by: a digest of the model folder's content (the same model
+    elsewhere has the same key); a hub id not downloaded yet is keyed by the id itself."""
     resolved = Path(resolve_encoder(name))
     if not resolved.is_dir():
         return 'hub:' + str(resolved)
@@ -79,8 +72,7 @@ def encoder_fingerprint(name: str) -> str:
 
 
 def _check_model_files(name: str, folder: Path, files) -> None:
-    """A folder that lacks the configuration, the tokenizer or the weights cannot load: refused while the grid is
-    checked, before any cell's work, rather than when its cell comes."""
+    """Refuses a folder that lacks the configuration, the tokenizer or the weights, before any cell's work."""
     names = {f.name for f in files}
     tokenizer = bool(names & {'tokenizer.json', 'vocab.txt', 'vocab.json'}) or any(f.suffix == '.model' for f in files)
     needed = {'a configuration (config.json)': 'config.json' in names,
@@ -95,8 +87,8 @@ def _check_model_files(name: str, folder: Path, files) -> None:
 
 @functools.lru_cache(maxsize=16)
 def _content_digest(listing: Tuple[Tuple[str, str, int, int], ...]) -> str:
-    """sha256 over the relative names and contents of the files; memoised on their sizes and modification times,
-    since hashing a 440 MB model takes seconds."""
+    """sha256 over the files' relative names and contents; memoised on their sizes and times (a model takes
+    seconds)."""
     digest = hashlib.sha256()
     for relative, path, _, _ in listing:
         digest.update(relative.encode() + b'\0')

@@ -14,9 +14,8 @@ BINARY = ('AP', 'R', 'RR', 'P', 'Success')
 
 
 def parse_measures(names: Sequence[str], rel: Optional[int] = None) -> list:
-    """ir_measures objects of ``names`` (ir_measures syntax), with ``rel`` set on the binary measures; a name that
-    does not parse, or a cutoff or relevance level that is not an integer >= 1, is a ValueError naming it (ir_measures
-    accepts ``nDCG@0`` and ``AP(rel=0)``, then trec_eval aborts the process or raises a TypeError after the run)."""
+    """ir_measures objects of ``names``, with ``rel`` set on the binary measures; a bad name, cutoff or relevance
+    level is a ValueError naming it (ir_measures accepts ``nDCG@0``, then trec_eval fails after the run)."""
     if not names:
         raise ValueError('--measures: no measure given; for example --measures nDCG@10,AP')
     measures = []
@@ -46,11 +45,8 @@ def check_rel(rel: Optional[int], qrels: pd.DataFrame) -> None:
 
 def evaluate(frames: Dict[str, pd.DataFrame], topics: pd.DataFrame, qrels: pd.DataFrame,
              measures: list) -> Tuple[pd.DataFrame, pd.DataFrame]:
-    """``(aggregate, perquery)``: one per-query ``pt.Experiment`` over the systems' result frames; the aggregate of
-    a system is its mean over the queries (what ``pt.Experiment`` reports without ``perquery``).
-
-    ``aggregate``: ``system, measure, value``; ``perquery``: ``system, qid, measure, value``.
-    """
+    """``(aggregate, perquery)`` of one per-query ``pt.Experiment`` over the systems' result frames:
+    ``system, measure, value`` (the mean over the queries) and ``system, qid, measure, value``."""
     perquery = pt.Experiment(list(frames.values()), topics, qrels, measures, names=list(frames), perquery=True,
                              verbose=False)
     perquery = perquery.rename(columns={'name': 'system'})

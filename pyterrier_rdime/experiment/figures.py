@@ -1,20 +1,18 @@
-"""The runner's figures, drawn on bare matplotlib Figures (no pyplot state, so a notebook's backend is left alone):
-a cell's kept-fraction boxplot, Top-k sweep plot and (several LLM answer sources) sources plot, and the grid's
-kept-fraction Figure (the paper's)."""
+"""The runner's figures, drawn on bare matplotlib Figures (no pyplot state, so a notebook's backend is left alone)."""
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
 
-#: Share of each query's kept fraction that RDIME's horizontal bar spans in the sweep plot (the inter-quartile range).
+#: Percentiles of the per-query kept fraction that RDIME's bar spans in the sweep plot (the inter-quartile range).
 SPREAD = (25, 75)
-#: Line styles of the Top-k reference lines, one per Top-k column: told apart at a glance, in print too.
+#: Line styles of the Top-k reference lines, one per Top-k column.
 TOPK_STYLES = (':', '--', '-.', (0, (6, 1.5)), (0, (3, 1, 1, 1, 1, 1)))
 #: Panels per row of the grid's kept-fraction Figure (more wrap onto the next row).
 PANELS_PER_ROW = 3
 MEDIAN_COLOUR = 'tab:orange'
-#: Space (inches) between a figure's legend and its panels, and between the legend and the figure's edge.
+#: Space (inches) around a figure's legend.
 LEGEND_GAP = 0.15
 
 
@@ -25,8 +23,7 @@ def _colours(names: Sequence[str]) -> Dict[str, tuple]:
 
 
 def _topk_lines(ax, kept: pd.DataFrame) -> None:
-    """A horizontal line at the kept fraction of each Top-k column (a style of :data:`TOPK_STYLES` each), for
-    reading RDIME's boxes against them."""
+    """A horizontal line at the kept fraction of each Top-k column (:data:`TOPK_STYLES`)."""
     topk = kept[kept['threshold'].str.startswith('k=')].groupby('threshold', sort=False)['kept_frac'].mean()
     for i, (threshold, fraction) in enumerate(topk.items()):
         ax.axhline(fraction, color='dimgrey', linestyle=TOPK_STYLES[i % len(TOPK_STYLES)], linewidth=1,
@@ -61,8 +58,7 @@ def _box_handles() -> list:
 
 
 def kept_boxplot(kept: pd.DataFrame, labels: Dict[str, str], title: str, path: Union[str, Path]) -> None:
-    """RDIME's per-query kept fraction, one box per DIME (median as a line, mean as a triangle), with each Top-k's
-    kept fraction as a line."""
+    """RDIME's per-query kept fraction, one box per DIME, with each Top-k's kept fraction as a line."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=(1.6 * max(len(labels), 2) + 2.5, 3.5))
     ax = fig.subplots()
@@ -78,10 +74,8 @@ def kept_boxplot(kept: pd.DataFrame, labels: Dict[str, str], title: str, path: U
 
 def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, labels: Dict[str, str], title: str,
                path: Union[str, Path]):
-    """Each measure against the kept fraction, per DIME: the Top-k curve, RDIME as a point at its mean kept fraction
-    with a bar over the per-query spread (:data:`SPREAD` percentiles), CV Top-k as a cross at its chosen fractions'
-    mean, the random selection of as many dimensions (what the DIME's order adds over chance at each fraction), and
-    Baseline as a line.
+    """Each measure against the kept fraction, per DIME: the Top-k curve, RDIME (with its :data:`SPREAD`), CV Top-k,
+    the random selection, and Baseline as a line.
 
     Args:
         curves: ``dime, fraction, measure, value`` (mean over queries); dime ``random``: the random selection.
@@ -129,15 +123,14 @@ def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, 
     return fig
 
 
-#: Line styles of the sources plot: RDIME and the CV Top-k as solid lines with marks, the controls dotted.
+#: Line styles of the sources plot.
 SOURCE_STYLES = {'RDIME': ('o-', 'tab:blue'), 'CV Top-k': ('x-', 'tab:orange'),
                  'random (same budget)': ('.:', 'grey'), 'magnitude (same budget)': ('s:', 'tab:green')}
 
 
 def sources_plot(sources: List[str], curves: Dict[str, Dict[str, List[float]]], baseline: Dict[str, float],
                  title: str, path: Union[str, Path]):
-    """Each measure against the LLM answer source (one panel per measure): LLM DIME's RDIME and CV Top-k, and
-    RDIME's same-budget controls, one line each across the sources, Baseline as a dashed line.
+    """Each measure against the LLM answer source: LLM DIME's RDIME, CV Top-k and controls, and Baseline.
 
     Args:
         sources: the x-axis labels, in order.
@@ -169,10 +162,8 @@ def sources_plot(sources: List[str], curves: Dict[str, Dict[str, List[float]]], 
 
 
 def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]], paths: Sequence[Union[str, Path]]):
-    """The paper's Figure: RDIME's per-query kept fraction per DIME, one panel per (encoder, collection), encoder by
-    encoder, :data:`PANELS_PER_ROW` panels a row (a long grid wraps instead of becoming a strip), one legend under
-    them (median, mean, each Top-k's style). ``cells``: ``(collection, encoder, kept, labels)``; saved to each of
-    ``paths`` (PNG, PDF). Returns the Figure."""
+    """The paper's Figure: RDIME's per-query kept fraction per DIME, one panel per (encoder, collection),
+    :data:`PANELS_PER_ROW` a row. ``cells``: ``(collection, encoder, kept, labels)``; saved to each of ``paths``."""
     from matplotlib.figure import Figure
     collections = list(dict.fromkeys(c for c, _, _, _ in cells))
     encoders = list(dict.fromkeys(e for _, e, _, _ in cells))

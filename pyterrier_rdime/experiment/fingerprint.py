@@ -1,6 +1,5 @@
-"""What a cached artefact was built from, recorded beside it and checked before it is used: the collection's
-documents (:attr:`Collection.fingerprint`), the encoder's content (:func:`encoder_fingerprint`) and, for a dense
-index, a hash of each document's text, so that a changed corpus re-encodes only the documents that changed."""
+"""What a cached artefact was built from (documents, encoder, each document's text hash), recorded beside it and
+checked before it is used."""
 import hashlib
 import re
 from pathlib import Path
@@ -17,9 +16,8 @@ TEXT_HASHES = 'rdime_text_hashes.npy'
 
 
 def slug(label: str, key: Optional[str] = None) -> str:
-    """A file-name-safe folder name: ``label`` with every run of characters other than letters, digits and ``_.-``
-    as one ``_``, its last 60 characters, then ``-<key>`` where given (a digest that keeps apart labels that read
-    the same). The one naming rule of the caches and of a grid's cell folders."""
+    """A file-name-safe folder name: ``label`` with other characters than letters, digits and ``_.-`` as ``_``, its
+    last 60 characters, then ``-<key>`` where given. The one naming rule of the caches and cell folders."""
     base = re.sub(r'[^A-Za-z0-9_.-]+', '_', label).strip('_')[-60:]
     return f'{base}-{key}' if key is not None else base or '_'
 
@@ -35,8 +33,7 @@ def text_hashes(texts: Iterable[str]) -> np.ndarray:
 
 
 def read_fingerprint(folder: Union[str, Path]) -> Optional[dict]:
-    """The fingerprint recorded in ``folder``; ``None`` when there is none or it does not check (a cache written
-    before these records, damaged, or edited by hand), which callers treat as built from unknown content."""
+    """The fingerprint recorded in ``folder``; ``None`` (unknown content) when there is none or it does not check."""
     try:
         return store.read_json(Path(folder) / FINGERPRINT, 'fingerprint')
     except (store.Damaged, ValueError):

@@ -21,9 +21,8 @@ logger = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def pisa_output_silenced():
-    """PISA's C++ engine writes [info] lines and progress straight to the process's stdout and stderr (its
-    log_level switch is broken in pyterrier-pisa 0.4.9); used around the runner's own PISA calls only. Errors still
-    surface as Python exceptions."""
+    """Silences PISA's C++ output around the runner's PISA calls (its log_level switch is broken in pyterrier-pisa
+    0.4.9); errors still surface as Python exceptions."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
@@ -42,9 +41,8 @@ def pisa_output_silenced():
 
 
 def bm25(collection: Collection, cache_dir: Union[str, Path], depth: int) -> pt.Transformer:
-    """PISA BM25 (k1 0.9, b 0.4, porter2) over the collection, the index built once under ``cache_dir``. The index
-    is cached only when it holds every document the collection yields, and records what it was built from
-    (:data:`FINGERPRINT`): one built from other documents is built again, with one line that says so."""
+    """PISA BM25 (k1 0.9, b 0.4, porter2) over the collection, the index built once under ``cache_dir`` and
+    fingerprinted (:data:`FINGERPRINT`): one built from other documents is built again."""
     import pyterrier_pisa
     path = Path(cache_dir) / collection.slug / 'pisa'
     with cache_entry(path):
@@ -94,8 +92,7 @@ def _build_pisa(path: Path, collection: Collection, depth: int) -> None:
 def first_stage_results(collection: Collection, first_stage: str, depth: int, cache_dir) -> Tuple[pd.DataFrame, str]:
     """The first ranking (``qid, query, docno, score, rank``, top-``depth``) and a description of its source.
 
-    ``first_stage``: ``'auto'`` (the collection's run if it ships one, else BM25), ``'bm25'``, or a TREC run file
-    (as :class:`~.options.Options` checks it).
+    ``first_stage``: ``'auto'`` (the collection's run if it ships one, else BM25), ``'bm25'``, or a TREC run file.
     """
     if first_stage == 'auto':
         first_stage = 'run' if collection.run is not None else 'bm25'

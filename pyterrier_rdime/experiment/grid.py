@@ -1,10 +1,6 @@
 """The paper's grid in one call: every (collection, encoder) cell run by :func:`run_experiment` into a folder of its
-own, read back on a re-run where none of its inputs changed, then the combined tables and Figure of the finished
-cells.
-
-Every option and cell is checked before any cell runs: the collections load, the encoders resolve to complete model
-folders, the answers files parse and each answers name resolves for each collection. A cell that fails loses no
-other one; a damaged cell record is recomputed.
+own, read back on a re-run where none of its inputs changed, then the combined tables and Figure. Every option and
+cell is checked before any cell runs; a cell that fails loses no other one.
 """
 import functools
 import hashlib
@@ -40,9 +36,8 @@ NEUTRAL = ('cache_dir', 'batch_size', 'workers', 'parallel_backend', 'verbose')
 
 @dataclass
 class Cell:
-    """One (collection, encoder) of the grid: its output folder, the fingerprint of each input its numbers depend on
-    (:func:`cell_inputs`) and their key, and the labels the combined outputs give it (distinct even where two
-    collections or encoders share a folder name)."""
+    """One (collection, encoder) of the grid: its output folder, its inputs' fingerprints (:func:`cell_inputs`) and
+    key, and its labels in the combined outputs."""
     collection: Collection
     encoder: str
     folder: Path
@@ -76,9 +71,8 @@ class GridResult:
 
 def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str], out: Union[str, Path],
          **settings) -> List[Cell]:
-    """Checks every option and cell before any work and returns the cells with their folders
-    (``<out>/<collection>/<encoder>/``) and inputs. A collection or encoder given twice (the same content under
-    another name) is planned once, with a warning. Errors name the option or cell and the fix."""
+    """Checks every option and cell before any work and returns the cells; one given twice is planned once, with a
+    warning. Errors name the option or cell and the fix."""
     if not collections or not encoders:
         raise ValueError('the grid needs at least one collection and one --encoder')
     options = Options(**{k: v for k, v in settings.items() if k in OPTION_NAMES})
@@ -117,17 +111,14 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
 
 
 def answers_key(sources: AnswerSources) -> str:
-    """The content key of a run's answer sources: each source's name and answers (one unnamed source: its answers
-    alone, the key of a single answers file)."""
+    """The content key of a run's answer sources: each source's name and answers."""
     if list(sources) == ['']:
         return _digest(sorted(sources[''].items()))
     return _digest(sorted((name, sorted(answers.items())) for name, answers in sources.items()))
 
 
 def collection_inputs(collection: Collection, answers_key: Optional[str] = None) -> Dict[str, Optional[str]]:
-    """A fingerprint of each of a collection's files that a cell's numbers depend on: documents, queries, qrels, the
-    shipped first-stage run and the LLM answers (``answers_key``: those of ``--answers``, which replace the
-    collection's)."""
+    """A fingerprint of each of a collection's files that a cell's numbers depend on."""
     shipped = None if collection.answers is None else _digest(sorted(collection.answers.items()))
     return {'documents': collection.fingerprint, 'queries': _frame_digest(collection.topics),
             'qrels': _frame_digest(collection.qrels),
@@ -137,8 +128,7 @@ def collection_inputs(collection: Collection, answers_key: Optional[str] = None)
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """The content of this package's modules and the versions of the libraries that compute a cell's numbers: a cell
-    computed by other code (an upgrade, a local edit) is recomputed rather than read back."""
+    """The content of this package's modules and the libraries' versions: other code recomputes a cell."""
     import importlib.metadata
     digest = hashlib.sha256()
     package = Path(__file__).resolve().parents[1]
@@ -154,8 +144,7 @@ def code_digest() -> str:
 
 
 def distinct_labels(names: Sequence[str]) -> List[str]:
-    """Each name's shortest path suffix that no other name shares: ``p1/cranfield`` and ``p2/cranfield`` where two
-    folders are both called ``cranfield``, ``cranfield`` where it is the only one."""
+    """Each name's shortest path suffix that no other name shares (``p1/cranfield``, ``p2/cranfield``)."""
     parts = [PurePosixPath(name).parts or (name,) for name in names]
     labels = []
     for i, mine in enumerate(parts):
@@ -190,18 +179,11 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
              ray_address: Optional[str] = None, **settings) -> GridResult:
     """Runs each (collection, encoder) cell with :func:`run_experiment` (``settings`` are its keyword arguments)
     and writes its outputs, then ``cell.json`` (last, atomically), into ``<out>/<collection>/<encoder>/``. A cell
-    whose ``cell.json`` records the same inputs (:attr:`Cell.inputs`) is read back instead; one whose inputs changed
-    is recomputed with a warning naming them, and so is one whose record or results do not read back. Then writes the
-    combined outputs (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf) of the finished cells.
-    A cell's error is recorded and the grid goes on (a lone cell's error propagates: there is no other to save).
-    Each system a cell finishes is recorded in ``<cell>/.progress/<key>/`` (:class:`~.progress.SystemRecords`) until
-    its ``cell.json`` is written, so a cell killed or failed midway resumes at the first system it had not
-    finished.
-    ``cells`` > 1 runs that many cells at once, each a Ray task on the cluster of ``ray_address`` (or the one this
-    process is connected to), a cell whose node is lost run again elsewhere (:func:`~.cells.run_cells`): the same
-    outputs as one after another, where ``out`` and the cache are folders every node shares.
-    :attr:`GridResult.problems` lists every output that could not be written, the cells' included. ``run_cell``
-    replaces :func:`run_experiment` (tests)."""
+    whose ``cell.json`` records the same inputs is read back instead; one whose inputs changed is recomputed with a
+    warning. Then writes the combined outputs (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf).
+    A cell's error is recorded and the grid goes on (a lone cell's error propagates). A cell killed midway resumes
+    at the first system it had not finished (:class:`~.progress.SystemRecords`). ``cells`` > 1 runs that many cells
+    at once as Ray tasks (:func:`~.cells.run_cells`). ``run_cell`` replaces :func:`run_experiment` (tests)."""
     check_int('run_grid', 'cells', cells, 1, hint='the cells run at once on a Ray cluster; 1 runs them one by one')
     run_cell = run_cell or run_experiment
     planned = plan(collections, encoders, out, **settings)
@@ -232,8 +214,7 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
 
 
 def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict, lone: bool = False) -> Cell:
-    """Runs ``cell`` (its progress recorded in its folder), writes its outputs and then its record; sets its status,
-    result and problems, or its error (raised instead where the cell is ``lone``: there is no other to save)."""
+    """Runs ``cell``, writes its outputs, then its record; sets its status and result, or its error."""
     (cell.folder / CELL_FILE).unlink(missing_ok=True)
     progress = SystemRecords(cell.folder / PROGRESS, cell.key)
     try:
@@ -259,8 +240,7 @@ def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings
 
 
 def _compute_on_node(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict) -> Cell:
-    """:func:`compute_cell` on a node of the cluster, which must run the code the cell was keyed with (a node with
-    another version of this package or of the libraries would record other numbers under the same key)."""
+    """:func:`compute_cell` on a node of the cluster, which must run the code the cell was keyed with."""
     if code_digest() != cell.inputs['code']:
         cell.status, cell.error = 'failed', (
             f'this node runs other code ({code_digest()}) than the driver ({cell.inputs["code"]}): install the same '
@@ -270,9 +250,8 @@ def _compute_on_node(cell: Cell, run_cell: Callable[..., ExperimentResult], sett
 
 
 def _read_back(cell: Cell) -> bool:
-    """Whether ``cell`` finished before with the same inputs and reads back (then ``cell.result`` holds it). A record
-    that is missing means a cell to run; one that changed inputs, does not parse or lacks its results, a cell to run
-    again, with a warning that says why."""
+    """Whether ``cell`` finished before with the same inputs and reads back (then ``cell.result`` holds it); if not,
+    a warning says why, unless the record is missing."""
     path = cell.folder / CELL_FILE
     if not path.exists():
         return False
@@ -313,8 +292,7 @@ def _frame_digest(frame: pd.DataFrame) -> str:
 
 
 def _file_digest(option: Optional[str]) -> Optional[str]:
-    """The content of the file, or of every file of the folder, that an option names (a ``--first-stage`` run, an
-    ``--index``); None for an option that names no local path ('auto', 'bm25', a hub id, unset)."""
+    """The content of the file or folder an option names; None for an option that names no local path."""
     path = Path(option).expanduser() if option is not None else None
     if path is None or not path.exists():
         return None

@@ -26,8 +26,7 @@ RETRIEVERS = {
 
 
 def check_index_spec(spec: str) -> None:
-    """Fails, with the fix, when ``--index`` is neither a FlexIndex folder nor a Hugging Face repository id that can
-    be downloaded now: checked before any model loads."""
+    """Fails, with the fix, when ``--index`` is neither a FlexIndex folder nor a reachable hub repository."""
     local = Path(spec).expanduser()
     if local.exists():
         problem = flex_index_problem(local)
@@ -46,9 +45,7 @@ def check_index_spec(spec: str) -> None:
 
 
 def existing_index(spec: str):
-    """An existing pyterrier-dr FlexIndex: a local folder, or a Hugging Face repository (``owner/name``) loaded with
-    pyterrier-dr's own ``FlexIndex.from_hf``. A hub id fails at once, with the fix, when the hub cannot be
-    reached."""
+    """An existing pyterrier-dr FlexIndex: a local folder, or a Hugging Face repository (``FlexIndex.from_hf``)."""
     check_index_spec(spec)  # before importing pyterrier-dr (and torch): an unusable spec fails in milliseconds
     from pyterrier_dr import FlexIndex
     local = Path(spec).expanduser()
@@ -83,9 +80,8 @@ def check_docnos_in_index(index, docnos: Sequence[str], spec: str) -> None:
 
 def retriever(index, backend: str, num_results: int, *, shards: int = 1,
               cache_dir: Optional[Union[str, Path]] = None, verbose: bool = True) -> pt.Transformer:
-    """The full-retrieval backend ``backend`` (see :data:`RETRIEVERS`) over ``index``, ``num_results`` per query;
-    ``'sharded'`` over ``index`` cut into ``shards`` shards, cached under ``cache_dir`` (:func:`index_shards`);
-    ``verbose`` shows ``PrunedRetriever``'s progress bars (building its files, calibrating), off with ``--quiet``."""
+    """The full-retrieval backend ``backend`` (:data:`RETRIEVERS`) over ``index``, ``num_results`` per query;
+    ``'sharded'`` over ``shards`` shards (:func:`index_shards`)."""
     if backend == 'sharded':
         from ..pruned import ShardedPrunedRetriever
         return ShardedPrunedRetriever(shards=index_shards(index, shards, cache_dir), num_results=num_results)
@@ -107,11 +103,9 @@ def retriever(index, backend: str, num_results: int, *, shards: int = 1,
 
 
 def index_shards(index, count: int, cache_dir: Union[str, Path]) -> List[object]:
-    """``index`` cut by :func:`~pyterrier_rdime.split_flex_index` into ``count`` FlexIndexes of consecutive documents,
-    in ``cache_dir/shards/<index folder>-<count>-<digest of its path>/``, and reused while the index's files are the
-    ones they were cut from (the size and modification time of each of :data:`FLEX_FILES`, recorded beside the
-    shards); else cut again.
-    For a cluster, ``cache_dir`` must be a folder every node reads (or each shard copied to its node)."""
+    """``index`` cut by :func:`~pyterrier_rdime.split_flex_index` into ``count`` FlexIndexes under
+    ``cache_dir/shards/``, reused while the index's :data:`FLEX_FILES` are unchanged. For a cluster, ``cache_dir``
+    must be a folder every node reads."""
     from ..pruned import split_flex_index
     source = Path(index.index_path).resolve()
     folder = Path(cache_dir) / 'shards' / slug(f'{source.name}-{count}',

@@ -1,6 +1,4 @@
-"""The run's protocol options (:class:`Options`): one dataclass checked when built, each error naming the option as
-the command spells it and the fix; :func:`~.runner.run_experiment`, the command and the grid's cell key all derive
-from its fields."""
+"""The run's protocol options (:class:`Options`), checked when built."""
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -20,12 +18,8 @@ STAGE = 'rdime-experiment'
 @dataclass(frozen=True)
 class Options:
     """The run's protocol options, checked when built: each error names the option (as the command spells it) and
-    the fix. The one list of them: :func:`run_experiment` takes them by keyword, the command builds them from its
-    parser, and the grid's cell key and the recorded settings derive from the fields (:data:`OPTION_NAMES`), so that
-    a new option is one field here and one line in the parser.
-
-    Lists are normalised to tuples without repeats, fractions to floats; ``sweep`` is ``True`` for the Top-k sweep
-    (:data:`~.sweep.SWEEP`) and its cross-validated Top-k."""
+    the fix. The command builds them from its parser; the grid's cell key and the recorded settings derive from the
+    fields (:data:`OPTION_NAMES`). Lists become tuples without repeats, fractions floats."""
     mode: str = 'rerank'
     first_stage: str = 'auto'
     feedback: str = 'dense'
@@ -102,8 +96,7 @@ class Options:
             raise ValueError(f'{STAGE}: --shards applies to --retriever sharded; pass both, or leave --shards out')
 
     def check_documents(self, num_docs: Optional[int], source: str) -> None:
-        """The options bounded by the documents of the index to search (``num_docs`` of ``source``; ``None`` when
-        unknown), checked before any work: ``--shards``, each shard holding at least one document."""
+        """``--shards`` against the ``num_docs`` of ``source`` (``None``: unknown), checked before any work."""
         if self.retriever == 'sharded' and num_docs is not None and self.shards > num_docs:
             raise ValueError(f'{STAGE}: --shards {self.shards} is more than the {num_docs} documents of {source}, and '
                              f'each shard holds at least one; pass --shards {num_docs} or fewer')

@@ -1,5 +1,4 @@
-"""A cell's progress: each system's result frame recorded on disk as it is finished, under the cell's key, so that a
-cell killed after an hour resumes at the first system it had not finished instead of starting over."""
+"""A cell's progress: each system's result frame recorded on disk as it is finished, so that a killed cell resumes."""
 import hashlib
 import logging
 import pickle
@@ -18,16 +17,12 @@ logger = logging.getLogger(__name__)
 #: The folder of a cell's progress inside its output folder: one sub-folder per cell key.
 PROGRESS = '.progress'
 
-#: A system's record key: ``(kind, name)`` with kind ``'frames'`` (a system of the table), ``'seeded'`` (one seed of
-#: a ``random`` control: name ``(system, seed)``) or ``'sweep'`` (name ``(dime, fraction)``).
+#: A system's record key: ``(kind, name)``, kind ``'frames'``, ``'seeded'`` or ``'sweep'``.
 Key = Tuple[str, Hashable]
 
 
 def without_vectors(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` without its columns that hold a vector per row (``query_vec``, ``doc_vec``, ``query_dime``, …):
-    evaluation reads ``qid, docno, score`` and the report the per-query scalars (``query_kept_frac``,
-    ``query_fallback``, ``query_mean_weight``), never a vector; in retrieve mode a system's vectors would be most of
-    its bytes."""
+    """``frame`` without its vector columns (``query_vec``, ``doc_vec``, …): nothing later reads one."""
     if not len(frame):
         return frame
     first = frame.iloc[0]
@@ -36,13 +31,10 @@ def without_vectors(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 class SystemRecords:
-    """The finished systems of one cell, each a pickle of its result frame (without vectors) in a checksummed record
-    (:mod:`pyterrier_rdime.store`) in ``<folder>/<key>/``, written atomically when the system is finished and read
-    back on the next run instead of recomputed (a record that does not check, or holds no frame of that system, is
-    recomputed with a warning). The folder of any other key (a cell whose inputs, options or code changed since) is
-    removed on opening, so a changed input never reads a stale frame; :meth:`clear` removes the records once the
-    cell's own record is written. With ``folder=None`` nothing is written: the frames are only stripped of their
-    vectors, so that a recorded run and an unrecorded one hold the same frames.
+    """The finished systems of one cell, each its result frame (without vectors) in a checksummed record
+    (:mod:`pyterrier_rdime.store`) in ``<folder>/<key>/``, read back on the next run (a bad record is recomputed
+    with a warning). Other keys' folders are removed on opening; :meth:`clear` removes the records. With
+    ``folder=None`` nothing is written.
 
     Example::
 
@@ -68,15 +60,13 @@ class SystemRecords:
         return self.root / self.key if self.root is not None else None
 
     def frame(self, key: Key, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
-        """The frame of the system ``key``: read back where recorded, else ``compute()`` without its vectors,
-        recorded."""
+        """The frame of the system ``key``: read back where recorded, else ``compute()``, recorded."""
         return self.frames([key], lambda missing: [(key, compute())])[key]
 
     def frames(self, keys: Sequence[Key], compute: Callable[[List[Key]], Iterable[Tuple[Key, pd.DataFrame]]]
                ) -> Dict[Key, pd.DataFrame]:
-        """The frames of the systems ``keys``, in that order: the recorded ones read back, the others computed by
-        ``compute(missing keys)``, which yields ``(key, frame)`` pairs; each is recorded as it is yielded, so a run
-        killed inside ``compute`` keeps what was yielded before. Pairs of keys not asked for are ignored."""
+        """The frames of ``keys``, in order: the recorded ones read back, the others from ``compute(missing keys)``'s
+        ``(key, frame)`` pairs, each recorded as it is yielded."""
         found = {key: frame for key in keys if (frame := self._read(key)) is not None}
         if found and not self.read_back:
             logger.info('resuming the cell: reading back the systems an interrupted run finished, from %s',

@@ -1,7 +1,4 @@
-"""What the runner measured, laid out as the paper's tables with the honest comparators, and saved to disk.
-
-A little over ~250 lines: the result object, its markdown tables and its files are one job (what is saved is what is
-shown)."""
+"""What the runner measured, laid out as the paper's tables with the honest comparators, and saved to disk."""
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,18 +12,18 @@ from .parity import ALPHA, BEST_IS_BASELINE, SAME_BUDGET
 
 #: Significance marks of the paper table: comparison label -> mark.
 MARKS = {'CV Top-k': '¶', 'best Top-k': '†', 'Baseline': '‡', 'RDIME': '§'}
-#: Every mark a table can carry: ``*`` the best Top-k column of a row, then the significance marks.
+#: Every mark a table can carry: ``*`` the best Top-k column of a row, then :data:`MARKS`.
 ALL_MARKS = '*' + ''.join(MARKS.values())
-#: Δ%: RDIME's relative difference from the cross-validated Top-k, in every output (the honest comparator).
+#: Δ%: RDIME's relative difference from the cross-validated Top-k (the honest comparator).
 DELTA = 'Δ% vs CV Top-k'
 TEST_NAMES = {'t': 'paired t-test', 'wilcoxon': 'Wilcoxon signed-rank test',
               'auto': 'per comparison: Shapiro–Wilk on the paired differences, then paired t-test or Wilcoxon'}
 SWEEP_COLUMNS = ['dime', 'fraction', 'system', 'qid', 'measure', 'value']
 CV_COLUMNS = ['dime', 'measure', 'fold', 'fraction', 'queries']
 SEED_COLUMNS = ['system', 'seed', 'measure', 'value']
-#: How a control comparison reads: RDIME better or worse (the test rejects equality), equivalent, or inconclusive.
+#: How a control comparison reads.
 OUTCOMES = ('better', 'equivalent', 'worse', 'inconclusive')
-#: What a controls table's verdicts and values mean, under each such table of results.md and grid.md.
+#: The note under each controls table of results.md and grid.md.
 CONTROLS_NOTE = ("Each control at RDIME's budget, then how RDIME compares (better or worse: the test rejects equality, "
                  'Holm over the controls of a measure; equivalent: TOST within the margin; inconclusive). `random`: '
                  "the mean over the seeds of each query's measure, ± its standard deviation over the seeds.")
@@ -42,18 +39,15 @@ class ExperimentResult:
             ``<dime>/CV Top-k`` is the cross-validated Top-k.
         perquery: ``system, qid, measure, value``.
         kept: per query and pruned system: ``dime, threshold, qid, kept_frac, fallback, mean_weight``.
-        significance: the comparisons of :func:`~pyterrier_rdime.experiment.parity.significance` (test and
-            alternative used, Holm-corrected p, mean difference with its 95 % CI, TOST p, verdict).
+        significance: the comparisons of :func:`~pyterrier_rdime.experiment.parity.significance`.
         labels: DIME name -> row label.
         settings: the run's settings (collection, encoder, protocol, test, margin, folds, ...).
         notes: what the reader must know (feedback source, relevance level, skipped rows, dropped queries).
-        timings: seconds per phase, back to back (``load``, ``generation``, ``first_stage``, ``index``,
-            ``systems``, ``evaluation``: those the run had), and their ``total``.
-        sweep: the Top-k sweep per query: ``dime, fraction, system, qid, measure, value``; the rows of ``dime``
-            ``random`` are the random-selection curve (the mean over the seeds of each query's measure).
+        timings: seconds per phase and their ``total``.
+        sweep: the Top-k sweep per query: ``dime, fraction, system, qid, measure, value`` (``dime`` ``random``:
+            the random-selection curve).
         cv: the fraction cross-validation chose per fold: ``dime, measure, fold, fraction, queries``.
-        seeds: each seed's mean over the queries of the ``random`` controls: ``system, seed, measure, value`` (the
-            table's value of such a system is the mean over the seeds of each query's measure).
+        seeds: each seed's mean of the ``random`` controls: ``system, seed, measure, value``.
     """
     measures: List[str]
     table: pd.DataFrame
@@ -69,11 +63,8 @@ class ExperimentResult:
     seeds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SEED_COLUMNS))
 
     def paper_table(self, measure: str) -> pd.DataFrame:
-        """The paper's layout for one measure: rows DIME, columns the Top-k fractions, RDIME (mean kept fraction),
-        Δ% of RDIME over the cross-validated Top-k (:data:`DELTA`), any soft-RDIME column, then the honest
-        comparators: the best Top-k of the sweep tuned on the test queries and the cross-validated Top-k (with its
-        mean chosen fraction); a Baseline row. Marks: ``*`` best Top-k column; RDIME significantly different from
-        ``¶`` CV Top-k, ``†`` the test-tuned best Top-k, ``‡`` Baseline, ``§`` (soft RDIME) RDIME."""
+        """The paper's layout for one measure: rows DIME, columns the Top-k fractions, RDIME, :data:`DELTA`, any
+        soft-RDIME column, the test-tuned best Top-k and the CV Top-k; a Baseline row. Marks: :data:`ALL_MARKS`."""
         values = self.table[self.table['measure'] == measure]
         columns = list(dict.fromkeys(values.loc[values['dime'] != '', 'threshold']))
         ks = [c for c in columns if c.startswith('k=')]
@@ -103,8 +94,7 @@ class ExperimentResult:
         return pd.DataFrame(rows)
 
     def parity_table(self, measure: str) -> pd.DataFrame:
-        """RDIME (and any soft column) against each comparator for one measure: the paired mean difference with its
-        95 % CI, the test used and its Holm-corrected p, TOST's Holm-corrected p at the margin, and the verdict."""
+        """RDIME (and any soft column) against each comparator for one measure: difference, CI, p-values, verdict."""
         sig = self.significance
         sig = sig[(sig['measure'] == measure) & (sig['family'] == 'comparators')]
         return pd.DataFrame({
@@ -119,9 +109,7 @@ class ExperimentResult:
             'verdict': [marked_verdict(r.verdict, r.significant, r.comparison) for r in sig.itertuples()]})
 
     def controls_table(self, measure: str) -> pd.DataFrame:
-        """Each RDIME column against the controls for one measure: its value, the control's at the same number of
-        dimensions per query (``random``: mean ± standard deviation over the seeds) or vector PRF's, the paired
-        difference with its 95 % CI, the Holm-corrected p-values of the controls' family, and the verdict."""
+        """Each RDIME column against the same-budget controls for one measure (:data:`CONTROLS_NOTE`)."""
         sig = self.significance
         sig = sig[(sig['measure'] == measure) & (sig['family'] == 'controls')]
         values = self.table[self.table['measure'] == measure].set_index('system')['value']
@@ -148,8 +136,7 @@ class ExperimentResult:
         return float(kept.loc[(kept['dime'] == dime) & (kept['threshold'] == threshold), 'kept_frac'].mean())
 
     def mean_cv_fraction(self, dime: str, measure: str) -> float:
-        """The fraction cross-validation chose, averaged over the queries (each fold's choice, weighted by its
-        held-out queries); NaN without CV Top-k."""
+        """The fraction cross-validation chose, averaged over the queries; NaN without CV Top-k."""
         chosen = self.cv[(self.cv['dime'] == dime) & (self.cv['measure'] == measure)]
         return float(np.average(chosen['fraction'], weights=chosen['queries'])) if len(chosen) else float('nan')
 
@@ -158,9 +145,8 @@ class ExperimentResult:
         return self.sweep.groupby(['dime', 'fraction', 'measure'], sort=False)['value'].mean().reset_index()
 
     def test_best(self, measure: str, dime: str) -> Optional[Tuple[str, float]]:
-        """``(system, value)`` of the best Top-k of ``dime`` tuned on the test queries (among the sweep and the
-        Top-k columns), the comparator RDIME was tested against (``<dime>/k=1.0`` where it is Baseline:
-        :data:`~.parity.BEST_IS_BASELINE`); None without Top-k."""
+        """``(system, value)`` of the best Top-k of ``dime`` tuned on the test queries (``<dime>/k=1.0`` where it is
+        Baseline: :data:`~.parity.BEST_IS_BASELINE`); None without Top-k."""
         sig = self.significance
         mine = sig[(sig['measure'] == measure) & (sig['system'] == f'{dime}/RDIME')]
         hit = mine[mine['comparison'].str.startswith('best Top-k')]
@@ -186,9 +172,8 @@ class ExperimentResult:
         return [dime for dime in self.labels if '@' in dime]
 
     def sources_table(self, controls: Sequence[str] = ('random', 'magnitude')) -> pd.DataFrame:
-        """One row per answer source of the LLM DIMEs: each measure at RDIME and at the CV Top-k, RDIME's mean kept
-        fraction, and RDIME's outcome (:data:`OUTCOMES`) against each same-budget control of ``controls`` that ran; a
-        Baseline row."""
+        """One row per answer source of the LLM DIMEs: each measure at RDIME and CV Top-k, the kept fraction and
+        the outcome (:data:`OUTCOMES`) against each control of ``controls``; a Baseline row."""
         values = self.table.set_index(['system', 'measure'])['value']
         sig = self.significance[self.significance['family'] == 'controls'].set_index(
             ['system', 'measure', 'comparison'])
@@ -213,8 +198,7 @@ class ExperimentResult:
         return pd.DataFrame(rows).fillna('')
 
     def sources_plot(self, path: Union[str, Path], controls: Sequence[str] = ('random', 'magnitude')) -> None:
-        """Each measure against the answer source: LLM DIME's RDIME and CV Top-k per source, with the Baseline and
-        RDIME's same-budget ``controls`` as lines."""
+        """Each measure against the answer source: LLM DIME's RDIME and CV Top-k, Baseline and controls as lines."""
         values = self.table.set_index(['system', 'measure'])['value']
         dimes = self.answer_sources()
         lines = {'RDIME': [f'{d}/RDIME' for d in dimes], 'CV Top-k': [f'{d}/CV Top-k' for d in dimes]}
@@ -245,8 +229,7 @@ class ExperimentResult:
         return '\n'.join(lines) + '\n'
 
     def footnote(self, marks: str = ALL_MARKS) -> str:
-        """What the marks present in the tables (``marks``, among :data:`ALL_MARKS`), Δ%, the comparators and the
-        verdicts mean, for this run's settings."""
+        """What the tables' ``marks`` (among :data:`ALL_MARKS`), Δ%, comparators and verdicts mean for this run."""
         s = self.settings
         test = f'{TEST_NAMES[s.get("test", "t")]}, {s.get("alternative", "two-sided")}, Holm-corrected per measure, ' \
                f'α = {ALPHA}'
@@ -273,10 +256,8 @@ class ExperimentResult:
                    if margin else ''))
 
     def save(self, out_dir: Union[str, Path]) -> List[str]:
-        """Writes results.csv (long table), perquery.csv, significance.csv, kept_fraction.csv, sweep.csv (per query),
-        cv.csv, results.json, results.md, kept_fraction.png (boxplot of RDIME's per-query kept fraction per DIME) and
-        sweep.png, the plain files first. Returns the problems met (an output that could not be written), so that
-        the others still are."""
+        """Writes the csv files, results.json, results.md and the figures, plain files first; returns the outputs
+        that could not be written (the others still are)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         writers = [
@@ -330,8 +311,7 @@ class ExperimentResult:
         figures.kept_boxplot(self.kept, self.labels, f'RDIME per-query kept fraction — {self._title()}', path)
 
     def sweep_plot(self, path: Union[str, Path]) -> None:
-        """Each measure against the kept fraction: the Top-k sweep per DIME, RDIME and CV Top-k as points, Baseline
-        as a line (the figure a DIME user reads first)."""
+        """Each measure against the kept fraction: the Top-k sweep per DIME, RDIME and CV Top-k, Baseline."""
         curves = self.sweep_means()
         if curves.empty:  # no sweep: the Top-k columns are the curve
             topk = self.table[self.table['threshold'].str.startswith('k=')]
@@ -355,8 +335,7 @@ class ExperimentResult:
 
 
 def delta(value: float, reference: float) -> str:
-    """:data:`DELTA` as printed: ``value``'s difference from ``reference`` in % of it; ``n/a`` without a (non-zero)
-    reference."""
+    """:data:`DELTA` as printed; ``n/a`` without a (non-zero) reference."""
     return f'{100 * (value - reference) / reference:+.2f}' if np.isfinite(reference) and reference else 'n/a'
 
 
@@ -369,16 +348,14 @@ def best_text(best: Optional[Tuple[str, float]]) -> str:
 
 
 def marked_verdict(verdict: str, significant: bool, comparison: str) -> str:
-    """A comparator's verdict as every output shows it: followed by the comparison's significance mark
-    (:data:`MARKS`, as beside RDIME's value in the paper's tables) when the test rejects equality, which an
-    ``equivalent`` verdict can carry too (a small, consistent difference inside the margin)."""
+    """A comparator's verdict, followed by its :data:`MARKS` mark when the test rejects equality (which an
+    ``equivalent`` verdict can carry too: a small, consistent difference inside the margin)."""
     mark = next((m for label, m in MARKS.items() if comparison.startswith(label)), '') if significant else ''
     return f'{verdict} {mark}' if mark else verdict
 
 
 def outcome(verdict: str, mean_diff: float) -> str:
-    """A control comparison in one of :data:`OUTCOMES`: a ``different`` verdict becomes ``better`` or ``worse`` by the
-    sign of RDIME's mean difference."""
+    """A control comparison in :data:`OUTCOMES` (``different`` becomes ``better`` or ``worse`` by the sign)."""
     if verdict == 'different':
         return 'better' if mean_diff > 0 else 'worse'
     return verdict
@@ -401,8 +378,7 @@ def kept_fractions(frame: pd.DataFrame, dime: str, threshold: str) -> pd.DataFra
 
 
 def write_outputs(out: Path, writers: Sequence[Tuple[str, Callable[[Path], object]]]) -> List[str]:
-    """Calls each ``(file name, writer)`` on ``out / name``; returns the problems met, one line per output that could
-    not be written, so that one failing output never loses the others."""
+    """Calls each ``(file name, writer)`` on ``out / name``; returns one line per output that could not be written."""
     problems = []
     for name, write in writers:
         try:

@@ -1,8 +1,5 @@
 """The paper's comparison as one call: Baseline, and for each DIME each Top-k and RDIME, through pt.Experiment,
-in the reference implementations' protocol.
-
-The one-cell pipeline (load, index, systems, evaluate, comparators) and the assembly of its result are the data flow
-the CLI and the grid share, and read best as one sequence; the options it checks first live in :mod:`.options`."""
+in the reference implementations' protocol (the one-cell pipeline the CLI and the grid share)."""
 import logging
 import re
 import time
@@ -39,8 +36,7 @@ from .systems import (
 logger = logging.getLogger(__name__)
 
 class Stopwatch:
-    """Seconds per phase of a run, the phases back to back: each :meth:`lap` charges the time since the previous lap
-    to its phase (a phase lapped twice adds up), so that the phases sum to ``total``."""
+    """Seconds per phase of a run: each :meth:`lap` charges the time since the previous lap to its phase."""
 
     def __init__(self):
         self.timings: Dict[str, float] = {}
@@ -76,10 +72,8 @@ def run_experiment(
 ) -> ExperimentResult:
     """Run the paper's grid on a collection, in the reference implementations' protocol.
 
-    The protocol options (the fields of :class:`Options`: ``mode``, ``first_stage``, ``feedback``, ``depth``,
-    ``num_results``, ``dimes``, ``ks``, ``modulators``, ``masses``, ``controls``, ``control_seeds``, ``test``,
-    ``alternative``, ``margin``, ``sweep``, ``folds``, ``retriever``, ``shards``, ``max_queries``) come as an
-    ``Options`` or by keyword; each is the command's option of the same name, explained in pt_docs/experiment.rst.
+    The protocol options (the fields of :class:`Options`) come as an ``Options`` or by keyword; each is the
+    command's option of the same name (pt_docs/experiment.rst).
 
     Args:
         collection: ``irds:<id>``, a collection folder, or a loaded :class:`Collection`.
@@ -87,17 +81,13 @@ def run_experiment(
         rel: relevance level of the binary measures (AP, R, RR); default: each measure's own (1, as the references).
         measures: ir_measures names; default ``nDCG@10, AP``, plus ``R@1000, RR@10`` in retrieve mode.
         index: an existing FlexIndex (folder or Hugging Face repository) instead of encoding the corpus.
-        answers: LLM answers (default: the collection's ``llm_answers.tsv``): a ``qid<TAB>answer`` file, or
-            comma-separated files and names of published answers, one LLM DIME each
-            (:func:`~.answer_sources.answer_sources`).
+        answers: LLM answers (default: the collection's): comma-separated files or published names, one LLM DIME
+            each (:func:`~.answer_sources.answer_sources`).
         cache_dir: indexes and generated answers (default: ``$PYTERRIER_RDIME_CACHE``, else the XDG cache folder).
         batch_size: encoder batch size.
-        llm_generator: generate the LLM row's answers with :class:`LlmGenerator` (``'smollm2'`` or a Hugging Face
-            model) instead of reading them; cached under ``cache_dir``.
-        workers, parallel_backend: processes for the query-level work, through PyTerrier's ``.parallel``
-            (``'joblib'`` or ``'ray'``).
-        progress: where each finished system is recorded, to be read back by a re-run after a kill
-            (:class:`~.progress.SystemRecords`; :func:`~.grid.run_grid` passes its cell's); default none.
+        llm_generator: generate the LLM answers with :class:`LlmGenerator` (``'smollm2'`` or a hub model).
+        workers, parallel_backend: processes for the query-level work (``'joblib'`` or ``'ray'``).
+        progress: where each finished system is recorded for a re-run (:class:`~.progress.SystemRecords`).
     """
     if options is not None and option_values:
         raise TypeError(f'run_experiment: pass the options either as Options or by keyword, not both '
@@ -182,8 +172,7 @@ def run_experiment(
 
 
 def _seeded(perquery: pd.DataFrame, grid: Grid, topics: pd.DataFrame, qrels: pd.DataFrame, measures: list):
-    """The per-query rows of the systems measured over several seeds (the ``random`` controls): each query's
-    measure averaged over the seeds, added to ``perquery``; and each seed's mean over the queries (``seeds``)."""
+    """``perquery`` with the seeded systems' mean over the seeds per query added, and each seed's mean (``seeds``)."""
     if not grid.seeded:
         return perquery, pd.DataFrame(columns=SEED_COLUMNS)
     frames = {f'{system}@{seed}': frame for (system, seed), frame in grid.seeded.items()}
@@ -195,8 +184,7 @@ def _seeded(perquery: pd.DataFrame, grid: Grid, topics: pd.DataFrame, qrels: pd.
 
 
 def _random_curve(swept: pd.DataFrame) -> pd.DataFrame:
-    """The sweep with its ``random#<seed>`` rows replaced by their mean over the seeds, per fraction and query:
-    the random-selection curve, as dime ``random``."""
+    """The sweep with its ``random#<seed>`` rows replaced by their mean over the seeds, as dime ``random``."""
     seeded = swept['dime'].str.startswith('random#')
     if not seeded.any():
         return swept
@@ -213,8 +201,7 @@ def _means(perquery: pd.DataFrame) -> pd.DataFrame:
 def build_systems(collection, topics, model, encoder, external, index_spec, answers, options: Options, stages,
                   cache_dir, batch_size, run: Runner, verbose, watch: Stopwatch,
                   records: Optional[SystemRecords] = None) -> Grid:
-    """The first stage (rerank mode), the dense index, and every system's result frame (``watch`` laps the first
-    stage and the index; the systems are the caller's lap)."""
+    """The first stage (rerank mode), the dense index, and every system's result frame."""
     judged = _judged_documents(collection, topics, external) if 'oracle' in options.dimes else []
     watch.lap('load')
     if options.mode == 'rerank':
@@ -246,8 +233,7 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
 
 
 def _judged_documents(collection: Collection, topics: pd.DataFrame, external) -> List[str]:
-    """The judged documents of the queries that the corpus (or the existing index) holds: Oracle DIME correlates
-    over all of them."""
+    """The judged documents that the corpus (or the existing index) holds, for Oracle DIME."""
     judged = list(collection.qrels.loc[collection.qrels['qid'].isin(set(topics['qid'])), 'docno'].unique())
     if external is not None:
         lookup = external.payload(return_dvecs=False)[0]
@@ -271,8 +257,7 @@ def _measure_notes(measures: list, rel: Optional[int], options: Options) -> List
 
 
 def _source_name(model_name: str) -> str:
-    """The answer source name of generated answers: ``smollm2``, a model folder's or file's name, or a hub name's
-    last part."""
+    """The answer source name of generated answers: the generator's name, or its path's last part."""
     name = Path(model_name).stem if Path(model_name).exists() else model_name.rsplit('/', 1)[-1]
     return re.sub(r'[^\w.+-]', '_', name)
 

@@ -1,5 +1,5 @@
 """Honest Top-k comparators: the Top-k sweep over kept fractions, computed from the vectors a cell already holds,
-and Top-k with k chosen by cross-validation over the queries (what a user who cannot tune on the test queries gets).
+and Top-k with k chosen by cross-validation over the queries.
 """
 from typing import Dict, Sequence, Tuple
 
@@ -19,9 +19,8 @@ STAGE = 'Top-k sweep'
 
 
 def topk_runs(scored: pd.DataFrame, fractions: Sequence[float]) -> Dict[float, pd.DataFrame]:
-    """fraction -> ``qid, docno, score``: the candidates of ``scored`` (``qid, docno, query_vec, doc_vec,
-    query_dime``) re-scored by the query pruned to its Top-k dimensions. One ordering of the importance per query
-    serves every fraction; the scores are those of ``TopK(fraction=f) >> VectorScorer()`` (same float32 products)."""
+    """fraction -> ``qid, docno, score``: the candidates of ``scored`` re-scored by the query pruned to its Top-k
+    dimensions, as ``TopK(fraction=f) >> VectorScorer()`` scores them."""
     if not len(scored):
         return {f: pd.DataFrame({'qid': [], 'docno': [], 'score': []}) for f in fractions}
     scored = scored.reset_index(drop=True)
@@ -43,9 +42,8 @@ def topk_runs(scored: pd.DataFrame, fractions: Sequence[float]) -> Dict[float, p
 
 def random_runs(candidates: pd.DataFrame, fractions: Sequence[float], seeds: int
                 ) -> Dict[Tuple[str, float], pd.DataFrame]:
-    """``(random#<seed>, fraction) -> qid, docno, score``: the candidates (``qid, docno, query_vec, doc_vec``)
-    re-scored by the query on ``round(fraction · p)`` dimensions drawn at random, the draw of
-    ``SameBudget(control='random', seed=seed)`` (one uniform order per seed and query serves every fraction)."""
+    """``(random#<seed>, fraction) -> qid, docno, score``: the candidates re-scored on ``round(fraction · p)``
+    dimensions drawn as ``SameBudget(control='random', seed=seed)`` draws them."""
     if not len(candidates):
         return {(f'random#{s}', f): pd.DataFrame({'qid': [], 'docno': [], 'score': []})
                 for s in range(seeds) for f in fractions}
@@ -67,9 +65,8 @@ def random_runs(candidates: pd.DataFrame, fractions: Sequence[float], seeds: int
 
 
 def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFrame, measures: list) -> pd.DataFrame:
-    """Per-query measures of ``(dime, fraction) -> run`` with ir_measures (as ``pt.Experiment`` computes them):
-    ``dime, fraction, system, qid, measure, value`` with ``system = '<dime>/k=<fraction>'``. Every query of
-    ``qrels`` is scored (0 where a run has no result): pass the qrels of the queries run."""
+    """Per-query measures of ``(dime, fraction) -> run``: ``dime, fraction, system, qid, measure, value``. Every
+    query of ``qrels`` is scored (0 where a run has none): pass the qrels of the queries run."""
     evaluator = ir_measures.evaluator(measures, qrels.rename(columns={'qid': 'query_id', 'docno': 'doc_id',
                                                                       'label': 'relevance'}))
     names = {measure: str(measure) for measure in measures}
@@ -84,8 +81,7 @@ def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFra
 
 
 def fold_of(qids: Sequence[str], folds: int = CV_FOLDS, seed: int = CV_SEED) -> pd.Series:
-    """qid -> fold in ``0 … folds-1``: the qids, sorted, shuffled by ``seed`` and dealt round-robin, so that fold
-    sizes differ by at most one and the assignment does not depend on the input order."""
+    """qid -> fold in ``0 … folds-1``: the qids sorted, shuffled by ``seed`` and dealt round-robin."""
     ordered = np.array(sorted(set(map(str, qids))), dtype=object)
     shuffled = ordered[np.random.default_rng(seed).permutation(len(ordered))]
     return pd.Series(np.arange(len(shuffled)) % folds, index=shuffled, name='fold').sort_index()
@@ -100,9 +96,8 @@ def cv_topk(table: pd.DataFrame, folds: int = CV_FOLDS, seed: int = CV_SEED) -> 
         seed: seed of :func:`fold_of`.
 
     Returns:
-        ``(values, choices)``: ``values`` (qid -> the value at the fraction chosen without its fold), and
-        ``choices`` (``fold, fraction, queries``): the fraction whose mean over the other folds is highest (ties: the
-        smaller fraction), and the number of held-out queries.
+        ``(values, choices)``: qid -> the value at the fraction chosen without its fold, and ``fold, fraction,
+        queries`` (the best mean over the other folds; ties: the smaller fraction).
     """
     # pt.Experiment's per-query values can arrive as dtype object: pandas then refuses them in a float Series
     table = table.astype(float).dropna().sort_index(axis=1)
@@ -128,12 +123,9 @@ def cv_topk(table: pd.DataFrame, folds: int = CV_FOLDS, seed: int = CV_SEED) -> 
 
 def cv_systems(pool: pd.DataFrame, dimes: Sequence[str], folds: int = CV_FOLDS,
                seed: int = CV_SEED) -> Tuple[pd.DataFrame, pd.DataFrame]:
-    """Cross-validated Top-k of each DIME and measure, from ``pool``: the per-query values (``system, qid, measure,
-    value``) of the Top-k systems ``<dime>/k=<fraction>`` (the sweep's and the table's).
-
-    Returns ``(perquery, choices)``: the per-query rows of the systems ``<dime>/CV Top-k``, and ``dime, measure,
-    fold, fraction, queries``. Empty for a DIME with fewer than 2 queries measured at every fraction.
-    """
+    """Cross-validated Top-k of each DIME and measure, from ``pool`` (``system, qid, measure, value`` of the systems
+    ``<dime>/k=<fraction>``). Returns ``(perquery, choices)``: the rows of ``<dime>/CV Top-k``, and ``dime,
+    measure, fold, fraction, queries``; empty for a DIME with fewer than 2 queries measured at every fraction."""
     rows, choices = [], []
     pool = pool.assign(dime=pool['system'].str.split('/').str[0],
                        fraction=pool['system'].str.split('/k=').str[1].astype(float))

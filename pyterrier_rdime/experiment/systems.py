@@ -34,9 +34,7 @@ FEEDBACKS = ('dense', 'first-stage')
 MODULATORS = {'james-stein': 'RDIME-JS', 'wiener': 'RDIME-Wiener'}
 #: DIMEs that read no feedback ranking.
 NO_FEEDBACK = ('llm', 'magnitude')
-#: Same-budget controls (``--controls``): which dimensions :class:`~pyterrier_rdime.SameBudget` keeps instead of
-#: DIME's, at the count each RDIME column kept; ``vector-prf`` adds pyterrier-dr's vector-PRF baselines on the same
-#: feedback documents.
+#: Same-budget controls (``--controls``): :class:`~pyterrier_rdime.SameBudget` selections, and ``vector-prf``.
 CONTROLS = SELECTIONS + ('vector-prf',)
 #: ``prefix`` (Matryoshka truncation) means something only for models trained for truncation: opt-in.
 DEFAULT_CONTROLS = ('random', 'magnitude', 'variance', 'vector-prf')
@@ -46,15 +44,13 @@ BASELINE: Key = ('frames', 'Baseline')
 
 
 def vector_prf_stages() -> Dict[str, pt.Transformer]:
-    """pyterrier-dr's vector-PRF baselines with their own defaults (Rocchio, ``q + 0.2 · mean of the top 3``; Average,
-    the mean of ``q`` and the top 3), by system name; each turns a ranking into one query vector per query."""
+    """pyterrier-dr's vector-PRF baselines with their own defaults, by system name."""
     from pyterrier_dr import AveragePrf, VectorPrf
     return dict(zip(VECTOR_PRF, (VectorPrf(), AveragePrf())))
 
 
 def vector_prf_queries(stage: pt.Transformer, feedback: pd.DataFrame) -> pd.DataFrame:
-    """``qid, query_vec``: ``stage`` applied to the ranking ``feedback`` in rank order (pyterrier-dr's PRF stages take
-    the first rows of each query as its top documents)."""
+    """``qid, query_vec``: ``stage`` applied to the ranking ``feedback`` in rank order (PRF reads the first rows)."""
     ranked = feedback.sort_values(['qid', 'rank'], kind='stable')
     return stage.compile()(ranked)[['qid', 'query_vec']]
 
@@ -83,15 +79,12 @@ DIME_NAMES = ('prf', 'swc', 'llm', 'rank', 'rbf', 'sigmoid', 'eclipse', 'magnitu
               'active-neg')
 #: DIMEs that read an LLM answer per query: skipped, with a note, where there are none.
 NEEDS_ANSWERS = ('llm', 'llm-eclipse')
-#: The LLM answers of a run by source: source name -> (qid -> answer). The source ``''`` (the collection's own
-#: answers, or one file) keeps the DIME's plain name; a named source ``s`` makes the DIME ``llm@s``, ``LLM (s)``.
+#: The LLM answers of a run by source: source name -> (qid -> answer); source ``s`` makes the DIME ``llm@s``.
 AnswerSources = Dict[str, Dict[str, str]]
 
 
 def expand_dimes(dimes: Sequence[str], answers: Optional[AnswerSources]) -> Dict[str, Tuple[str, str]]:
-    """The grid's DIMEs: system name -> (DIME, answer source): each DIME of :data:`NEEDS_ANSWERS` once per answer
-    source (named ``<dime>@<source>``, or ``<dime>`` for the source ``''``), every other DIME once (source
-    ``''``)."""
+    """The grid's DIMEs: system name -> (DIME, answer source); those of :data:`NEEDS_ANSWERS` once per source."""
     expanded: Dict[str, Tuple[str, str]] = {}
     for dime in dimes:
         sources = list(answers or {}) if dime in NEEDS_ANSWERS else ['']
@@ -110,8 +103,7 @@ def _label(factories: dict, dime: str, source: str) -> str:
 
 def thresholds(ks: Sequence[float], modulators: Sequence[str], masses: Sequence[float] = ()
                ) -> Dict[str, pt.Transformer]:
-    """Column name -> threshold stage: ``k=<fraction>`` Top-k columns, ``RDIME``, the soft modulators, then the
-    score-mass columns ``mass=<p>``."""
+    """Column name -> threshold stage: ``k=<fraction>``, ``RDIME``, the soft modulators, then ``mass=<p>``."""
     stages: Dict[str, pt.Transformer] = {f'k={k}': TopK(fraction=k) for k in ks}
     stages['RDIME'] = Rdime()
     for modulator in modulators:
@@ -123,9 +115,7 @@ def thresholds(ks: Sequence[float], modulators: Sequence[str], masses: Sequence[
 
 @dataclass
 class Grid:
-    """The systems' result frames (name -> frame; ``Baseline``, ``<dime>/<threshold>``) and what the reader must
-    know about how they were made. The frames hold no vector column (see
-    :func:`~.progress.without_vectors`): what evaluation and the report read."""
+    """The systems' result frames (name -> frame, no vector column) and what the reader must know about them."""
     frames: Dict[str, pd.DataFrame]
     labels: Dict[str, str]
     source: str
@@ -136,15 +126,13 @@ class Grid:
     seeded: Dict[Tuple[str, int], pd.DataFrame] = field(default_factory=dict)
 
     def put(self, key: Key, frame: pd.DataFrame) -> None:
-        """Files a system's frame under its record key (:data:`~.progress.Key`): ``frames``, ``seeded`` or
-        ``sweep``."""
+        """Files a system's frame under its record key (:data:`~.progress.Key`)."""
         getattr(self, key[0])[key[1]] = frame
 
 
 @dataclass
 class Runner:
-    """Applies a stage to a frame, serially or spread over ``workers`` processes by PyTerrier's ``.parallel``
-    (``backend`` ``'joblib'`` or ``'ray'``); only query-level work goes through it."""
+    """Applies a query-level stage to a frame, serially or over ``workers`` processes (PyTerrier's ``.parallel``)."""
     workers: int = 1
     backend: str = 'joblib'
 
@@ -156,9 +144,8 @@ class Runner:
 
 def oracle_importance(qrels: pd.DataFrame, judged_docnos: Sequence[str], queries: pd.DataFrame,
                       vec_loader: pt.Transformer, run: Runner) -> pd.DataFrame:
-    """``qid, query_dime`` of Oracle DIME over **all** judged documents of each query (every qrels entry whose
-    document is in ``judged_docnos``, the ones the index holds), as the references compute it, not only the judged
-    documents of the ranking."""
+    """``qid, query_dime`` of Oracle DIME over **all** judged documents of each query the index holds (as the
+    references compute it), not only those of the ranking."""
     judged = qrels[qrels['qid'].isin(set(queries['qid'])) & qrels['docno'].isin(set(judged_docnos))]
     frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged[['qid', 'docno']], on='qid')
     frame = vec_loader(frame.assign(score=0.0))
@@ -171,14 +158,10 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
                 depth: int, run: Runner, sweep: Sequence[float] = (), controls: Sequence[str] = (),
                 seeds: int = 1, records: Optional[SystemRecords] = None) -> Grid:
     """Re-ranking: the first stage's top-``depth`` re-scored by the (pruned) query vector. With
-    ``feedback='dense'`` (the references' protocol) the DIME feedback documents are the top of the candidates
-    re-scored with the full query vector; with ``'first-stage'`` the top of the first stage's own order. The Top-k
-    ``sweep`` fractions re-score the same candidates from the vectors in hand, and so does the random selection at
-    each fraction (``seeds`` seeds) when ``controls`` holds ``random``. Each RDIME column gets its same-budget
-    ``controls`` (:func:`control_stages`; the variance control over the candidates' vectors,
-    :func:`candidate_vectors`), and ``vector-prf`` pyterrier-dr's vector-PRF systems on the DIMEs' feedback
-    documents. Each system's frame goes through ``records`` (:class:`~.progress.SystemRecords`): read
-    back where an interrupted run of the cell finished it."""
+    ``feedback='dense'`` (the references' protocol) the feedback documents are the top of the candidates re-scored
+    with the full query vector; with ``'first-stage'`` the first stage's own top. The ``sweep`` fractions (and the
+    random selection) re-score the candidates from the vectors in hand; each RDIME column gets its same-budget
+    ``controls`` (:func:`control_stages`). Frames go through ``records``: read back where a run finished them."""
     records = records or SystemRecords()
     candidates = run(model.query_encoder() >> index.vec_loader(), first)
     # the feedback ranking, with its vectors, whether or not the Baseline's frame reads back
@@ -235,11 +218,8 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
                   sweep: Sequence[float] = (), controls: Sequence[str] = (), seeds: int = 1,
                   records: Optional[SystemRecords] = None) -> Grid:
     """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
-    ranking of the full query vector (as in every reference). Each Top-k ``sweep`` fraction is one more system, and
-    so is each seed of the random selection at each fraction. The ``controls`` and ``records`` as in
-    :func:`rerank_grid`; a DIME whose systems all read back is not even scored. After the Baseline, the systems
-    still to compute are searched together, :data:`~.batched.BATCH_QUERIES` query rows per retriever call
-    (:func:`~.batched.search_together`): a few scans of the index instead of one per system."""
+    ranking of the full query vector. ``sweep``, ``controls`` and ``records`` as in :func:`rerank_grid`. After the
+    Baseline, the systems still to compute are searched together (:func:`~.batched.search_together`)."""
     records = records or SystemRecords()
     queries = run(model.query_encoder(), topics)
     grid = Grid({}, {}, f'dense retrieval ({backend}, top {num_results})')
@@ -308,18 +288,16 @@ def _searched(key: Key, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def candidate_vectors(candidates: pd.DataFrame) -> np.ndarray:
-    """The vectors of the re-ranked candidates, one row per document (first-seen order): in rerank mode what the
-    variance control reads, the run's own documents, whatever else the cached index of the collection holds."""
+    """The vectors of the re-ranked candidates, one row per document (first-seen order): what the variance control
+    reads in rerank mode."""
     return np.stack(candidates.drop_duplicates('docno')['doc_vec'].to_numpy())
 
 
 def control_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence[str], seeds: int, documents
                    ) -> Dict[Key, pt.Transformer]:
     """For each RDIME column of ``dime`` (not the Top-k ones), each same-budget selection of ``controls``: the
-    threshold-and-control stage to run on the DIME's scored frame, under its record key: ``('frames',
-    '<dime>/<column>:<selection>')``, and for ``random`` ``('seeded', (system, seed))`` for each seed. ``documents``
-    are the vectors the variance control reads (``SameBudget(index=...)``): the candidates' in rerank mode, the
-    index (the corpus) in retrieve mode."""
+    threshold-and-control stage under its record key (``random``: one per seed). ``documents`` are the vectors the
+    variance control reads."""
     systems: Dict[Key, pt.Transformer] = {}
     for column, stage in stages.items():
         if column.startswith('k='):
@@ -337,8 +315,7 @@ def control_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Seque
 
 def random_curve_stages(fractions: Sequence[float], seeds: int) -> Dict[Key, pt.Transformer]:
     """``('sweep', (random#<seed>, fraction))`` -> the stage that keeps ``round(fraction · p)`` dimensions of the
-    query chosen at random, for each seed (retrieve mode; re-ranking uses :func:`~.sweep.random_runs` on the
-    vectors in hand). ``MagnitudeDime >> TopK`` only fixes the count; ``SameBudget('random')`` chooses which."""
+    query chosen at random, for each seed (retrieve mode). ``MagnitudeDime >> TopK`` only fixes the count."""
     return {('sweep', (f'random#{seed}', fraction)):
             MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction) >> SameBudget(control='random', seed=seed)
             for seed in range(seeds) for fraction in fractions}

@@ -1,8 +1,5 @@
-"""The grid's combined outputs from its finished cells: grid.csv (long), grid_parity.csv, grid.md, grid.tex (the
-paper's Table layout, one table per measure) and the kept-fraction Figure (PNG and PDF), and the controls'
-tables in grid.md and grid.tex.
-
-A little over ~250 lines: every combined output is read from the same cells and must say the same thing."""
+"""The grid's combined outputs from its finished cells: grid.csv, grid_parity.csv, grid.md, grid.tex and the
+kept-fraction Figure."""
 from pathlib import Path
 from typing import List, Sequence
 
@@ -26,9 +23,8 @@ def _names(cell) -> tuple:
 
 
 def long_table(cells: Sequence) -> pd.DataFrame:
-    """Every finished cell's systems, one row per (collection, encoder, system, measure): the mean ``value``, the
-    mean ``kept`` fraction (pruned systems), and ``k`` (the fraction of ``best Top-k (tuned on test)`` rows, the
-    mean chosen fraction of ``CV Top-k`` rows)."""
+    """Every finished cell's systems, one row per (collection, encoder, system, measure): ``value``, ``kept`` and
+    ``k`` (the fraction of the best and CV Top-k rows)."""
     frames = []
     for cell in cells:
         result = cell.result
@@ -55,8 +51,8 @@ def parity_table(cells: Sequence) -> pd.DataFrame:
 
 
 def markdown(cells: Sequence) -> str:
-    """grid.md: per measure, one row per (collection, encoder, DIME): Baseline, the best Top-k tuned on the test
-    queries, CV Top-k, RDIME (kept), Δ% of RDIME over CV Top-k, and the three equivalence verdicts."""
+    """grid.md: per measure, one row per (collection, encoder, DIME): Baseline, best and CV Top-k, RDIME, Δ%, and
+    the verdicts."""
     lines = ['# RDIME vs Top-k: the grid', '']
     controls = control_rows(cells)
     if len(controls):
@@ -104,8 +100,7 @@ def markdown(cells: Sequence) -> str:
 
 def control_rows(cells: Sequence) -> pd.DataFrame:
     """Every finished cell's control comparisons: ``collection, encoder, dime, label, system, measure, control,
-    value, kept, control_mean, control_value, outcome`` (value and kept: RDIME's; control_value: the control's mean as
-    text, ``random``'s with its spread over the seeds)."""
+    value, kept, control_mean, control_value, outcome`` (value and kept: RDIME's)."""
     rows = []
     for cell in cells:
         result = cell.result
@@ -137,8 +132,7 @@ def control_grid(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def control_summary(rows: pd.DataFrame) -> pd.DataFrame:
-    """What a reader needs first, as a small table: per DIME and control, in how many (cell, measure) pairs RDIME
-    (hard) is better, equivalent, worse or inconclusive, of how many."""
+    """Per DIME and control, in how many (cell, measure) pairs RDIME is better, equivalent, worse or inconclusive."""
     rows = rows[rows['system'] == 'RDIME']
     table = []
     for (label, control), mine in rows.groupby(['label', 'control'], sort=False):
@@ -150,8 +144,7 @@ def control_summary(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _verdict(verdicts: pd.Series, prefix: str) -> str:
-    """The verdict of the comparison whose label starts with ``prefix``; a best Top-k that is Baseline
-    (:data:`~.parity.BEST_IS_BASELINE`) has the one verdict of that comparison."""
+    """The verdict of the comparison whose label starts with ``prefix``."""
     hit = verdicts[verdicts.index.str.startswith(prefix)]
     if hit.empty and prefix == 'best Top-k' and BEST_IS_BASELINE in verdicts.index:
         return f'{verdicts[BEST_IS_BASELINE]} (= Baseline)'
@@ -159,10 +152,8 @@ def _verdict(verdicts: pd.Series, prefix: str) -> str:
 
 
 def latex(cells: Sequence) -> str:
-    """grid.tex: the paper's Table layout, one ``table*`` per measure: rows encoder × DIME (and a Baseline row per
-    encoder), a column group per collection with the Top-k columns, CV Top-k, RDIME (kept) and Δ% of RDIME over CV
-    Top-k (:data:`~.report.DELTA`, as in grid.md and results.md); every value of a row's group that prints as the
-    best is bold (ties alike); the caption explains the significance marks that the table holds."""
+    """grid.tex: the paper's Table layout, one ``table*`` per measure: rows encoder × DIME (and Baseline), a column
+    group per collection (Top-k columns, CV Top-k, RDIME, :data:`~.report.DELTA`); a group's best values bold."""
     collections = list(dict.fromkeys(_names(c)[0] for c in cells))
     encoders = list(dict.fromkeys(_names(c)[1] for c in cells))
     by_name = {_names(c): c.result for c in cells}
@@ -212,8 +203,8 @@ TEX_OUTCOMES = {'better': r'$^{\uparrow}$', 'worse': r'$^{\downarrow}$', 'equiva
 
 
 def _latex_controls(cells: Sequence) -> List[str]:
-    """grid.tex's controls tables, one ``table*`` per measure: rows encoder × DIME (RDIME only), a column group per
-    collection with RDIME (kept) and each control's value, marked with RDIME's outcome against it."""
+    """grid.tex's controls tables, one ``table*`` per measure: RDIME and each control's value, marked with the
+    outcome."""
     rows = control_rows(cells)
     if rows.empty:
         return []
