@@ -15,7 +15,7 @@ from pruned_data import flex_index, full_topk, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, controls, store
 from pyterrier_rdime.experiment.progress import SystemRecords
-from pyterrier_rdime.pruned import measured
+from pyterrier_rdime.pruned import measured, planner
 
 KEY = ('frames', 'prf/RDIME')
 
@@ -124,13 +124,14 @@ def test_a_measured_timings_record_holding_strings_is_ignored_and_rewritten(tmp_
     path.write_text('{"buckets": {"b": {"calls": 3, "seconds_per_unit": {"dense": ["x"], "compressed": ["y"]}}}}')
     choice = measured.MeasuredChoice(lambda: path, clock=iter(range(100)).__next__)
     costs = {'dense': 1.0, 'compressed': 1.2}
-    first = choice.choose(costs, 'b')
+    first = planner.measured_choice(costs, 'b', choice)
     assert first.reason == 'explore' and first.path == 'dense'
     for _ in range(2):  # the first run of a path is cold, not recorded; the second is, and the record rewritten
         choice.timed(first, lambda: None)
     assert store.read_json(path, 'measured-timings')['buckets']['b']['seconds_per_unit'] == {'dense': [1.0]}
     store.write_json(path, 'measured-timings', {'buckets': {'b': {'calls': 1, 'seconds_per_unit': {'dense': ['x']}}}})
-    assert measured.MeasuredChoice(lambda: path).choose(costs, 'b').reason == 'explore'  # checks, but not timings
+    again = measured.MeasuredChoice(lambda: path)
+    assert planner.measured_choice(costs, 'b', again).reason == 'explore'  # checks, but not timings
 
 
 def test_a_failed_write_of_the_layout_does_not_block_the_next_build(tmp_path, monkeypatch):
