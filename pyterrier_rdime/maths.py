@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Optional, Tuple, Union
 
 import numpy as np
 
-from ._checks import check_choice, check_topk
+from ._config import check_choice, check_topk
 
 KERNELS = ('uniform', 'softmax', 'rbf', 'sigmoid', 'rank')
 

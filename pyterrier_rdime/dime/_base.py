@@ -1,4 +1,5 @@
-"""The base of the DIME scorers: validation, grouping by query, the float32 check and the magnitude fallback."""
+"""The base of the DIME scorers (validation, grouping by query, the float32 check, the magnitude fallback) and
+Magnitude DIME."""
 import warnings
 from typing import Dict, Tuple
 
@@ -7,7 +8,7 @@ import pandas as pd
 import pyterrier as pt
 
 from .. import maths
-from .._config import ConfigTransformer
+from .._config import ConfigTransformer, check_bool
 from .._frames import QueryGroups, empty_frame, group_queries, per_row, query_vectors
 
 
@@ -31,7 +32,7 @@ class DimeScorer(ConfigTransformer):
         inp = inp.reset_index(drop=True)
         groups = group_queries(inp, self)
         query_vecs = query_vectors(inp, 'query_vec', groups, self)
-        importance, extra = self._importance_and_columns(inp, groups, query_vecs)
+        importance, extra = self._importance(inp, groups, query_vecs)
         self._check_float32(importance, query_vecs, inp, groups)
         importance = importance.astype(_output_dtype(importance))
         if self.keep_ranking:
@@ -43,17 +44,14 @@ class DimeScorer(ConfigTransformer):
     def _validate(self, inp: pd.DataFrame) -> None:
         pt.validate.result_frame(inp, extra_columns=['query_vec', 'doc_vec', 'score'], context=self)
 
-    def _importance(self, inp: pd.DataFrame, groups: QueryGroups, query_vecs: np.ndarray) -> np.ndarray:
+    def _importance(self, inp: pd.DataFrame, groups: QueryGroups,
+                    query_vecs: np.ndarray) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+        """The importance (n, p) and the values (n,) of :meth:`_extra_columns`."""
         raise NotImplementedError
 
     def _extra_columns(self) -> Tuple[str, ...]:
         """Per-query columns a stage adds beside ``query_dime`` (e.g. which queries an option changed)."""
         return ()
-
-    def _importance_and_columns(self, inp: pd.DataFrame, groups: QueryGroups,
-                                query_vecs: np.ndarray) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
-        """The importance (n, p) and the values (n,) of :meth:`_extra_columns`."""
-        return self._importance(inp, groups, query_vecs), {}
 
     def _check_float32(self, importance: np.ndarray, query_vecs: np.ndarray, inp: pd.DataFrame,
                        groups: QueryGroups) -> None:
@@ -76,6 +74,24 @@ class DimeScorer(ConfigTransformer):
                           'u = q * q for them', stacklevel=3)
             importance = np.where(missing[:, None], maths.magnitude_dime(query_vecs), importance)
         return importance
+
+
+class MagnitudeDime(DimeScorer):
+    """Magnitude DIME ``u = q * q``: needs no feedback.
+
+    Input columns: ``qid, query_vec`` (a query or a result frame). Output columns: the input's plus ``query_dime``.
+    """
+    schematic = {'label': 'Magnitude'}
+
+    def __init__(self, *, keep_ranking: bool = True):
+        check_bool(type(self).__name__, 'keep_ranking', keep_ranking)
+        self.keep_ranking = keep_ranking
+
+    def _validate(self, inp):
+        pt.validate.columns(inp, includes=['qid', 'query_vec'], context=self)
+
+    def _importance(self, inp, groups, query_vecs):
+        return maths.magnitude_dime(query_vecs), {}
 
 
 def some_queries(inp: pd.DataFrame, groups: QueryGroups, which: np.ndarray) -> str:

@@ -1,13 +1,15 @@
-"""LLM DIME: the importance from the embedding of an LLM-generated answer."""
+"""LLM DIME and LLM-Eclipse: the importance from the embedding of an LLM-generated answer."""
+import warnings
 from typing import Optional, Tuple
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from .._config import check_bool
-from .._frames import QueryGroups, check_same_dims, stack_vectors
-from ._base import DimeScorer
+from .. import maths
+from .._config import check_bool, check_int, check_weights
+from .._frames import QueryGroups, check_same_dims, gather_vectors, select_feedback, stack_vectors
+from ._base import DimeScorer, some_queries
 
 
 class LlmDime(DimeScorer):
@@ -38,7 +40,54 @@ class LlmDime(DimeScorer):
     def _importance(self, inp, groups, query_vecs):
         answers, present = answer_vectors(self, self.encoder, inp, groups, query_vecs)
         importance = query_vecs * answers
-        return self._magnitude_fallback(importance, query_vecs, ~present, inp, groups, 'no LLM answer')
+        return self._magnitude_fallback(importance, query_vecs, ~present, inp, groups, 'no LLM answer'), {}
+
+
+class LlmEclipseDime(DimeScorer):
+    """Eclipse with an LLM answer as the positive: ``u = alpha * q * a - beta * q * mean(bottom-num_neg docs)``, ``a``
+    the answer's embedding (read as :class:`~pyterrier_rdime.LlmDime` reads it); a query without one uses ``q`` in its
+    place, with a warning. It needs the bottom of the first ranking, so ``compile()`` does not cut it.
+
+    Input columns: ``qid, query_vec, docno, doc_vec, score`` and ``query_answer_vec`` or ``query_answer`` (text,
+    encoded with ``encoder.encode_docs``). Output columns: the input's plus ``query_dime``.
+
+    Example::
+
+        pipe = bm25 % 100 >> model.query_encoder() >> index.vec_loader() >> LlmAnswers.from_tsv('answers.tsv') \\
+            >> LlmEclipseDime(encoder=model) >> Rdime() >> VectorScorer()
+
+    Paper: D'Erasmo et al., *Eclipse: Contrastive Dimension Importance Estimation with Pseudo-Irrelevance Feedback*
+    (ICTIR 2025), Eclipse-LLM (dime-library ``filters/eclipse.py``; the Missing-Role repository's ``LLMEclipse``).
+    """
+    schematic = {'label': 'LLM-Eclipse'}
+
+    def __init__(self, *, encoder: Optional[object] = None, num_neg: int = 5, alpha: float = 1.0, beta: float = 0.5,
+                 keep_ranking: bool = True):
+        stage = type(self).__name__
+        check_encoder(stage, encoder)
+        check_int(stage, 'num_neg', num_neg, 1)
+        check_weights(stage, alpha, beta, 'the answer', 'the negatives')
+        check_bool(stage, 'keep_ranking', keep_ranking)
+        self.encoder = encoder
+        self.num_neg = num_neg
+        self.alpha = alpha
+        self.beta = beta
+        self.keep_ranking = keep_ranking
+
+    def _validate(self, inp):
+        validate_answers(inp, self, ['docno', 'doc_vec', 'score'])
+
+    def _importance(self, inp, groups, query_vecs):
+        answers, present = answer_vectors(self, self.encoder, inp, groups, query_vecs)
+        if not present.all():
+            warnings.warn(f'{self}: no LLM answer for {some_queries(inp, groups, ~present)}; using the query itself '
+                          'as their positive (u = alpha * q * q - beta * q * mean(negatives))', stacklevel=2)
+            answers = np.where(present[:, None], answers, query_vecs)
+        neg = select_feedback(inp, groups, self.num_neg, self, from_bottom=True)
+        one = np.ones((groups.size, 1), dtype=bool)
+        return maths.eclipse_dime(query_vecs, answers[:, None, :], one,
+                                  gather_vectors(inp, 'doc_vec', neg, query_vecs.shape[1], self), neg.mask,
+                                  alpha=self.alpha, beta=self.beta), {}
 
 
 def check_encoder(stage: str, encoder: Optional[object]) -> None:

