@@ -9,7 +9,7 @@ import pyterrier as pt
 from . import maths
 from ._config import ConfigTransformer, check_choice, check_int
 from ._frames import QueryGroups, check_same_dims, empty_frame, group_queries, numeric_column, per_row, query_vectors
-from ._index_files import vector_stats
+from ._index_files import STREAM_BLOCK, vector_stats
 
 CONTROLS = ('random', 'magnitude', 'variance', 'prefix')
 
@@ -101,12 +101,10 @@ class SameBudget(ConfigTransformer):
             return full * full
         if self.control == 'prefix':
             return -np.arange(full.shape[1], dtype=np.float64)
-        if isinstance(self.index, np.ndarray):
-            if self._array_variance is None:  # two threads may both compute it: the same values, no harm
-                self._array_variance = document_variance(self.index, stage=str(self))
-            variance = self._array_variance
-        else:  # checked against the index's fingerprint on every call: a rebuilt index is seen
+        if not isinstance(self.index, np.ndarray):  # checked against its fingerprint on every call: a rebuild is seen
             variance = document_variance(self.index, stage=str(self))
+        elif (variance := self._array_variance) is None:  # two threads may both compute it: the same values, no harm
+            variance = self._array_variance = document_variance(self.index, stage=str(self))
         check_same_dims(self, full.shape[1], len(variance), 'the index (document vectors)')
         return variance
 
@@ -114,16 +112,13 @@ class SameBudget(ConfigTransformer):
 def document_variance(index: object, *, stage: str = 'SameBudget') -> np.ndarray:
     """The variance of each dimension over the document vectors of ``index`` (float64, (p,)); for a FlexIndex from
     its cached statistics (:func:`pyterrier_rdime._index_files.vector_stats`)."""
-    if isinstance(index, np.ndarray):
-        return _variance(index, stage, 'the array index')
-    return vector_stats(index, stage=stage)['variance']
-
-
-def _variance(vecs: np.ndarray, stage: str, source: str, block: int = 32768) -> np.ndarray:
-    variance, rows = maths.column_variance(vecs[start:start + block] for start in range(0, len(vecs), block))
+    if not isinstance(index, np.ndarray):
+        return vector_stats(index, stage=stage)['variance']
+    variance, rows = maths.column_variance(index[start:start + STREAM_BLOCK]
+                                           for start in range(0, len(index), STREAM_BLOCK))
     if not rows:
-        raise ValueError(f'{stage}: {source} holds no documents; the variance control needs document vectors')
+        raise ValueError(f'{stage}: the array index holds no documents; the variance control needs document vectors')
     if not np.isfinite(variance).all():
-        raise ValueError(f'{stage}: a document vector of {source} has NaN or infinite values, so the variance of '
-                         'its dimensions is undefined; re-encode or drop that document')
+        raise ValueError(f'{stage}: a document vector of the array index has NaN or infinite values, so the variance '
+                         'of its dimensions is undefined; re-encode or drop that document')
     return variance

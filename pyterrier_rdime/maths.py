@@ -137,10 +137,7 @@ def topk_count(dims: int, *, fraction: Optional[float] = None, count: Optional[i
 
 def topk_threshold(importance: np.ndarray, count: int) -> np.ndarray:
     """Top-k: keep the ``count`` dimensions of largest importance per query; among ties the lower index wins."""
-    order = np.argsort(-importance, axis=1, kind='stable')
-    keep = np.zeros(importance.shape, dtype=bool)
-    np.put_along_axis(keep, order[:, :count], True, axis=1)
-    return keep
+    return keep_counts(importance, np.full(len(importance), count))
 
 
 MODULATOR_NAMES = ('hard', 'james-stein', 'wiener')

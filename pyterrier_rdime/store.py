@@ -34,13 +34,7 @@ class Damaged(ValueError):
 @contextlib.contextmanager
 def atomic_open(path: Union[str, os.PathLike], mode: str = 'w') -> Iterator[IO]:
     """Opens a hidden temporary file beside ``path`` and moves it onto ``path`` when the block ends (removed if it
-    raises). Unlike ``pt.io.finalized_open``, the file is created under the umask.
-
-    Example::
-
-        with atomic_open(folder / 'record.json') as f:
-            json.dump(record, f)
-    """
+    raises). Unlike ``pt.io.finalized_open``, the file is created under the umask."""
     if mode not in ('w', 'wb'):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
@@ -101,11 +95,9 @@ def snapshot(paths: Sequence[Union[str, os.PathLike]]) -> tuple:
     identities = []
     for path in paths:
         try:
-            stat = os.stat(path)
+            identities.append(tuple(stat_fields(path).values()))
         except OSError:
             identities.append(None)
-            continue
-        identities.append((stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino))
     return tuple(identities)
 
 

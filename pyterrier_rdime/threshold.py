@@ -140,9 +140,6 @@ def _fall_back(weights: np.ndarray, importance: np.ndarray, fallback: str) -> Tu
     query or, for ``'top1'``, its most important dimension."""
     empty = ~weights.any(axis=1)
     if empty.any():
-        if fallback == 'full':
-            replacement = np.ones_like(weights)
-        else:
-            replacement = maths.topk_threshold(importance, 1).astype(np.float64)
+        replacement = np.ones_like(weights) if fallback == 'full' else maths.topk_threshold(importance, 1)
         weights = np.where(empty[:, None], replacement, weights)
     return weights, empty

@@ -10,8 +10,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import pandas as pd
 
 from .._config import default_cache_dir
-from ..llm import LlmGenerator
-from ..llm.answers import missing_answers
+from ..llm import LlmGenerator, missing_answers
 from . import evaluate as ev
 from . import parity
 from . import sweep as sw

@@ -147,16 +147,14 @@ class LlmGenerator(ConfigTransformer):
         cache = AnswerCache(folder, str(self)) if folder is not None else None
         found = {}
         if cache is not None and queries:
-            found, mismatch = cache.read(key, queries)
-            if mismatch.queries:
-                warnings.warn(f'{self}: {len(mismatch.queries)} of the queries have cached answers in {cache.path} '
-                              f'only under another configuration, so they are answered anew: '
-                              f'{mismatch.describe(key)}', stacklevel=2)
+            found, stale, differences = cache.read(key, queries)
+            if stale:
+                warnings.warn(f'{self}: {len(stale)} of the queries have cached answers in {cache.path} only under '
+                              f'another configuration, so they are answered anew: {differences}', stacklevel=2)
         todo = [q for q in queries if q not in found]
         logger.info('%s: %d cached answer(s), %d to generate', self, len(found), len(todo))
         if todo:
-            progress = pt.tqdm(total=len(todo), desc=type(self).__name__, unit='query') if self.verbose else None
-            try:
+            with pt.tqdm(total=len(todo), desc=type(self).__name__, unit='query', disable=not self.verbose) as progress:
                 for start in range(0, len(todo), self.batch_size):
                     batch = todo[start:start + self.batch_size]
                     generated = self._generate(batch)
@@ -166,11 +164,7 @@ class LlmGenerator(ConfigTransformer):
                     if cache is not None:
                         cache.write(key, new)
                     found.update(new)
-                    if progress is not None:
-                        progress.update(len(batch))
-            finally:
-                if progress is not None:
-                    progress.close()
+                    progress.update(len(batch))
         return {q: found[q] for q in queries}
 
     def model_id(self) -> str:
@@ -356,17 +350,6 @@ def torch_threads(threads: Optional[int]) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-class Mismatch(NamedTuple):
-    """Queries that have cached answers, none of them under the key asked for."""
-    queries: List[str]
-    nearest: Key  # of the keys the cache holds for them, the one that differs from the asked key in fewest parts
-
-    def describe(self, key: Key) -> str:
-        """What differs, e.g. ``prompt 'Answer: {query}' (cached: 'Write ...')``."""
-        return '; '.join(f'{name} {_short(mine)} (cached: {_short(theirs)})'
-                         for name, mine, theirs in zip(_KEY_FIELDS, key, self.nearest) if mine != theirs)
-
-
 def _short(text: str) -> str:
     return repr(text) if len(text) <= 60 else repr(text[:57] + '...')
 
@@ -389,8 +372,9 @@ class AnswerCache:
         with contextlib.closing(self._connect()):
             pass
 
-    def read(self, key: Key, queries: List[str]) -> Tuple[Dict[str, str], Mismatch]:
-        """The cached answers of ``queries`` under ``key``, and the queries cached only under other keys."""
+    def read(self, key: Key, queries: List[str]) -> Tuple[Dict[str, str], List[str], str]:
+        """The cached answers of ``queries`` under ``key``; the queries cached only under other keys, and what differs
+        in the nearest of those keys (fewest parts), e.g. ``prompt 'Answer: {query}' (cached: 'Write ...')``."""
         found: Dict[str, str] = {}
         others: Dict[str, List[Key]] = {}
         with contextlib.closing(self._connect()) as db:
@@ -407,7 +391,8 @@ class AnswerCache:
         stale = [q for q in queries if q in others and q not in found]
         keys = [k for q in stale for k in others[q]]
         nearest = min(keys, key=lambda k: sum(a != b for a, b in zip(k, key))) if keys else key
-        return found, Mismatch(stale, nearest)
+        return found, stale, '; '.join(f'{name} {_short(mine)} (cached: {_short(theirs)})'
+                                       for name, mine, theirs in zip(_KEY_FIELDS, key, nearest) if mine != theirs)
 
     def write(self, key: Key, answers: Dict[str, str]) -> None:
         """Store ``answers`` (query text -> answer) under ``key``, all in one transaction."""

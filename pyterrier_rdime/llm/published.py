@@ -3,11 +3,12 @@ Unveiling DIME, SIGIR 2025, or DIME, SIGIR 2024), and the one download of a cata
 checked by sha256 (the catalogue's, else the first download's) on every use."""
 import hashlib
 import os
-import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
+
+from .. import store
 
 _UNVEILING = 'pinecone-io/unveiling-dime'
 _UNVEILING_COMMIT = '7b0644950fc08fcfb8eee07f9481112b2ad9a0b9'
@@ -43,19 +44,27 @@ def _raw(repo: str, commit: str, path: str) -> str:
     return f'https://raw.githubusercontent.com/{repo}/{commit}/{path}'
 
 
-#: name -> (the LLM as its authors name it, file name in Unveiling DIME's llm_docs/ folders)
+#: name -> (the LLM as its authors name it, file name in Unveiling DIME's llm_docs/ folders, sha256 of its DL19 file as
+#: copied into ../shared/data (their SOURCES.md); the other query sets' are unknown)
 _UNVEILING_LLMS = {
-    'gpt-4': ('gpt-4', 'gpt-4.txt'),
-    'gpt-4o': ('gpt-4o', 'gpt-4o.txt'),
-    'qwen2.5-3b': ('Qwen2.5-3B-Instruct (GPTQ int4)', 'Qwen_Qwen2.5-3B-Instruct-GPTQ-Int4.txt'),
-    'qwen2.5-7b': ('Qwen2.5-7B-Instruct (GPTQ int4)', 'Qwen_Qwen2.5-7B-Instruct-GPTQ-Int4.txt'),
-    'qwen2.5-32b': ('Qwen2.5-32B-Instruct (GPTQ int4)', 'Qwen_Qwen2.5-32B-Instruct-GPTQ-Int4.txt'),
-    'llama-3.1-8b': ('Llama-3.1-8B-Instruct (GPTQ int4)', 'hugging-quants_Meta-Llama-3.1-8B-Instruct-GPTQ-INT4.txt'),
-    'llama-3.2-3b': ('Llama-3.2-3B-Instruct', 'meta-llama_Llama-3.2-3B-Instruct.txt'),
+    'gpt-4': ('gpt-4', 'gpt-4.txt', 'd4188817e27d43e12043134941a8fed31c5a57287da2b6aa36eb8083e775f7ae'),
+    'gpt-4o': ('gpt-4o', 'gpt-4o.txt', '6f5669b196d7a841e413a586a5b4fbe6c86bb4a2958c14dfd58fddf2546ec54c'),
+    'qwen2.5-3b': ('Qwen2.5-3B-Instruct (GPTQ int4)', 'Qwen_Qwen2.5-3B-Instruct-GPTQ-Int4.txt',
+                   '39337be6ccc9f13c3cc43a6431046c09980dd0772a53e4e51a06e5940f8da222'),
+    'qwen2.5-7b': ('Qwen2.5-7B-Instruct (GPTQ int4)', 'Qwen_Qwen2.5-7B-Instruct-GPTQ-Int4.txt',
+                   '05c52fb54402b924b8f7880965a2cd9ed44f6fd8c6bed77336d805f43cb00db9'),
+    'qwen2.5-32b': ('Qwen2.5-32B-Instruct (GPTQ int4)', 'Qwen_Qwen2.5-32B-Instruct-GPTQ-Int4.txt',
+                    'aef867a359f5fa3df42e7b3793b60625001a42ff786e0d1be420cd33f6bee64c'),
+    'llama-3.1-8b': ('Llama-3.1-8B-Instruct (GPTQ int4)', 'hugging-quants_Meta-Llama-3.1-8B-Instruct-GPTQ-INT4.txt',
+                     'bdb63cc071e0e0d2e6a82e6f04b8f032c338243d999260cb3022245aa7907af6'),
+    'llama-3.2-3b': ('Llama-3.2-3B-Instruct', 'meta-llama_Llama-3.2-3B-Instruct.txt',
+                     'e2c6e0778fb4a464bca211cc43536f201042cfaed869d7a784f2a4719a5fb1f0'),
     'deepseek-r1-qwen-7b': ('DeepSeek-R1-Distill-Qwen-7B (GPTQ int4)',
-                            'jakiAJK_DeepSeek-R1-Distill-Qwen-7B_GPTQ-int4.txt'),
+                            'jakiAJK_DeepSeek-R1-Distill-Qwen-7B_GPTQ-int4.txt',
+                            'a040f457ea621559f3f7aaef01ba2230e4ea1f7d2a66fe4bd241aeaf9db37952'),
     'deepseek-r1-qwen-32b': ('DeepSeek-R1-Distill-Qwen-32B (GPTQ int4)',
-                             'dwetzel_DeepSeek-R1-Distill-Qwen-32B-GPTQ-INT4.txt'),
+                             'dwetzel_DeepSeek-R1-Distill-Qwen-32B-GPTQ-INT4.txt',
+                             '8b5d5e8d8962fca039f1a0a03384b4b8b4e61511ccd406f3ce7841a0d845781f'),
 }
 #: query set -> its folder in Unveiling DIME's llm_docs/
 _UNVEILING_FOLDERS = {
@@ -64,26 +73,14 @@ _UNVEILING_FOLDERS = {
     DL_HARD: 'llm_docs/msmarco-passage/msmarco-passage_trec-dl-hard',
     ROBUST04: 'llm_docs/disks45_nocr_trec-robust-2004/disks45_nocr_trec-robust-2004',
 }
-#: The sha256 of the DL19 files as copied into ../shared/data (their SOURCES.md); the others' are unknown.
-_DL19_SHA256 = {
-    'gpt-4': 'd4188817e27d43e12043134941a8fed31c5a57287da2b6aa36eb8083e775f7ae',
-    'gpt-4o': '6f5669b196d7a841e413a586a5b4fbe6c86bb4a2958c14dfd58fddf2546ec54c',
-    'qwen2.5-3b': '39337be6ccc9f13c3cc43a6431046c09980dd0772a53e4e51a06e5940f8da222',
-    'qwen2.5-7b': '05c52fb54402b924b8f7880965a2cd9ed44f6fd8c6bed77336d805f43cb00db9',
-    'qwen2.5-32b': 'aef867a359f5fa3df42e7b3793b60625001a42ff786e0d1be420cd33f6bee64c',
-    'llama-3.1-8b': 'bdb63cc071e0e0d2e6a82e6f04b8f032c338243d999260cb3022245aa7907af6',
-    'llama-3.2-3b': 'e2c6e0778fb4a464bca211cc43536f201042cfaed869d7a784f2a4719a5fb1f0',
-    'deepseek-r1-qwen-7b': 'a040f457ea621559f3f7aaef01ba2230e4ea1f7d2a66fe4bd241aeaf9db37952',
-    'deepseek-r1-qwen-32b': '8b5d5e8d8962fca039f1a0a03384b4b8b4e61511ccd406f3ce7841a0d845781f',
-}
 
 
 def _catalogue() -> Dict[Tuple[str, str], Published]:
     entries = [Published(name, llm, dataset, UNVEILING_DIME,
                          _raw(_UNVEILING, _UNVEILING_COMMIT, f'{folder}/{file_name}'),
-                         _DL19_SHA256.get(name) if dataset == DL19 else None)
+                         sha256 if dataset == DL19 else None)
                for dataset, folder in _UNVEILING_FOLDERS.items()
-               for name, (llm, file_name) in _UNVEILING_LLMS.items() if dataset != ROBUST04 or name == 'gpt-4']
+               for name, (llm, file_name, sha256) in _UNVEILING_LLMS.items() if dataset != ROBUST04 or name == 'gpt-4']
     # one file answers the queries of every collection of the paper (it has a header row)
     entries += [Published('gpt-4-dime', 'gpt-4', dataset, DIME, _raw(_DIME, _DIME_COMMIT, 'data/gpt4_answers.csv'),
                           None) for dataset in (DL19, DL20, DL_HARD, ROBUST04)]
@@ -137,9 +134,8 @@ def fetch(entry: Published, cache_dir: Union[str, os.PathLike]) -> Path:
         raise ValueError(f'published answers {entry.name!r}: {entry.url} has sha256 {actual}, not the catalogued '
                          f'{entry.sha256}; the file at that commit changed or the download was damaged: retry, or '
                          'pass --answers FILE')
-    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
+    with store.atomic_open(path, 'wb') as f:
         f.write(data)
-    os.replace(f.name, path)
     if entry.sha256 is None:
         path.with_name(path.name + '.sha256').write_text(actual + '\n', encoding='ascii')
     return path
