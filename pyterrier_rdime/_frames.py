@@ -16,27 +16,19 @@ def stack_vectors(inp: pd.DataFrame, column: str, rows: np.ndarray, stage: objec
     ids = inp[id_column].to_numpy()[rows]
     if len(values) == 0:
         return np.zeros((0, 0))
-    arr = _stack_regular(values)
-    if arr is None:  # find the offending row, off the hot path
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('error', _COMPLEX_WARNING)  # complex values are an error, not silently cut
+            arr = np.array(list(values), dtype=np.float64)  # raises on ragged rows
+    except (ValueError, TypeError, _COMPLEX_WARNING):
+        arr = None
+    if arr is None or arr.ndim != 2 or arr.shape[1] == 0:  # find the offending row, off the hot path
         _raise_irregular(values, ids, column, stage, id_column)
     finite = np.isfinite(arr).all(axis=1)
     if not finite.all():
         bad = int(np.argmin(finite))
         raise ValueError(f'{stage}: column {column!r} holds NaN or inf at {id_column}={ids[bad]!r}; '
                          'check the encoder or index that produced it')
-    return arr
-
-
-def _stack_regular(values: np.ndarray):
-    """``np.stack(values)`` as float64 when every value is a non-empty 1-D real vector of one length, else None."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter('error', _COMPLEX_WARNING)  # complex values are an error, not silently cut
-            arr = np.array(list(values), dtype=np.float64)  # raises on ragged rows
-    except (ValueError, TypeError, _COMPLEX_WARNING):
-        return None
-    if arr.ndim != 2 or arr.shape[1] == 0:
-        return None
     return arr
 
 
@@ -148,9 +140,11 @@ def group_queries(inp: pd.DataFrame, stage: object) -> QueryGroups:
     """The rows of ``inp`` grouped by qid (a missing qid is an error, see :func:`check_qids`)."""
     qids = inp['qid'].to_numpy()
     check_qids(inp, stage, qids)
-    codes = _contiguous_codes(qids)
-    if codes is not None:  # the usual frame: the codes of pd.factorize without hashing
-        return QueryGroups(codes, np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]))
+    change = np.ones(len(qids), dtype=bool)
+    change[1:] = qids[1:] != qids[:-1]
+    heads = qids[change]
+    if len(set(heads.tolist())) == len(heads):  # each qid's rows together: pd.factorize's codes without hashing
+        return QueryGroups(np.cumsum(change) - 1, np.flatnonzero(change))
     codes, uniques = pd.factorize(qids, sort=False)
     first_rows = np.full(len(uniques), -1, dtype=np.int64)
     first_rows[codes[::-1]] = np.arange(len(codes))[::-1]  # reversed: the first occurrence wins
@@ -169,18 +163,6 @@ def check_qids(inp: pd.DataFrame, stage: object, qids: Optional[np.ndarray] = No
     raise ValueError(f'{stage}: column \'qid\' is missing (NaN/None) in {int(missing.sum())} row(s), first at {where}; '
                      'every row needs the qid of its query: fill those qids or drop the rows '
                      "(inp.dropna(subset=['qid']))")
-
-
-def _contiguous_codes(qids: np.ndarray):
-    """Query codes in order of first appearance when every qid's rows are contiguous, else None."""
-    if len(qids) == 0:
-        return None
-    change = np.ones(len(qids), dtype=bool)
-    change[1:] = qids[1:] != qids[:-1]
-    heads = qids[change]
-    if len(set(heads.tolist())) != len(heads):
-        return None
-    return np.cumsum(change) - 1
 
 
 class Feedback(NamedTuple):
@@ -203,7 +185,9 @@ def select_feedback(inp: pd.DataFrame, groups: QueryGroups, slots: int, stage: o
                          'highest-scored candidates of each query: fix the first stage or drop those rows')
     counts = np.bincount(groups.codes, minlength=groups.size)
     slots = int(min(slots, counts.max(initial=0)))
-    order = _ranked_order(scores, groups.codes)
+    step = np.diff(groups.codes)  # a retriever's output is already in (qid, -score) order: no sort
+    in_order = np.all((step > 0) | ((step == 0) & (np.diff(scores) <= 0)))
+    order = np.arange(len(scores)) if in_order else np.lexsort((-scores, groups.codes))
     sorted_codes = groups.codes[order]
     starts = np.searchsorted(sorted_codes, np.arange(groups.size))
     rank = np.arange(len(order)) - starts[sorted_codes]
@@ -216,14 +200,6 @@ def select_feedback(inp: pd.DataFrame, groups: QueryGroups, slots: int, stage: o
     rows = np.full((groups.size, slots), -1, dtype=np.int64)
     rows[sorted_codes[chosen], slot[chosen]] = order[chosen]
     return Feedback(rows, rows >= 0)
-
-
-def _ranked_order(scores: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """``np.lexsort((-scores, codes))``, without the sort when a retriever's output is already in that order."""
-    step = np.diff(codes)
-    if np.all((step > 0) | ((step == 0) & (np.diff(scores) <= 0))):
-        return np.arange(len(codes))
-    return np.lexsort((-scores, codes))
 
 
 def gather_vectors(inp: pd.DataFrame, column: str, feedback: Feedback, dims: int, stage: object) -> np.ndarray:

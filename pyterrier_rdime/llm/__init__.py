@@ -49,40 +49,33 @@ def read_answers_csv(path: Union[str, os.PathLike]) -> Dict[str, str]:
     reader = csv.reader(io.StringIO(text, newline=''), strict=True)
     answers: Dict[str, str] = {}
     first_line: Dict[str, int] = {}
-    line_no = 1
-    while True:
-        start = line_no
-        try:
-            row = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as e:
-            raise ValueError(f'{path}:{reader.line_num}: {e}; each record is qid,query,"answer" with any " in a quoted '
-                             'field doubled') from None
-        line_no = reader.line_num + 1
-        if not row or (len(row) == 1 and not row[0].strip()):
-            continue
-        if start == 1 and row[0].strip().lower() in _CSV_HEADERS:
-            continue
-        if len(row) != 3:
-            raise ValueError(f'{path}:{start}: {len(row)} fields in {",".join(row)[:80]!r}; each record is '
-                             'qid,query,"answer" (quote a field that holds a comma, a quote or a line break)')
-        qid, _, answer = row
-        _check_csv_qid(path, start, qid, first_line)
-        first_line[qid] = start
-        answers[qid] = answer
+    end = 0  # the last line of the record before
+    try:
+        for row in reader:
+            start, end = end + 1, reader.line_num
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if start == 1 and row[0].strip().lower() in _CSV_HEADERS:
+                continue
+            if len(row) != 3:
+                raise ValueError(f'{path}:{start}: {len(row)} fields in {",".join(row)[:80]!r}; each record is '
+                                 'qid,query,"answer" (quote a field that holds a comma, a quote or a line break)')
+            qid, _, answer = row
+            if not qid or qid.split() != [qid]:
+                raise ValueError(f'{path}:{start}: qid {qid!r} is empty or holds whitespace; each record is '
+                                 'qid,query,"answer"')
+            if '.' in qid and float_twin(qid) is not None:
+                raise ValueError(f'{path}:{start}: qid {qid!r} is an integer written as a float, which matches no '
+                                 f'query; write it as {float_twin(qid)!r}')
+            if qid in first_line:
+                raise ValueError(f'{path}:{start}: qid {qid!r} is also on line {first_line[qid]}; give each qid one '
+                                 'answer')
+            first_line[qid] = start
+            answers[qid] = answer
+    except csv.Error as e:
+        raise ValueError(f'{path}:{reader.line_num}: {e}; each record is qid,query,"answer" with any " in a quoted '
+                         'field doubled') from None
     return answers
-
-
-def _check_csv_qid(path: Path, line_no: int, qid: str, seen: Dict[str, int]) -> None:
-    if not qid or qid.split() != [qid]:
-        raise ValueError(f'{path}:{line_no}: qid {qid!r} is empty or holds whitespace; each record is '
-                         'qid,query,"answer"')
-    if '.' in qid and float_twin(qid) is not None:
-        raise ValueError(f'{path}:{line_no}: qid {qid!r} is an integer written as a float, which matches no query; '
-                         f'write it as {float_twin(qid)!r}')
-    if qid in seen:
-        raise ValueError(f'{path}:{line_no}: qid {qid!r} is also on line {seen[qid]}; give each qid one answer')
 
 
 def missing_answers(answers: Mapping[str, Optional[str]], qids) -> list:

@@ -135,8 +135,7 @@ class LlmGenerator(ConfigTransformer):
         if bad:
             raise ValueError(f'{self}: the query of qid {inp["qid"].iloc[bad[0]]!r} is {queries[bad[0]]!r}, not text; '
                              'every row needs a query string')
-        unique = list(dict.fromkeys(queries))
-        answers = self.generate(unique)
+        answers = self.generate(queries)
         return inp.assign(query_answer=[answers[q] for q in queries])
 
     def generate(self, queries: Iterable[str]) -> Dict[str, str]:
