@@ -32,7 +32,10 @@ class DimeScorer(ConfigTransformer):
     """Base of the DIME scorers: adds ``query_dime``, each query's importance vector (float32, or float64 where
     float32 would flush it to 0). ``keep_ranking=True`` keeps every row (re-ranking); ``False`` returns one row per
     query with its query columns, for a retriever (as pyterrier-dr's ``VectorPrf``)."""
-    keep_ranking: bool
+
+    def __init__(self, *, keep_ranking: bool = True):
+        check_bool(type(self).__name__, 'keep_ranking', keep_ranking)
+        self.keep_ranking = keep_ranking
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         self._validate(inp)
@@ -100,10 +103,6 @@ class MagnitudeDime(DimeScorer):
     """
     schematic = {'label': 'Magnitude'}
 
-    def __init__(self, *, keep_ranking: bool = True):
-        check_bool(type(self).__name__, 'keep_ranking', keep_ranking)
-        self.keep_ranking = keep_ranking
-
     def _validate(self, inp):
         pt.validate.columns(inp, includes=['qid', 'query_vec'], context=self)
 
@@ -136,11 +135,10 @@ class KernelDime(DimeScorer):
                          'or pass a callable kernel(query_vecs, doc_vecs) -> (n, m) similarities')
         check_int(stage, 'num_docs', num_docs, 1)
         check_positive(stage, 'tau', tau)
-        check_bool(stage, 'keep_ranking', keep_ranking)
         self.kernel = kernel
         self.num_docs = num_docs
         self.tau = tau
-        self.keep_ranking = keep_ranking
+        super().__init__(keep_ranking=keep_ranking)
 
     def compile(self) -> pt.Transformer:
         """With ``keep_ranking=False``, cut the first ranking to the feedback documents (:class:`FeedbackCutoff`)."""
@@ -201,12 +199,11 @@ class EclipseDime(DimeScorer):
         check_int(stage, 'num_pos', num_pos, 1)
         check_int(stage, 'num_neg', num_neg, 1)
         check_weights(stage, alpha, beta, 'the positives', 'the negatives')
-        check_bool(stage, 'keep_ranking', keep_ranking)
         self.num_pos = num_pos
         self.num_neg = num_neg
         self.alpha = alpha
         self.beta = beta
-        self.keep_ranking = keep_ranking
+        super().__init__(keep_ranking=keep_ranking)
 
     def _importance(self, inp, groups, query_vecs):
         dims = query_vecs.shape[1]
@@ -262,9 +259,8 @@ class LlmDime(DimeScorer):
     def __init__(self, *, encoder: Optional[object] = None, keep_ranking: bool = True):
         stage = type(self).__name__
         check_encoder(stage, encoder)
-        check_bool(stage, 'keep_ranking', keep_ranking)
         self.encoder = encoder
-        self.keep_ranking = keep_ranking
+        super().__init__(keep_ranking=keep_ranking)
 
     def _validate(self, inp):
         validate_answers(inp, self, [])
@@ -299,12 +295,11 @@ class LlmEclipseDime(DimeScorer):
         check_encoder(stage, encoder)
         check_int(stage, 'num_neg', num_neg, 1)
         check_weights(stage, alpha, beta, 'the answer', 'the negatives')
-        check_bool(stage, 'keep_ranking', keep_ranking)
         self.encoder = encoder
         self.num_neg = num_neg
         self.alpha = alpha
         self.beta = beta
-        self.keep_ranking = keep_ranking
+        super().__init__(keep_ranking=keep_ranking)
 
     def _validate(self, inp):
         validate_answers(inp, self, ['docno', 'doc_vec', 'score'])
@@ -342,11 +337,10 @@ class OracleDime(DimeScorer):
         check_qrels(qrels, stage)
         check_bool(stage, 'pad_negatives', pad_negatives)
         check_int(stage, 'seed', seed, 0, 'the seed of the padding draws')
-        check_bool(stage, 'keep_ranking', keep_ranking)
         self.qrels = qrels
         self.pad_negatives = pad_negatives
         self.seed = seed
-        self.keep_ranking = keep_ranking
+        super().__init__(keep_ranking=keep_ranking)
 
     def _extra_columns(self):
         return ('query_padded',) if self.pad_negatives else ()
@@ -420,11 +414,10 @@ class ActiveFeedbackDime(DimeScorer):
         stage = type(self).__name__
         check_qrels(qrels, stage)
         check_weights(stage, alpha, beta, 'the relevant document', 'the non-relevant one')
-        check_bool(stage, 'keep_ranking', keep_ranking)
         self.qrels = qrels
         self.alpha = alpha
         self.beta = beta
-        self.keep_ranking = keep_ranking
+        super().__init__(keep_ranking=keep_ranking)
 
     def _importance(self, inp, groups, query_vecs):
         labels = candidate_labels(inp, self.qrels, self)
