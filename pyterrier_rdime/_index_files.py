@@ -1,6 +1,5 @@
 """The files this package keeps beside a pyterrier-dr FlexIndex: where they go, how the vectors are streamed and read,
-and :func:`vector_stats`.
-"""
+and :func:`vector_stats`."""
 import contextlib
 import hashlib
 import mmap

@@ -1,8 +1,7 @@
 """The one store of the files this package derives and keeps, after pyterrier-alpha's ``Artifact``: atomic writes
 (:func:`atomic_open`), checksummed records (:func:`write_record`), file identity by ``stat`` including the ctime
 (:func:`stat_fields`, :func:`fingerprint`), one builder at a time (:func:`locked`), and check on every use, rebuild
-with a warning when stale or damaged (:func:`derived`).
-"""
+with a warning when stale or damaged (:func:`derived`)."""
 import contextlib
 import hashlib
 import json
@@ -183,8 +182,7 @@ def derived(path: Path, kind: str, *, folder: Path, sources: Sequence[str], buil
     """The file derived from ``sources`` at ``path``, opened by ``open_with(path, content)`` (cached while the
     ``stat`` of each file is unchanged). Its record (``path`` + ``.json``, or ``path`` itself when ``data`` is False)
     holds the sources' fingerprints and ``content``; when anything is stale, damaged or ``check`` objects,
-    ``build(path)`` rebuilds it, with a warning naming ``what``, ``stage`` and the reason (``build=None``: None).
-    """
+    ``build(path)`` rebuilds it, with a warning naming ``what``, ``stage`` and the reason (``build=None``: None)."""
     record = path.with_suffix('.json') if data else path
     own = [str(path), str(record)] if data else [str(path)]
     watched = own + [os.path.join(folder, name) for name in sources]

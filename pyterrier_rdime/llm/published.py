@@ -10,10 +10,9 @@ from typing import Dict, Optional, Tuple, Union
 
 from .. import store
 
-_UNVEILING = 'pinecone-io/unveiling-dime'
-_UNVEILING_COMMIT = '7b0644950fc08fcfb8eee07f9481112b2ad9a0b9'
-_DIME = 'guglielmof/DIME-SIGIR-2024'
-_DIME_COMMIT = 'f59412adccfa339c9755fff34d6727759551d91a'
+#: The raw files of each source repository at the commit the catalogue pins.
+_UNVEILING = 'https://raw.githubusercontent.com/pinecone-io/unveiling-dime/7b0644950fc08fcfb8eee07f9481112b2ad9a0b9'
+_DIME = 'https://raw.githubusercontent.com/guglielmof/DIME-SIGIR-2024/f59412adccfa339c9755fff34d6727759551d91a'
 UNVEILING_DIME = 'Unveiling DIME (Campagnano, Mallia, Silvestri, SIGIR 2025)'
 DIME = 'DIME (Faggioli et al., SIGIR 2024)'
 #: Seconds a download may wait for the server before it fails.
@@ -38,10 +37,6 @@ class Published:
     @property
     def file_name(self) -> str:
         return self.url.rsplit('/', 1)[-1]
-
-
-def _raw(repo: str, commit: str, path: str) -> str:
-    return f'https://raw.githubusercontent.com/{repo}/{commit}/{path}'
 
 
 #: name -> (the LLM as its authors name it, file name in Unveiling DIME's llm_docs/ folders, sha256 of its DL19 file as
@@ -77,12 +72,11 @@ _UNVEILING_FOLDERS = {
 
 def _catalogue() -> Dict[Tuple[str, str], Published]:
     entries = [Published(name, llm, dataset, UNVEILING_DIME,
-                         _raw(_UNVEILING, _UNVEILING_COMMIT, f'{folder}/{file_name}'),
-                         sha256 if dataset == DL19 else None)
+                         f'{_UNVEILING}/{folder}/{file_name}', sha256 if dataset == DL19 else None)
                for dataset, folder in _UNVEILING_FOLDERS.items()
                for name, (llm, file_name, sha256) in _UNVEILING_LLMS.items() if dataset != ROBUST04 or name == 'gpt-4']
     # one file answers the queries of every collection of the paper (it has a header row)
-    entries += [Published('gpt-4-dime', 'gpt-4', dataset, DIME, _raw(_DIME, _DIME_COMMIT, 'data/gpt4_answers.csv'),
+    entries += [Published('gpt-4-dime', 'gpt-4', dataset, DIME, f'{_DIME}/data/gpt4_answers.csv',
                           None) for dataset in (DL19, DL20, DL_HARD, ROBUST04)]
     return {(e.name, e.dataset): e for e in entries}
 
