@@ -90,6 +90,11 @@ class LlmAnswers(ConfigTransformer):
     A query without an answer gets ``None``, and :class:`~pyterrier_rdime.LlmDime` falls back to ``u = q * q`` with
     a warning (``missing='error'``: raise). Qids match as strings; ``'1.0'`` against ``'1'`` is an error.
 
+    Args:
+        answers: qid -> answer text (``None`` or NaN for a query without an answer); qids are strings, as in
+            PyTerrier frames.
+        missing: ``'fallback'``: a query without an answer gets ``None``; ``'error'``: raise.
+
     Input columns: ``qid`` (query or result frame). Output columns: the input's plus ``query_answer``.
 
     Example::
@@ -99,12 +104,6 @@ class LlmAnswers(ConfigTransformer):
     schematic = {'label': 'LLM answers'}
 
     def __init__(self, *, answers: Mapping[str, str], missing: str = 'fallback'):
-        """
-        Args:
-            answers: qid -> answer text (``None`` or NaN for a query without an answer); qids are strings, as in
-                PyTerrier frames.
-            missing: ``'fallback'``: a query without an answer gets ``None``; ``'error'``: raise.
-        """
         stage = type(self).__name__
         if not isinstance(answers, Mapping):
             raise ValueError(f'{stage}: answers must be a mapping qid -> answer text, got '

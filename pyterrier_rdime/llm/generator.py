@@ -411,13 +411,12 @@ class AnswerCache:
                           'settings TEXT NOT NULL, query TEXT NOT NULL, answer TEXT NOT NULL, created TEXT NOT NULL, '
                           'PRIMARY KEY (model, prompt, settings, query))')
             columns = [row[1] for row in self._run(db, 'PRAGMA table_info(answers)')]
+            if columns[:5] != ['model', 'prompt', 'settings', 'query', 'answer']:
+                raise ValueError(f'{self.stage}: {self.path} holds a table "answers" with columns {columns}, not an '
+                                 'answer cache of LlmGenerator; move that file away or pass another cache= folder')
         except Exception:
             db.close()
             raise
-        if columns[:5] != ['model', 'prompt', 'settings', 'query', 'answer']:
-            db.close()
-            raise ValueError(f'{self.stage}: {self.path} holds a table "answers" with columns {columns}, not an '
-                             'answer cache of LlmGenerator; move that file away or pass another cache= folder')
         return db
 
     def _run(self, db: sqlite3.Connection, sql: str, params=(), many: bool = False) -> list:
