@@ -43,10 +43,7 @@ GENERATE_LOCK = threading.Lock()
 
 CACHE_FILE = 'llm_answers.sqlite3'
 _CHUNK = 500  # queries per SELECT: SQLite caps the number of bound parameters
-_KEY_FIELDS = ('model', 'prompt', 'settings')
-
-#: ``(model identity, prompt template, settings JSON)``: with the query text, the key of a cached answer.
-Key = Tuple[str, str, str]
+_KEY_FIELDS = ('model', 'prompt', 'settings')  # of a cached answer's key (LlmGenerator.cache_key), with the query
 
 
 class LlmGenerator(ConfigTransformer):
@@ -371,11 +368,11 @@ class AnswerCache:
         with contextlib.closing(self._connect()):
             pass
 
-    def read(self, key: Key, queries: List[str]) -> Tuple[Dict[str, str], List[str], str]:
+    def read(self, key: Tuple[str, str, str], queries: List[str]) -> Tuple[Dict[str, str], List[str], str]:
         """The cached answers of ``queries`` under ``key``; the queries cached only under other keys, and what differs
         in the nearest of those keys (fewest parts), e.g. ``prompt 'Answer: {query}' (cached: 'Write ...')``."""
         found: Dict[str, str] = {}
-        others: Dict[str, List[Key]] = {}
+        others: Dict[str, List[Tuple[str, str, str]]] = {}
         with contextlib.closing(self._connect()) as db:
             for start in range(0, len(queries), _CHUNK):
                 chunk = queries[start:start + _CHUNK]
@@ -393,7 +390,7 @@ class AnswerCache:
         return found, stale, '; '.join(f'{name} {_short(mine)} (cached: {_short(theirs)})'
                                        for name, mine, theirs in zip(_KEY_FIELDS, key, nearest) if mine != theirs)
 
-    def write(self, key: Key, answers: Dict[str, str]) -> None:
+    def write(self, key: Tuple[str, str, str], answers: Dict[str, str]) -> None:
         """Store ``answers`` (query text -> answer) under ``key``, all in one transaction."""
         created = time.strftime('%Y-%m-%dT%H:%M:%S')
         with contextlib.closing(self._connect()) as db:
