@@ -191,9 +191,7 @@ def score_mass_threshold(importance: np.ndarray, mass: float) -> np.ndarray:
     total = positive.sum(axis=1, keepdims=True)
     before = np.cumsum(positive, axis=1) - positive  # the mass ranked above each dimension
     kept_sorted = (before < mass * total * (1 - 1e-9)) & (positive > 0)
-    keep = np.zeros(importance.shape, dtype=bool)
-    np.put_along_axis(keep, order, kept_sorted, axis=1)
-    return keep
+    return np.take_along_axis(kept_sorted, np.argsort(order, axis=1), axis=1)  # back to dimension order
 
 
 def keep_counts(order_key: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -201,9 +199,7 @@ def keep_counts(order_key: np.ndarray, counts: np.ndarray) -> np.ndarray:
     lower index."""
     counts = np.asarray(counts, dtype=np.int64)
     order_key = np.broadcast_to(np.asarray(order_key, dtype=np.float64), (len(counts), np.shape(order_key)[-1]))
-    order = np.argsort(-order_key, axis=1, kind='stable')
-    ranks = np.empty_like(order)
-    np.put_along_axis(ranks, order, np.arange(order.shape[1]), axis=1)
+    ranks = np.argsort(np.argsort(-order_key, axis=1, kind='stable'), axis=1)  # a permutation's argsort inverts it
     return ranks < counts[:, None]
 
 
@@ -218,10 +214,7 @@ def random_ranks(seeds: Iterable[Tuple[int, str]], dims: int) -> np.ndarray:
     """Per ``(seed, key)``, the rank of each dimension (n, p) in a uniform random order: ranks below ``k`` are a
     uniform draw of ``k`` dimensions, nested in ``k``."""
     perms = [query_rng(seed, key).permutation(dims) for seed, key in seeds]
-    order = np.array(perms, dtype=np.int64).reshape(len(perms), dims)
-    ranks = np.empty_like(order)
-    np.put_along_axis(ranks, order, np.arange(dims), axis=1)
-    return ranks
+    return np.argsort(np.array(perms, dtype=np.int64).reshape(len(perms), dims), axis=1)  # the inverse permutations
 
 
 def column_variance(blocks: Iterable[np.ndarray]) -> Tuple[np.ndarray, int]:
