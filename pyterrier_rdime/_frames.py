@@ -145,10 +145,8 @@ def group_queries(inp: pd.DataFrame, stage: object) -> QueryGroups:
     heads = qids[change]
     if len(set(heads.tolist())) == len(heads):  # each qid's rows together: pd.factorize's codes without hashing
         return QueryGroups(np.cumsum(change) - 1, np.flatnonzero(change))
-    codes, uniques = pd.factorize(qids, sort=False)
-    first_rows = np.full(len(uniques), -1, dtype=np.int64)
-    first_rows[codes[::-1]] = np.arange(len(codes))[::-1]  # reversed: the first occurrence wins
-    return QueryGroups(codes, first_rows)
+    codes, _ = pd.factorize(qids, sort=False)
+    return QueryGroups(codes, np.unique(codes, return_index=True)[1])  # the first row of each code
 
 
 def check_qids(inp: pd.DataFrame, stage: object, qids: Optional[np.ndarray] = None) -> None:

@@ -535,10 +535,10 @@ def check_qrels(qrels: pd.DataFrame, stage: str) -> None:
         raise ValueError(f"{stage}: qrels label is {labels[row]} at qid={qrels['qid'].iloc[row]!r}, "
                          f"docno={qrels['docno'].iloc[row]!r}; every judgment needs a finite label: fix or drop "
                          "those rows (qrels.dropna(subset=['label']))")
-    keys = qrels[['qid', 'docno']].astype(str).assign(label=labels)
-    conflicting = keys.drop_duplicates().duplicated(['qid', 'docno'])
+    keys = qrels[['qid', 'docno']].astype(str).assign(label=labels).drop_duplicates()
+    conflicting = keys.duplicated(['qid', 'docno'])
     if conflicting.any():
-        qid, docno = keys.drop_duplicates()[conflicting].iloc[0][['qid', 'docno']]
+        qid, docno = keys[conflicting].iloc[0][['qid', 'docno']]
         given = sorted(map(float, keys.loc[(keys['qid'] == qid) & (keys['docno'] == docno), 'label'].unique()))
         raise ValueError(f'{stage}: qrels judge qid={qid!r}, docno={docno!r} twice with different labels {given}; '
                          'keep one judgment per query and document')
