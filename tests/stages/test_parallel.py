@@ -94,8 +94,10 @@ def flex(tmp_path_factory):
 def ray_local():
     ray = pytest.importorskip('ray', reason='ray is not installed: pip install pyterrier-rdime[ray]')
     os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 2 ** 20, log_to_driver=False,
-             configure_logging=False)
+    # 'local' starts this test's own Ray even when another process's cluster runs on the machine (ray.init() would
+    # join that one, and refuse num_cpus)
+    ray.init(address='local', num_cpus=2, include_dashboard=False, object_store_memory=80 * 2 ** 20,
+             log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 
