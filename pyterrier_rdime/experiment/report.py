@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from .parity import ALPHA, BEST_IS_BASELINE, COLUMNS, SAME_BUDGET
+from .sweep import CV_COLUMNS, SWEEP_COLUMNS
 
 #: Significance marks of the paper table: comparison label -> mark.
 MARKS = {'CV Top-k': '¶', 'best Top-k': '†', 'Baseline': '‡', 'RDIME': '§'}
@@ -19,8 +20,6 @@ ALL_MARKS = '*' + ''.join(MARKS.values())
 DELTA = 'Δ% vs CV Top-k'
 TEST_NAMES = {'t': 'paired t-test', 'wilcoxon': 'Wilcoxon signed-rank test',
               'auto': 'per comparison: Shapiro–Wilk on the paired differences, then paired t-test or Wilcoxon'}
-SWEEP_COLUMNS = ['dime', 'fraction', 'system', 'qid', 'measure', 'value']
-CV_COLUMNS = ['dime', 'measure', 'fold', 'fraction', 'queries']
 SEED_COLUMNS = ['system', 'seed', 'measure', 'value']
 #: How a control comparison reads.
 OUTCOMES = ('better', 'equivalent', 'worse', 'inconclusive')
