@@ -107,7 +107,10 @@ class ExperimentResult:
         """The test-tuned best and CV Top-k, RDIME (kept) with ``marks`` and :data:`DELTA` of a table's row."""
         values = self.table[self.table['measure'] == measure].set_index('system')['value']
         rdime, cv = values[f'{dime}/RDIME'], values.get(f'{dime}/CV Top-k', np.nan)
-        return {'best Top-k, tuned on test (k)': best_text(self.test_best(measure, dime)),
+        best = self.test_best(measure, dime)
+        k = best[0].split('/')[1] if best else ''
+        return {'best Top-k, tuned on test (k)': f'{best[1]:.4f} ({k}{" = Baseline" if k == "k=1.0" else ""})'
+                if best else 'n/a',
                 'CV Top-k (mean k)': f'{cv:.4f} ({self.mean_cv_fraction(dime, measure):.2f})'
                 if np.isfinite(cv) else 'n/a',
                 'RDIME (kept)': f'{rdime:.4f}{marks} ({self.mean_kept(dime, "RDIME"):.2f})', DELTA: delta(rdime, cv)}
@@ -129,7 +132,8 @@ class ExperimentResult:
 
     def control_rows(self) -> pd.DataFrame:
         """The control comparisons of :attr:`significance`, each with ``label, column`` (the RDIME column),
-        ``control, value, kept`` (RDIME's), ``control_mean, control_value`` (as tables print it) and ``outcome``."""
+        ``control, value, kept`` (RDIME's), ``control_mean, control_value`` (as tables print it) and ``outcome``
+        (:data:`OUTCOMES`)."""
         sig = self.significance if 'family' in self.significance else pd.DataFrame(columns=COLUMNS)  # none loaded
         sig = sig[sig['family'] == 'controls']
         values = self.table.set_index(['system', 'measure'])['value']
@@ -140,7 +144,9 @@ class ExperimentResult:
             kept=[self.mean_kept(*s.split('/')) for s in sig['system']],
             control_mean=[values[o, m] for o, m in zip(sig['other'], sig['measure'])],
             control_value=[self.control_value(o, m) for o, m in zip(sig['other'], sig['measure'])],
-            outcome=[outcome(v, d) for v, d in zip(sig['verdict'], sig['mean_diff'])])
+            # a difference is better or worse by its sign
+            outcome=[('better' if d > 0 else 'worse') if v == 'different' else v
+                     for v, d in zip(sig['verdict'], sig['mean_diff'])])
 
     def controls_table(self, measure: str) -> pd.DataFrame:
         """Each RDIME column against the same-budget controls for one measure (:data:`CONTROLS_NOTE`)."""
@@ -207,23 +213,18 @@ class ExperimentResult:
         """One row per answer source of the LLM DIMEs: each measure at RDIME and CV Top-k, the kept fraction and
         the outcome (:data:`OUTCOMES`) against each control of ``controls``; a Baseline row."""
         values = self.table.set_index(['system', 'measure'])['value']
-        sig = self.significance[self.significance['family'] == 'controls'].set_index(
-            ['system', 'measure', 'comparison'])
-        controls = [c for c in controls if c + SAME_BUDGET in set(sig.index.get_level_values('comparison'))]
+        compared = self.control_rows()
+        outcomes = compared.set_index(['system', 'measure', 'control'])['outcome']
+        controls = [c for c in controls if c + SAME_BUDGET in set(compared['comparison'])]
         rows = []
         for dime in self.answer_sources():
             row = {'source': self.labels[dime]}
             for measure in self.measures:
                 row[f'{measure} RDIME'] = f'{values[f"{dime}/RDIME", measure]:.4f}'
-                cv = values.get((f'{dime}/CV Top-k', measure))
-                row[f'{measure} CV Top-k (mean k)'] = ('n/a' if cv is None else
-                                                       f'{cv:.4f} ({self.mean_cv_fraction(dime, measure):.2f})')
+                row[f'{measure} CV Top-k (mean k)'] = self._rdime_cells(measure, dime)['CV Top-k (mean k)']
             row['RDIME kept'] = f'{self.mean_kept(dime, "RDIME"):.2f}'
-            for control in controls:
-                for measure in self.measures:
-                    key = (f'{dime}/RDIME', measure, control + SAME_BUDGET)
-                    row[f'vs {control} ({measure})'] = (outcome(sig.loc[key, 'verdict'], sig.loc[key, 'mean_diff'])
-                                                        if key in sig.index else 'n/a')
+            row.update({f'vs {control} ({measure})': outcomes.get((f'{dime}/RDIME', measure, control), 'n/a')
+                        for control in controls for measure in self.measures})
             rows.append(row)
         baseline = {f'{m} RDIME': f'{values["Baseline", m]:.4f}' for m in self.measures}
         rows.append({'source': 'Baseline', **baseline})
@@ -503,25 +504,18 @@ def latex(cells: Sequence) -> str:
     """grid.tex: the paper's Table layout, one ``table*`` per measure: rows encoder × DIME (and Baseline), a column
     group per collection (Top-k columns, CV Top-k, RDIME, :data:`DELTA`); a group's best values bold."""
     collections = list(dict.fromkeys(c.collection_label for c in cells))
-    encoders = list(dict.fromkeys(c.encoder_label for c in cells))
     by_name = {(c.collection_label, c.encoder_label): c.result for c in cells}
     ks = list(dict.fromkeys(t for r in by_name.values() for t in r.table['threshold'] if t.startswith('k=')))
     labels = {d: label for r in by_name.values() for d, label in r.labels.items()}
     first = next(iter(by_name.values()))
     out = []
     for measure in dict.fromkeys(m for r in by_name.values() for m in r.measures):
-        marks = set()
-        out += _tex_head(collections, [*(k[2:] for k in ks), 'CV', 'RDIME', r'$\Delta$ (\%)'])
-        for e, encoder in enumerate(encoders):
-            dimes = [d for d in labels if any(f'{d}/RDIME' in set(r.table['system'])
-                                              for (_, enc), r in by_name.items() if enc == encoder)]
-            out.append(rf'\multirow{{{len(dimes) + 1}}}{{*}}{{{_tex(encoder)}}}')
-            for dime in dimes:
-                cells_tex = [_tex_group(by_name.get((c, encoder)), measure, dime, ks, marks) for c in collections]
-                out.append(f' & {_tex(labels[dime])} & ' + ' & '.join(cells_tex) + r' \\')
-            cells_tex = [_tex_baseline(by_name.get((c, encoder)), measure, ks) for c in collections]
-            out.append(' & Baseline & ' + ' & '.join(cells_tex) + r' \\')
-            out.append(r'\midrule' if e < len(encoders) - 1 else r'\bottomrule')
+        marks, rows = set(), {}
+        for encoder in dict.fromkeys(c.encoder_label for c in cells):
+            mine = [by_name.get((c, encoder)) for c in collections]
+            dimes = [d for d in labels if any(r is not None and f'{d}/RDIME' in set(r.table['system']) for r in mine)]
+            rows[encoder] = [(labels[d], [_tex_group(r, measure, d, ks, marks) for r in mine]) for d in dimes]
+            rows[encoder].append(('Baseline', [_tex_group(r, measure, None, ks, marks) for r in mine]))
         meanings = {'¶': 'CV Top-$k$', '†': 'the best Top-$k$ tuned on the test queries', '‡': 'Baseline'}
         shown = [f'$^{{{TEX_MARKS[m]}}}$ {meaning}' for m, meaning in meanings.items() if m in marks]
         test = f'{TEX_TESTS[first.settings.get("test", "t")]}, {first.settings.get("alternative", "two-sided")}'
@@ -531,10 +525,11 @@ def latex(cells: Sequence) -> str:
                       if margin else '')
         significance = (f' RDIME significantly different from {", ".join(shown)} ({test}, Holm-corrected per '
                         r'measure, $\alpha = 0.05$).' + equivalent) if shown else ''
-        out += [r'\end{tabular}}', rf'\caption{{{_tex(measure)} of RDIME and Top-$k$ pruning per encoder, DIME and '
-                r'collection. CV: Top-$k$ with $k$ chosen by cross-validation over the queries; $\Delta$ (\%): RDIME '
-                r'over CV Top-$k$; (kept): mean fraction of dimensions RDIME kept; \textbf{bold}: best of the row in '
-                r'the collection (ties alike).' + significance + '}', r'\end{table*}', '']
+        out += _tex_table(collections, [*(k[2:] for k in ks), 'CV', 'RDIME', r'$\Delta$ (\%)'], rows,
+                          f'{_tex(measure)} of RDIME and Top-$k$ pruning per encoder, DIME and collection. CV: '
+                          r'Top-$k$ with $k$ chosen by cross-validation over the queries; $\Delta$ (\%): RDIME over '
+                          r'CV Top-$k$; (kept): mean fraction of dimensions RDIME kept; \textbf{bold}: best of the '
+                          'row in the collection (ties alike).' + significance)
     return '\n'.join(out + _latex_controls(cells))
 
 
@@ -545,56 +540,54 @@ def _latex_controls(cells: Sequence) -> List[str]:
     rows = rows[rows['column'] == 'RDIME']
     collections = list(dict.fromkeys(rows['collection']))
     controls = list(dict.fromkeys(rows['control']))
-    width = len(controls) + 1
     out = []
     for measure in dict.fromkeys(m for c in cells for m in c.result.measures):  # the paper tables' order
-        mine = rows[rows['measure'] == measure]
-        if mine.empty:
-            continue
-        out += _tex_head(collections, ['RDIME', *map(_tex, controls)])
-        encoders = list(dict.fromkeys(mine['encoder']))
-        for e, encoder in enumerate(encoders):
-            labels = list(dict.fromkeys(mine.loc[mine['encoder'] == encoder, 'label']))
-            out.append(rf'\multirow{{{len(labels)}}}{{*}}{{{_tex(encoder)}}}')
-            for label in labels:
-                groups = []
-                for collection in collections:
-                    hit = mine[(mine['encoder'] == encoder) & (mine['label'] == label)
-                               & (mine['collection'] == collection)].set_index('control')
-                    if hit.empty:
-                        groups.append(' & '.join(['--'] * width))
-                        continue
-                    first = hit.iloc[0]
-                    shown = [f'{first["value"]:.3f} ({first["kept"]:.2f})']
-                    shown += [f'{hit.loc[c, "control_mean"]:.3f}{TEX_OUTCOMES[hit.loc[c, "outcome"]]}'
-                              if c in hit.index else '--' for c in controls]
-                    groups.append(' & '.join(shown))
-                out.append(f' & {_tex(label)} & ' + ' & '.join(groups) + r' \\')
-            out.append(r'\midrule' if e < len(encoders) - 1 else r'\bottomrule')
-        out += [r'\end{tabular}}', rf'\caption{{{_tex(measure)} of RDIME (mean kept fraction) against the same number '
-                r'of dimensions per query chosen at random (mean over seeds), by the query alone (magnitude), by the '
-                r"collection's variance, and against pyterrier-dr's vector PRF. RDIME $^{\uparrow}$ better, "
-                r'$^{\downarrow}$ worse (the test rejects equality; Holm over the controls of a measure), '
-                r'$^{\approx}$ equivalent (TOST within the margin).}', r'\end{table*}', '']
+        table = {}
+        for (encoder, label), mine in rows[rows['measure'] == measure].groupby(['encoder', 'label'], sort=False):
+            groups = []
+            for collection in collections:
+                hit = mine[mine['collection'] == collection].set_index('control')
+                groups.append(None if hit.empty else ' & '.join(
+                    [f'{hit["value"].iloc[0]:.3f} ({hit["kept"].iloc[0]:.2f})'] + [
+                        f'{hit.loc[c, "control_mean"]:.3f}{TEX_OUTCOMES[hit.loc[c, "outcome"]]}' if c in hit.index
+                        else '--' for c in controls]))
+            table.setdefault(encoder, []).append((label, groups))
+        if table:
+            out += _tex_table(collections, ['RDIME', *map(_tex, controls)], table, (
+                f'{_tex(measure)} of RDIME (mean kept fraction) against the same number of dimensions per query '
+                'chosen at random (mean over seeds), by the query alone (magnitude), by the collection\'s variance, '
+                r"and against pyterrier-dr's vector PRF. RDIME $^{\uparrow}$ better, $^{\downarrow}$ worse (the test "
+                r'rejects equality; Holm over the controls of a measure), $^{\approx}$ equivalent (TOST within the '
+                'margin).'))
     return out
 
 
-def _tex_head(collections: List[str], names: List[str]) -> List[str]:
-    """The opening of a grid.tex table: a column group of ``names`` per collection."""
+def _tex_table(collections: List[str], names: List[str], rows: Dict[str, list], caption: str) -> List[str]:
+    """A ``table*`` of grid.tex: a column group of ``names`` per collection; per encoder of ``rows``, its rows
+    ``(label, [one group per collection, None where there is none])``."""
     width = len(names)
-    return [r'\begin{table*}[ht]', r'\centering', r'\resizebox{\textwidth}{!}{%',
-            r'\begin{tabular}{ll' + 'c' * width * len(collections) + '}', r'\toprule',
-            r'\multirow{2}{*}{Model} & \multirow{2}{*}{DIME} & '
-            + ' & '.join(rf'\multicolumn{{{width}}}{{c}}{{{_tex(c)}}}' for c in collections) + r' \\',
-            ' '.join(rf'\cmidrule(lr){{{3 + i * width}-{2 + (i + 1) * width}}}' for i in range(len(collections))),
-            ' & & ' + ' & '.join(names * len(collections)) + r' \\', r'\midrule']
+    out = [r'\begin{table*}[ht]', r'\centering', r'\resizebox{\textwidth}{!}{%',
+           r'\begin{tabular}{ll' + 'c' * width * len(collections) + '}', r'\toprule',
+           r'\multirow{2}{*}{Model} & \multirow{2}{*}{DIME} & '
+           + ' & '.join(rf'\multicolumn{{{width}}}{{c}}{{{_tex(c)}}}' for c in collections) + r' \\',
+           ' '.join(rf'\cmidrule(lr){{{3 + i * width}-{2 + (i + 1) * width}}}' for i in range(len(collections))),
+           ' & & ' + ' & '.join(names * len(collections)) + r' \\', r'\midrule']
+    for e, (encoder, lines) in enumerate(rows.items()):
+        out.append(rf'\multirow{{{len(lines)}}}{{*}}{{{_tex(encoder)}}}')
+        out += [f' & {_tex(label)} & ' + ' & '.join(' & '.join(['--'] * width) if group is None else group
+                                                     for group in groups) + r' \\' for label, groups in lines]
+        out.append(r'\midrule' if e < len(rows) - 1 else r'\bottomrule')
+    return out + [r'\end{tabular}}', rf'\caption{{{caption}}}', r'\end{table*}', '']
 
 
-def _tex_group(result, measure: str, dime: str, ks: List[str], marks: set) -> str:
-    """One collection's group of a DIME's row in grid.tex; adds the significance marks it prints to ``marks``."""
-    if result is None or f'{dime}/RDIME' not in set(result.table['system']):
-        return ' & '.join(['--'] * (len(ks) + 3))
+def _tex_group(result, measure: str, dime: Optional[str], ks: List[str], marks: set) -> Optional[str]:
+    """One collection's group of a DIME's row in grid.tex (dime None: Baseline's; None without it); adds the marks it
+    prints to ``marks``."""
+    if result is None or dime is not None and f'{dime}/RDIME' not in set(result.table['system']):
+        return None
     values = result.table[result.table['measure'] == measure].set_index('system')['value']
+    if dime is None:
+        return ' & '.join(['--'] * (len(ks) + 1) + [f'{values["Baseline"]:.3f} (1.00)', ''])
     mine = {k: values.get(f'{dime}/{k}', np.nan) for k in ks + ['CV Top-k', 'RDIME']}
     printed = {k: f'{v:.3f}' for k, v in mine.items() if np.isfinite(v)}
     best = max(printed.values(), key=float, default=None)  # ties as printed: every value that prints as the best
@@ -608,13 +601,6 @@ def _tex_group(result, measure: str, dime: str, ks: List[str], marks: set) -> st
                 f' ({result.mean_kept(dime, "RDIME"):.2f})'
         shown.append(text)
     return ' & '.join(shown + [delta(mine['RDIME'], mine['CV Top-k']).replace('n/a', '--')])
-
-
-def _tex_baseline(result, measure: str, ks: List[str]) -> str:
-    if result is None:
-        return ' & '.join(['--'] * (len(ks) + 3))
-    value = result.table.loc[(result.table['system'] == 'Baseline') & (result.table['measure'] == measure), 'value']
-    return ' & '.join(['--'] * (len(ks) + 1) + [f'{value.iloc[0]:.3f} (1.00)', ''])
 
 
 def _tex(text: str) -> str:
@@ -751,26 +737,11 @@ def delta(value: float, reference: float) -> str:
     return f'{100 * (value - reference) / reference:+.2f}' if np.isfinite(reference) and reference else 'n/a'
 
 
-def best_text(best: Optional[Tuple[str, float]]) -> str:
-    """A best Top-k tuned on the test queries (:meth:`ExperimentResult.test_best`) as a table shows it."""
-    if best is None:
-        return 'n/a'
-    k = best[0].split('/')[1]
-    return f'{best[1]:.4f} ({k}{" = Baseline" if k == "k=1.0" else ""})'
-
-
 def marked_verdict(verdict: str, significant: bool, comparison: str) -> str:
     """A comparator's verdict, followed by its :data:`MARKS` mark when the test rejects equality (which an
     ``equivalent`` verdict can carry too: a small, consistent difference inside the margin)."""
     mark = next((m for label, m in MARKS.items() if comparison.startswith(label)), '') if significant else ''
     return f'{verdict} {mark}' if mark else verdict
-
-
-def outcome(verdict: str, mean_diff: float) -> str:
-    """A control comparison in :data:`OUTCOMES` (``different`` becomes ``better`` or ``worse`` by the sign)."""
-    if verdict == 'different':
-        return 'better' if mean_diff > 0 else 'worse'
-    return verdict
 
 
 def _markdown(frame: pd.DataFrame) -> str:
