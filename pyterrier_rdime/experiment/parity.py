@@ -131,9 +131,8 @@ def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequenc
                                  'p_value': paired_p_value(a, b, chosen, alternative), 'margin_abs': margin_abs,
                                  **equivalence(a, b, margin_abs), '_diff': a - b})
     result = pd.DataFrame(rows, columns=COLUMNS + ['_diff'])
-    for _, group in result.groupby(['measure', 'family'], sort=False):
-        result.loc[group.index, 'p_holm'] = _holm(group['p_value'])
-        result.loc[group.index, 'tost_p_holm'] = _holm(group['tost_p'])
+    families = result.groupby(['measure', 'family'], sort=False)
+    result['p_holm'], result['tost_p_holm'] = families['p_value'].transform(_holm), families['tost_p'].transform(_holm)
     result['significant'] = result['p_holm'] < ALPHA
     result['verdict'] = [verdict(*args) for args in zip(result['_diff'], result['tost_p_holm'], result['p_holm'],
                                                          result['margin_abs'])]

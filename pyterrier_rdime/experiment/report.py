@@ -612,16 +612,9 @@ def _tex(text: str) -> str:
 
 def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, labels: Dict[str, str], title: str,
                path: Union[str, Path]):
-    """Each measure against the kept fraction, per DIME: the Top-k curve, RDIME (with its :data:`SPREAD`), CV Top-k,
-    the random selection, and Baseline as a line.
-
-    Args:
-        curves: ``dime, fraction, measure, value`` (mean over queries); dime ``random``: the random selection.
-        points: ``dime, measure, system ('RDIME' or 'CV Top-k'), kept, low, high, value``.
-        baseline: measure -> Baseline's value.
-
-    Returns the Figure (saved to ``path``).
-    """
+    """Each measure against the kept fraction, per DIME: the Top-k curve (``curves``: ``dime, fraction, measure,
+    value``; dime ``random``: the random selection), RDIME with its :data:`SPREAD` and CV Top-k (``points``: ``dime,
+    measure, system, kept, low, high, value``), and ``baseline`` (measure -> value) as a line. Returns the Figure."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
     measures = list(baseline.index)

@@ -84,17 +84,10 @@ def fold_of(qids: Sequence[str], folds: int = CV_FOLDS, seed: int = CV_SEED) -> 
 
 
 def cv_topk(table: pd.DataFrame, folds: int = CV_FOLDS, seed: int = CV_SEED) -> Tuple[pd.Series, pd.DataFrame]:
-    """Cross-validated Top-k for one DIME and measure.
-
-    Args:
-        table: per-query values, one row per qid, one column per Top-k fraction.
-        folds: number of folds, at least 2; with fewer queries than folds, one query per fold (leave-one-out).
-        seed: seed of :func:`fold_of`.
-
-    Returns:
-        ``(values, choices)``: qid -> the value at the fraction chosen without its fold, and ``fold, fraction,
-        queries`` (the best mean over the other folds; ties: the smaller fraction).
-    """
+    """Cross-validated Top-k for one DIME and measure, from ``table`` (a row per qid, a column per Top-k fraction) in
+    ``folds`` (at least 2; one query per fold with fewer queries) dealt by :func:`fold_of` with ``seed``. Returns
+    ``(values, choices)``: qid -> the value at the fraction chosen without its fold, and ``fold, fraction, queries``
+    (the best mean over the other folds; ties: the smaller fraction)."""
     # pt.Experiment's per-query values can arrive as dtype object: pandas then refuses them in a float Series
     table = table.astype(float).dropna().sort_index(axis=1)
     table.index = table.index.map(str)
