@@ -2,7 +2,7 @@
 
 Heavy dependencies (torch, transformers, PISA, ir_datasets, matplotlib) load only when the runner runs. Modules by
 job: inputs and caches (``fingerprint``, ``collection``, ``encoders``, ``dense_cache``, ``first_stage``,
-``indexes``); statistics (``evaluate``, ``sweep``, ``parity``); outputs (``figures``, ``report``, ``tables``);
+``indexes``); statistics (``evaluate``, ``sweep``, ``parity``); outputs (``report``);
 orchestration (``progress``, ``batched``, ``systems``, ``options``, ``runner``, ``cells``, ``grid``, ``arguments``,
 ``cli``).
 """

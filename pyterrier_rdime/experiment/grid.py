@@ -22,10 +22,9 @@ from .encoders import encoder_fingerprint
 from .fingerprint import slug
 from .options import OPTION_NAMES, Options
 from .progress import PROGRESS, SystemRecords
-from .report import ExperimentResult
+from .report import ExperimentResult, write_combined
 from .runner import run_experiment
 from .systems import AnswerSources
-from .tables import write_combined
 
 logger = logging.getLogger(__name__)
 

@@ -13,11 +13,8 @@ TESTS = ('t', 'wilcoxon', 'auto')
 ALTERNATIVES = ('two-sided', 'greater', 'less')
 #: Equivalence margin: a fraction of the Baseline's mean of the measure in the same cell (see ``--margin``).
 DEFAULT_MARGIN = 0.05
-VERDICTS = ('equivalent', 'different', 'inconclusive')
 COLUMNS = ['measure', 'family', 'dime', 'system', 'comparison', 'other', 'n', 'test', 'alternative', 'p_value',
            'p_holm', 'significant', 'mean_diff', 'ci_low', 'ci_high', 'margin_abs', 'tost_p', 'tost_p_holm', 'verdict']
-#: The families of comparisons, each Holm-corrected on its own per measure, so adding controls leaves the first as is.
-FAMILIES = ('comparators', 'controls')
 #: Suffix of a same-budget control's comparison label.
 SAME_BUDGET = ' (same budget)'
 #: Label of the Baseline comparison when the best Top-k tuned on the test queries is k=1.0, Baseline itself.
@@ -64,9 +61,7 @@ def equivalence(a: np.ndarray, b: np.ndarray, margin_abs: float) -> Dict[str, fl
 def verdict(differences: np.ndarray, tost_p_holm: float, p_holm: float, margin_abs: float) -> str:
     """``equivalent`` when TOST rejects a difference beyond ``±margin_abs`` (or every difference is one value inside
     it), else ``different`` when the significance test rejects equality, else ``inconclusive``."""
-    if len(differences) and np.ptp(differences) == 0 and abs(differences[0]) < margin_abs:
-        return 'equivalent'
-    if tost_p_holm < ALPHA:
+    if tost_p_holm < ALPHA or len(differences) and np.ptp(differences) == 0 and abs(differences[0]) < margin_abs:
         return 'equivalent'
     if p_holm < ALPHA:
         return 'different'
@@ -112,8 +107,8 @@ def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequenc
                  test: str = 't', alternative: str = 'two-sided', margin: float = DEFAULT_MARGIN) -> pd.DataFrame:
     """:data:`COLUMNS`: each RDIME column of each DIME against its :func:`comparators` and :func:`controls`, per
     measure, from ``aggregate`` (``system, measure, value``) and ``perquery`` (``system, qid, measure, value``).
-    p-values are Holm-corrected per measure and each of the :data:`FAMILIES`; the margin is ``margin`` times the
-    Baseline's mean."""
+    p-values are Holm-corrected per measure and family (``comparators``, ``controls``: adding controls leaves the
+    comparators as they are); the margin is ``margin`` times the Baseline's mean."""
     rows = []
     for measure in dict.fromkeys(aggregate['measure']):
         means = aggregate[aggregate['measure'] == measure].set_index('system')['value']
@@ -136,9 +131,8 @@ def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequenc
                                  'p_value': paired_p_value(a, b, chosen, alternative), 'margin_abs': margin_abs,
                                  **equivalence(a, b, margin_abs), '_diff': a - b})
     result = pd.DataFrame(rows, columns=COLUMNS + ['_diff'])
-    for _, group in result.groupby(['measure', 'family'], sort=False):
-        result.loc[group.index, 'p_holm'] = _holm(group['p_value'])
-        result.loc[group.index, 'tost_p_holm'] = _holm(group['tost_p'])
+    families = result.groupby(['measure', 'family'], sort=False)
+    result['p_holm'], result['tost_p_holm'] = families['p_value'].transform(_holm), families['tost_p'].transform(_holm)
     result['significant'] = result['p_holm'] < ALPHA
     result['verdict'] = [verdict(*args) for args in zip(result['_diff'], result['tost_p_holm'], result['p_holm'],
                                                          result['margin_abs'])]

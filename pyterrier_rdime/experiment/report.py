@@ -1,4 +1,6 @@
-"""What the runner measured, laid out as the paper's tables with the honest comparators, and saved to disk."""
+"""The outputs of a cell and of the grid: what the runner measured laid out as the paper's tables with the honest
+comparators (results.md, grid.md, grid.tex), the csv files and the figures (drawn on bare matplotlib Figures: no pyplot
+state, so a notebook's backend is left alone)."""
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -7,8 +9,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from . import figures
-from .parity import ALPHA, BEST_IS_BASELINE, SAME_BUDGET
+from .parity import ALPHA, BEST_IS_BASELINE, COLUMNS, SAME_BUDGET
+from .sweep import CV_COLUMNS, SWEEP_COLUMNS
 
 #: Significance marks of the paper table: comparison label -> mark.
 MARKS = {'CV Top-k': '¶', 'best Top-k': '†', 'Baseline': '‡', 'RDIME': '§'}
@@ -18,8 +20,6 @@ ALL_MARKS = '*' + ''.join(MARKS.values())
 DELTA = 'Δ% vs CV Top-k'
 TEST_NAMES = {'t': 'paired t-test', 'wilcoxon': 'Wilcoxon signed-rank test',
               'auto': 'per comparison: Shapiro–Wilk on the paired differences, then paired t-test or Wilcoxon'}
-SWEEP_COLUMNS = ['dime', 'fraction', 'system', 'qid', 'measure', 'value']
-CV_COLUMNS = ['dime', 'measure', 'fold', 'fraction', 'queries']
 SEED_COLUMNS = ['system', 'seed', 'measure', 'value']
 #: How a control comparison reads.
 OUTCOMES = ('better', 'equivalent', 'worse', 'inconclusive')
@@ -27,6 +27,26 @@ OUTCOMES = ('better', 'equivalent', 'worse', 'inconclusive')
 CONTROLS_NOTE = ("Each control at RDIME's budget, then how RDIME compares (better or worse: the test rejects equality, "
                  'Holm over the controls of a measure; equivalent: TOST within the margin; inconclusive). `random`: '
                  "the mean over the seeds of each query's measure, ± its standard deviation over the seeds.")
+GRID_COLUMNS = ['collection', 'encoder', 'dime', 'threshold', 'system', 'measure', 'value', 'kept', 'k']
+BEST = 'best Top-k (tuned on test)'
+TEX_TESTS = {'t': 'paired $t$-test', 'wilcoxon': 'Wilcoxon signed-rank test',
+             'auto': 'paired $t$-test, or Wilcoxon signed-rank test where Shapiro--Wilk rejects normality'}
+TEX_MARKS = {'†': r'\dagger', '‡': r'\ddagger', '§': r'\S', '¶': r'\P'}
+#: How a control's cell in grid.tex shows RDIME's outcome against it.
+TEX_OUTCOMES = {'better': r'$^{\uparrow}$', 'worse': r'$^{\downarrow}$', 'equivalent': r'$^{\approx}$',
+                'inconclusive': ''}
+#: Percentiles of the per-query kept fraction that RDIME's bar spans in the sweep plot (the inter-quartile range).
+SPREAD = (25, 75)
+#: Line styles of the Top-k reference lines, one per Top-k column.
+TOPK_STYLES = (':', '--', '-.', (0, (6, 1.5)), (0, (3, 1, 1, 1, 1, 1)))
+#: Panels per row of the grid's kept-fraction Figure (more wrap onto the next row).
+PANELS_PER_ROW = 3
+MEDIAN_COLOUR = 'tab:orange'
+#: Space (inches) around a figure's legend.
+LEGEND_GAP = 0.15
+#: Line styles of the sources plot.
+SOURCE_STYLES = {'RDIME': ('o-', 'tab:blue'), 'CV Top-k': ('x-', 'tab:orange'),
+                 'random (same budget)': ('.:', 'grey'), 'magnitude (same budget)': ('s:', 'tab:green')}
 
 
 @dataclass
@@ -69,29 +89,31 @@ class ExperimentResult:
         columns = list(dict.fromkeys(values.loc[values['dime'] != '', 'threshold']))
         ks = [c for c in columns if c.startswith('k=')]
         soft = [c for c in columns if not c.startswith('k=') and c not in ('RDIME', 'CV Top-k') and ':' not in c]
-        baseline = values.loc[values['threshold'] == 'Baseline', 'value'].iloc[0]
         rows = []
         for dime, label in self.labels.items():
             mine = values[values['dime'] == dime].set_index('threshold')['value']
             if mine.empty:
                 continue
-            best_k = max(ks, key=lambda k: mine[k]) if ks else None
-            row = {'DIME': label}
-            row.update({k: f'{mine[k]:.4f}' + ('*' if k == best_k else '') for k in ks})
-            row['RDIME (kept)'] = f'{mine["RDIME"]:.4f}{self.marks(measure, dime, "RDIME")} ' \
-                                  f'({self.mean_kept(dime, "RDIME"):.2f})'
-            row[DELTA] = delta(mine['RDIME'], mine.get('CV Top-k', np.nan))
-            for column in soft:
-                row[column] = f'{mine[column]:.4f}{self.marks(measure, dime, column)}'
-            best = self.test_best(measure, dime)
-            row['best Top-k, tuned on test (k)'] = best_text(best)
-            row['CV Top-k (mean k)'] = (f'{mine["CV Top-k"]:.4f} ({self.mean_cv_fraction(dime, measure):.2f})'
-                                        if 'CV Top-k' in mine.index else 'n/a')
-            rows.append(row)
-        empty = {c: '' for c in soft + ['best Top-k, tuned on test (k)', 'CV Top-k (mean k)']}
-        rows.append({'DIME': 'Baseline', **{k: '–' for k in ks}, 'RDIME (kept)': f'{baseline:.4f} (1.00)',
-                     DELTA: '', **empty})
-        return pd.DataFrame(rows)
+            best_k = max(ks, key=lambda k: mine[k], default=None)
+            rows.append({'DIME': label, **{k: f'{mine[k]:.4f}' + ('*' if k == best_k else '') for k in ks},
+                         **{c: f'{mine[c]:.4f}{self.marks(measure, dime, c)}' for c in soft},
+                         **self._rdime_cells(measure, dime, self.marks(measure, dime, 'RDIME'))})
+        baseline = values.loc[values['threshold'] == 'Baseline', 'value'].iloc[0]
+        rows.append({'DIME': 'Baseline', **{k: '–' for k in ks}, 'RDIME (kept)': f'{baseline:.4f} (1.00)'})
+        return pd.DataFrame(rows, columns=['DIME', *ks, 'RDIME (kept)', DELTA, *soft, 'best Top-k, tuned on test (k)',
+                                           'CV Top-k (mean k)']).fillna('')
+
+    def _rdime_cells(self, measure: str, dime: str, marks: str = '') -> Dict[str, str]:
+        """The test-tuned best and CV Top-k, RDIME (kept) with ``marks`` and :data:`DELTA` of a table's row."""
+        values = self.table[self.table['measure'] == measure].set_index('system')['value']
+        rdime, cv = values[f'{dime}/RDIME'], values.get(f'{dime}/CV Top-k', np.nan)
+        best = self.test_best(measure, dime)
+        k = best[0].split('/')[1] if best else ''
+        return {'best Top-k, tuned on test (k)': f'{best[1]:.4f} ({k}{" = Baseline" if k == "k=1.0" else ""})'
+                if best else 'n/a',
+                'CV Top-k (mean k)': f'{cv:.4f} ({self.mean_cv_fraction(dime, measure):.2f})'
+                if np.isfinite(cv) else 'n/a',
+                'RDIME (kept)': f'{rdime:.4f}{marks} ({self.mean_kept(dime, "RDIME"):.2f})', DELTA: delta(rdime, cv)}
 
     def parity_table(self, measure: str) -> pd.DataFrame:
         """RDIME (and any soft column) against each comparator for one measure: difference, CI, p-values, verdict."""
@@ -108,21 +130,37 @@ class ExperimentResult:
                 sig['tost_p_holm'].map(lambda p: f'{p:.3g}'),
             'verdict': [marked_verdict(r.verdict, r.significant, r.comparison) for r in sig.itertuples()]})
 
+    def control_rows(self) -> pd.DataFrame:
+        """The control comparisons of :attr:`significance`, each with ``label, column`` (the RDIME column),
+        ``control, value, kept`` (RDIME's), ``control_mean, control_value`` (as tables print it) and ``outcome``
+        (:data:`OUTCOMES`)."""
+        sig = self.significance if 'family' in self.significance else pd.DataFrame(columns=COLUMNS)  # none loaded
+        sig = sig[sig['family'] == 'controls']
+        values = self.table.set_index(['system', 'measure'])['value']
+        return sig.assign(
+            label=sig['dime'].map(self.labels).fillna(sig['dime']), column=sig['system'].str.split('/').str[-1],
+            control=sig['comparison'].str.removesuffix(SAME_BUDGET),
+            value=[values[s, m] for s, m in zip(sig['system'], sig['measure'])],
+            kept=[self.mean_kept(*s.split('/')) for s in sig['system']],
+            control_mean=[values[o, m] for o, m in zip(sig['other'], sig['measure'])],
+            control_value=[self.control_value(o, m) for o, m in zip(sig['other'], sig['measure'])],
+            # a difference is better or worse by its sign
+            outcome=[('better' if d > 0 else 'worse') if v == 'different' else v
+                     for v, d in zip(sig['verdict'], sig['mean_diff'])])
+
     def controls_table(self, measure: str) -> pd.DataFrame:
         """Each RDIME column against the same-budget controls for one measure (:data:`CONTROLS_NOTE`)."""
-        sig = self.significance
-        sig = sig[(sig['measure'] == measure) & (sig['family'] == 'controls')]
-        values = self.table[self.table['measure'] == measure].set_index('system')['value']
+        rows = self.control_rows()
+        rows = rows[rows['measure'] == measure]
         return pd.DataFrame({
-            'DIME': sig['dime'].map(self.labels).fillna(sig['dime']),
-            'system': [f'{s.split("/")[-1]} {values[s]:.4f} ({self.mean_kept(*s.split("/")):.2f})'
-                       for s in sig['system']],
-            'control': sig['comparison'],
-            'control value': [self.control_value(o, measure) for o in sig['other']],
-            'Δ mean [95 % CI]': [f'{r.mean_diff:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]' for r in sig.itertuples()],
-            'p (Holm)': sig['p_holm'].map(lambda p: f'{p:.3g}'),
-            'TOST p (Holm)': sig['tost_p_holm'].map(lambda p: f'{p:.3g}'),
-            'verdict': [outcome(r.verdict, r.mean_diff) for r in sig.itertuples()]})
+            'DIME': rows['label'],
+            'system': [f'{r.column} {r.value:.4f} ({r.kept:.2f})' for r in rows.itertuples()],
+            'control': rows['comparison'],
+            'control value': rows['control_value'],
+            'Δ mean [95 % CI]': [f'{r.mean_diff:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]' for r in rows.itertuples()],
+            'p (Holm)': rows['p_holm'].map(lambda p: f'{p:.3g}'),
+            'TOST p (Holm)': rows['tost_p_holm'].map(lambda p: f'{p:.3g}'),
+            'verdict': rows['outcome']})
 
     def control_value(self, system: str, measure: str) -> str:
         """A control's mean, with the standard deviation over its seeds where it has several."""
@@ -175,23 +213,18 @@ class ExperimentResult:
         """One row per answer source of the LLM DIMEs: each measure at RDIME and CV Top-k, the kept fraction and
         the outcome (:data:`OUTCOMES`) against each control of ``controls``; a Baseline row."""
         values = self.table.set_index(['system', 'measure'])['value']
-        sig = self.significance[self.significance['family'] == 'controls'].set_index(
-            ['system', 'measure', 'comparison'])
-        controls = [c for c in controls if c + SAME_BUDGET in set(sig.index.get_level_values('comparison'))]
+        compared = self.control_rows()
+        outcomes = compared.set_index(['system', 'measure', 'control'])['outcome']
+        controls = [c for c in controls if c + SAME_BUDGET in set(compared['comparison'])]
         rows = []
         for dime in self.answer_sources():
             row = {'source': self.labels[dime]}
             for measure in self.measures:
                 row[f'{measure} RDIME'] = f'{values[f"{dime}/RDIME", measure]:.4f}'
-                cv = values.get((f'{dime}/CV Top-k', measure))
-                row[f'{measure} CV Top-k (mean k)'] = ('n/a' if cv is None else
-                                                       f'{cv:.4f} ({self.mean_cv_fraction(dime, measure):.2f})')
+                row[f'{measure} CV Top-k (mean k)'] = self._rdime_cells(measure, dime)['CV Top-k (mean k)']
             row['RDIME kept'] = f'{self.mean_kept(dime, "RDIME"):.2f}'
-            for control in controls:
-                for measure in self.measures:
-                    key = (f'{dime}/RDIME', measure, control + SAME_BUDGET)
-                    row[f'vs {control} ({measure})'] = (outcome(sig.loc[key, 'verdict'], sig.loc[key, 'mean_diff'])
-                                                        if key in sig.index else 'n/a')
+            row.update({f'vs {control} ({measure})': outcomes.get((f'{dime}/RDIME', measure, control), 'n/a')
+                        for control in controls for measure in self.measures})
             rows.append(row)
         baseline = {f'{m} RDIME': f'{values["Baseline", m]:.4f}' for m in self.measures}
         rows.append({'source': 'Baseline', **baseline})
@@ -199,15 +232,26 @@ class ExperimentResult:
 
     def sources_plot(self, path: Union[str, Path], controls: Sequence[str] = ('random', 'magnitude')) -> None:
         """Each measure against the answer source: LLM DIME's RDIME and CV Top-k, Baseline and controls as lines."""
+        from matplotlib.figure import Figure
         values = self.table.set_index(['system', 'measure'])['value']
         dimes = self.answer_sources()
         lines = {'RDIME': [f'{d}/RDIME' for d in dimes], 'CV Top-k': [f'{d}/CV Top-k' for d in dimes]}
         lines.update({c + SAME_BUDGET: [f'{d}/RDIME:{c}' for d in dimes] for c in controls
                       if f'{dimes[0]}/RDIME:{c}' in set(self.table['system'])})
-        curves = {measure: {name: [values.get((system, measure), np.nan) for system in systems]
-                            for name, systems in lines.items()} for measure in self.measures}
-        baseline = {m: values['Baseline', m] for m in self.measures}
-        figures.sources_plot([self.labels[d] for d in dimes], curves, baseline, self._title(), path)
+        fig = Figure(figsize=(max(6.0, 0.55 * len(dimes) + 2.5) * len(self.measures), 4.2))
+        axes = np.atleast_1d(fig.subplots(1, len(self.measures)))
+        x = np.arange(len(dimes))
+        for ax, measure in zip(axes, self.measures):
+            for name, systems in lines.items():
+                style, colour = SOURCE_STYLES.get(name, ('.-', None))
+                ax.plot(x, [values.get((s, measure), np.nan) for s in systems], style, color=colour, linewidth=1,
+                        markersize=5, label=name)
+            ax.axhline(values['Baseline', measure], color='black', linestyle='--', linewidth=1,
+                       label='Baseline (all dimensions)')
+            ax.set_xticks(x, [self.labels[d] for d in dimes], rotation=45, ha='right', fontsize=7)
+            ax.set_ylabel(measure)
+            ax.grid(alpha=0.3)
+        _legend_right(fig, axes[0], f'LLM DIME by answer source — {self._title()}', path)
 
     def to_markdown(self) -> str:
         s = self.settings
@@ -218,12 +262,11 @@ class ExperimentResult:
         for measure in self.measures:
             paper = self.paper_table(measure)
             shown += ''.join(paper.to_numpy(str).ravel())
-            lines += [f'## {measure}', '', paper.to_markdown(index=False, disable_numparse=True),
-                      '', self.parity_table(measure).to_markdown(index=False, disable_numparse=True), '']
+            lines += [f'## {measure}', '', _markdown(paper), '', _markdown(self.parity_table(measure)), '']
             controls = self.controls_table(measure)
             if len(controls):
-                lines += [f'### {measure}: does the choice of dimensions matter?', '',
-                          controls.to_markdown(index=False, disable_numparse=True), '', CONTROLS_NOTE, '']
+                lines += [f'### {measure}: does the choice of dimensions matter?', '', _markdown(controls), '',
+                          CONTROLS_NOTE, '']
         lines += [self.footnote(''.join(mark for mark in ALL_MARKS if mark in shown)), '']
         lines += [f'- {note}' for note in self.notes]
         return '\n'.join(lines) + '\n'
@@ -260,14 +303,11 @@ class ExperimentResult:
         that could not be written (the others still are)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        writers = [
-            ('results.csv', lambda p: self.table.to_csv(p, index=False)),
-            ('perquery.csv', lambda p: self.perquery.to_csv(p, index=False)),
-            ('significance.csv', lambda p: self.significance.to_csv(p, index=False)),
-            ('kept_fraction.csv', lambda p: self.kept.to_csv(p, index=False)),
-            ('sweep.csv', lambda p: self.sweep.to_csv(p, index=False)),
-            ('cv.csv', lambda p: self.cv.to_csv(p, index=False)),
-            ('seeds.csv', lambda p: self.seeds.to_csv(p, index=False)),
+        frames = {'results': self.table, 'perquery': self.perquery, 'significance': self.significance,
+                  'kept_fraction': self.kept, 'sweep': self.sweep, 'cv': self.cv, 'seeds': self.seeds}
+        writers = [(f'{name}.csv', lambda p, frame=frame: frame.to_csv(p, index=False))
+                   for name, frame in frames.items()]
+        writers += [
             ('results.json', lambda p: p.write_text(json.dumps(self._payload(), indent=2, default=_json_default),
                                                     encoding='utf-8')),
             ('results.md', lambda p: p.write_text(self.to_markdown(), encoding='utf-8')),
@@ -275,8 +315,8 @@ class ExperimentResult:
             ('sweep.png', self.sweep_plot),
         ]
         if len(self.answer_sources()) > 1:
-            writers += [('sources.md', lambda p: p.write_text(self.sources_table().to_markdown(
-                index=False, disable_numparse=True) + '\n', encoding='utf-8')), ('sources.png', self.sources_plot)]
+            writers += [('sources.md', lambda p: p.write_text(_markdown(self.sources_table()) + '\n',
+                                                              encoding='utf-8')), ('sources.png', self.sources_plot)]
         return write_outputs(out, writers)
 
     @classmethod
@@ -308,7 +348,15 @@ class ExperimentResult:
 
     def boxplot(self, path: Union[str, Path]) -> None:
         """The paper's appendix figure: RDIME's per-query kept fraction, one box per DIME, Top-k lines for reference."""
-        figures.kept_boxplot(self.kept, self.labels, f'RDIME per-query kept fraction — {self._title()}', path)
+        from matplotlib.figure import Figure
+        fig = Figure(figsize=(1.6 * max(len(self.labels), 2) + 2.5, 3.5))
+        ax = fig.subplots()
+        _boxes(ax, self.kept, self.labels)
+        ax.set_ylabel('fraction of dimensions kept')
+        ax.set_title(f'RDIME per-query kept fraction — {self._title()}', fontsize=9)
+        ax.legend(*_box_legend(ax), fontsize=7, loc='center left', bbox_to_anchor=(1, 0.5), handlelength=3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
 
     def sweep_plot(self, path: Union[str, Path]) -> None:
         """Each measure against the kept fraction: the Top-k sweep per DIME, RDIME and CV Top-k, Baseline."""
@@ -322,7 +370,7 @@ class ExperimentResult:
             rdime = self.kept.loc[(self.kept['dime'] == dime) & (self.kept['threshold'] == 'RDIME'), 'kept_frac']
             if rdime.empty:
                 continue
-            low, high = np.percentile(rdime, figures.SPREAD)
+            low, high = np.percentile(rdime, SPREAD)
             for measure in self.measures:
                 points.append({'dime': dime, 'measure': measure, 'system': 'RDIME', 'kept': rdime.mean(), 'low': low,
                                'high': high, 'value': values[f'{dime}/RDIME', measure]})
@@ -331,20 +379,355 @@ class ExperimentResult:
                                    'kept': self.mean_cv_fraction(dime, measure),
                                    'value': values[f'{dime}/CV Top-k', measure]})
         baseline = pd.Series({m: values['Baseline', m] for m in self.measures})
-        figures.sweep_plot(curves, pd.DataFrame(points), baseline, self.labels, self._title(), path)
+        sweep_plot(curves, pd.DataFrame(points), baseline, self.labels, self._title(), path)
+
+
+def write_combined(cells: Sequence, out: Path) -> List[str]:
+    """Writes the grid's combined outputs from its finished cells into ``out``: grid.csv, grid_parity.csv (every
+    cell's significance.csv), grid.md, grid.tex and the kept-fraction Figure; returns the problems met (an output
+    that could not be written)."""
+    writers = [
+        ('grid.csv', lambda p: long_table(cells).to_csv(p, index=False)),
+        ('grid_parity.csv', lambda p: pd.concat([c.result.significance.assign(
+            collection=c.collection_label, encoder=c.encoder_label) for c in cells], ignore_index=True).to_csv(
+            p, index=False)),
+        ('grid.md', lambda p: p.write_text(markdown(cells), encoding='utf-8')),
+        ('grid.tex', lambda p: p.write_text(latex(cells), encoding='utf-8')),
+        ('kept_fractions.png', lambda p: grid_kept_figure(
+            [(c.collection_label, c.encoder_label, c.result.kept, c.result.labels) for c in cells],
+            [p, p.with_suffix('.pdf')])),
+    ]
+    return write_outputs(out, writers)
+
+
+def long_table(cells: Sequence) -> pd.DataFrame:
+    """Every finished cell's systems, one row per (collection, encoder, system, measure): ``value``, ``kept`` and
+    ``k`` (the fraction of the best and CV Top-k rows)."""
+    frames = []
+    for cell in cells:
+        result = cell.result
+        kept = result.kept.groupby(['dime', 'threshold'])['kept_frac'].mean()
+        table = result.table.assign(collection=cell.collection_label, encoder=cell.encoder_label, k=np.nan)
+        table['kept'] = [kept.get((d, t), 1.0 if t == 'Baseline' else np.nan)
+                         for d, t in zip(table['dime'], table['threshold'])]
+        cv = table['threshold'] == 'CV Top-k'
+        table.loc[cv, 'k'] = [result.mean_cv_fraction(d, m) for d, m in zip(table.loc[cv, 'dime'],
+                                                                            table.loc[cv, 'measure'])]
+        best = [{'dime': dime, 'threshold': BEST, 'system': f'{dime}/{BEST}', 'measure': measure, 'value': hit[1],
+                 'k': float(hit[0].split('=')[1])}
+                for measure in result.measures for dime in result.labels
+                if (hit := result.test_best(measure, dime)) is not None]
+        frames += [table, pd.DataFrame(best, columns=GRID_COLUMNS).assign(collection=cell.collection_label,
+                                                                          encoder=cell.encoder_label)]
+    return pd.concat(frames, ignore_index=True)[GRID_COLUMNS]
+
+
+def markdown(cells: Sequence) -> str:
+    """grid.md: per measure, one row per (collection, encoder, DIME): Baseline, best and CV Top-k, RDIME, Δ%, and
+    the verdicts."""
+    lines = ['# RDIME vs Top-k: the grid', '']
+    controls = _control_rows(cells)
+    if len(controls):
+        lines += ['Does the choice of dimensions matter? RDIME against each control at the same budget, in how many '
+                  '(cell, measure) pairs it is better, equivalent, worse or inconclusive:', '',
+                  control_summary(controls).to_markdown(index=False), '']
+    for measure in dict.fromkeys(m for c in cells for m in c.result.measures):
+        rows = []
+        for cell in cells:
+            result = cell.result
+            if measure not in result.measures:
+                continue
+            values = result.table[result.table['measure'] == measure].set_index('system')['value']
+            sig = result.significance[result.significance['measure'] == measure]
+            for dime, label in result.labels.items():
+                if f'{dime}/RDIME' not in values:
+                    continue
+                mine = sig[sig['system'] == f'{dime}/RDIME']
+                verdicts = pd.Series([marked_verdict(r.verdict, r.significant, r.comparison) for r in
+                                      mine.itertuples()], index=mine['comparison'], dtype=object)
+                rows.append({
+                    'collection': cell.collection_label, 'encoder': cell.encoder_label, 'DIME': label,
+                    'Baseline': f'{values["Baseline"]:.4f}', **result._rdime_cells(measure, dime),
+                    **{f'vs {short}': _verdict(verdicts, prefix) for short, prefix in
+                       (('CV', 'CV Top-k'), ('test-best', 'best Top-k'), ('Baseline', 'Baseline'))}})
+        lines += [f'## {measure}', '', _markdown(pd.DataFrame(rows)), '']
+        mine = controls[controls['measure'] == measure]
+        if len(mine):
+            lines += [f'### {measure}: RDIME against the controls at the same budget, and vector PRF', '',
+                      _markdown(control_grid(mine)), '', CONTROLS_NOTE, '']
+    shown = '\n'.join(line for line in lines if line.startswith('| '))
+    lines += ['Verdicts of RDIME against CV Top-k, the best Top-k tuned on the test queries, and Baseline. '
+              + cells[0].result.footnote(marks=''.join(m for m in ALL_MARKS if m != '*' and m in shown)), '']
+    lines += [f'- {c.collection.name} × {c.encoder}: {c.result.settings["num_queries"]} queries, first stage '
+              f'{c.result.settings["first_stage"]}' for c in cells]
+    return '\n'.join(lines) + '\n'
+
+
+def _control_rows(cells: Sequence) -> pd.DataFrame:
+    """Every finished cell's :meth:`ExperimentResult.control_rows`, with its collection and encoder."""
+    return pd.concat([c.result.control_rows().assign(collection=c.collection_label, encoder=c.encoder_label)
+                      for c in cells], ignore_index=True)
+
+
+def control_grid(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (collection, encoder, DIME, RDIME column): RDIME (kept), then each control's value and outcome."""
+    table = []
+    for key, group in rows.groupby(['collection', 'encoder', 'label', 'column'], sort=False):
+        first = group.iloc[0]
+        row = {'collection': key[0], 'encoder': key[1], 'DIME': key[2],
+               key[3] if key[3] != 'RDIME' else 'RDIME (kept)': f'{first["value"]:.4f} ({first["kept"]:.2f})'}
+        row.update({r.control: f'{r.control_value} {r.outcome}' for r in group.itertuples()})
+        table.append(row)
+    return pd.DataFrame(table).fillna('n/a')
+
+
+def control_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per DIME and control, in how many (cell, measure) pairs RDIME is better, equivalent, worse or inconclusive."""
+    rows = rows[rows['column'] == 'RDIME']
+    table = []
+    for (label, control), mine in rows.groupby(['label', 'control'], sort=False):
+        tally = mine['outcome'].value_counts()
+        table.append({'DIME': label, 'control': control, **{o: int(tally.get(o, 0)) for o in OUTCOMES},
+                      'pairs': len(mine)})
+    return pd.DataFrame(table)
+
+
+def _verdict(verdicts: pd.Series, prefix: str) -> str:
+    """The verdict of the comparison whose label starts with ``prefix``."""
+    hit = verdicts[verdicts.index.str.startswith(prefix)]
+    if hit.empty and prefix == 'best Top-k' and BEST_IS_BASELINE in verdicts.index:
+        return f'{verdicts[BEST_IS_BASELINE]} (= Baseline)'
+    return hit.iloc[0] if len(hit) else 'n/a'
+
+
+def latex(cells: Sequence) -> str:
+    """grid.tex: the paper's Table layout, one ``table*`` per measure: rows encoder × DIME (and Baseline), a column
+    group per collection (Top-k columns, CV Top-k, RDIME, :data:`DELTA`); a group's best values bold."""
+    collections = list(dict.fromkeys(c.collection_label for c in cells))
+    by_name = {(c.collection_label, c.encoder_label): c.result for c in cells}
+    ks = list(dict.fromkeys(t for r in by_name.values() for t in r.table['threshold'] if t.startswith('k=')))
+    labels = {d: label for r in by_name.values() for d, label in r.labels.items()}
+    first = next(iter(by_name.values()))
+    out = []
+    for measure in dict.fromkeys(m for r in by_name.values() for m in r.measures):
+        marks, rows = set(), {}
+        for encoder in dict.fromkeys(c.encoder_label for c in cells):
+            mine = [by_name.get((c, encoder)) for c in collections]
+            dimes = [d for d in labels if any(r is not None and f'{d}/RDIME' in set(r.table['system']) for r in mine)]
+            rows[encoder] = [(labels[d], [_tex_group(r, measure, d, ks, marks) for r in mine]) for d in dimes]
+            rows[encoder].append(('Baseline', [_tex_group(r, measure, None, ks, marks) for r in mine]))
+        meanings = {'¶': 'CV Top-$k$', '†': 'the best Top-$k$ tuned on the test queries', '‡': 'Baseline'}
+        shown = [f'$^{{{TEX_MARKS[m]}}}$ {meaning}' for m, meaning in meanings.items() if m in marks]
+        test = f'{TEX_TESTS[first.settings.get("test", "t")]}, {first.settings.get("alternative", "two-sided")}'
+        margin = first.settings.get('margin')
+        equivalent = (rf' A marked value can also be equivalent (TOST within $\pm{100 * margin:g}$\,\% of the '
+                      'Baseline): a small, consistent difference; grid.md gives each verdict with its mark.'
+                      if margin else '')
+        significance = (f' RDIME significantly different from {", ".join(shown)} ({test}, Holm-corrected per '
+                        r'measure, $\alpha = 0.05$).' + equivalent) if shown else ''
+        out += _tex_table(collections, [*(k[2:] for k in ks), 'CV', 'RDIME', r'$\Delta$ (\%)'], rows,
+                          f'{_tex(measure)} of RDIME and Top-$k$ pruning per encoder, DIME and collection. CV: '
+                          r'Top-$k$ with $k$ chosen by cross-validation over the queries; $\Delta$ (\%): RDIME over '
+                          r'CV Top-$k$; (kept): mean fraction of dimensions RDIME kept; \textbf{bold}: best of the '
+                          'row in the collection (ties alike).' + significance)
+    return '\n'.join(out + _latex_controls(cells))
+
+
+def _latex_controls(cells: Sequence) -> List[str]:
+    """grid.tex's controls tables, one ``table*`` per measure: RDIME and each control's value, marked with the
+    outcome."""
+    rows = _control_rows(cells)
+    rows = rows[rows['column'] == 'RDIME']
+    collections = list(dict.fromkeys(rows['collection']))
+    controls = list(dict.fromkeys(rows['control']))
+    out = []
+    for measure in dict.fromkeys(m for c in cells for m in c.result.measures):  # the paper tables' order
+        table = {}
+        for (encoder, label), mine in rows[rows['measure'] == measure].groupby(['encoder', 'label'], sort=False):
+            groups = []
+            for collection in collections:
+                hit = mine[mine['collection'] == collection].set_index('control')
+                groups.append(None if hit.empty else ' & '.join(
+                    [f'{hit["value"].iloc[0]:.3f} ({hit["kept"].iloc[0]:.2f})'] + [
+                        f'{hit.loc[c, "control_mean"]:.3f}{TEX_OUTCOMES[hit.loc[c, "outcome"]]}' if c in hit.index
+                        else '--' for c in controls]))
+            table.setdefault(encoder, []).append((label, groups))
+        if table:
+            out += _tex_table(collections, ['RDIME', *map(_tex, controls)], table, (
+                f'{_tex(measure)} of RDIME (mean kept fraction) against the same number of dimensions per query '
+                'chosen at random (mean over seeds), by the query alone (magnitude), by the collection\'s variance, '
+                r"and against pyterrier-dr's vector PRF. RDIME $^{\uparrow}$ better, $^{\downarrow}$ worse (the test "
+                r'rejects equality; Holm over the controls of a measure), $^{\approx}$ equivalent (TOST within the '
+                'margin).'))
+    return out
+
+
+def _tex_table(collections: List[str], names: List[str], rows: Dict[str, list], caption: str) -> List[str]:
+    """A ``table*`` of grid.tex: a column group of ``names`` per collection; per encoder of ``rows``, its rows
+    ``(label, [one group per collection, None where there is none])``."""
+    width = len(names)
+    out = [r'\begin{table*}[ht]', r'\centering', r'\resizebox{\textwidth}{!}{%',
+           r'\begin{tabular}{ll' + 'c' * width * len(collections) + '}', r'\toprule',
+           r'\multirow{2}{*}{Model} & \multirow{2}{*}{DIME} & '
+           + ' & '.join(rf'\multicolumn{{{width}}}{{c}}{{{_tex(c)}}}' for c in collections) + r' \\',
+           ' '.join(rf'\cmidrule(lr){{{3 + i * width}-{2 + (i + 1) * width}}}' for i in range(len(collections))),
+           ' & & ' + ' & '.join(names * len(collections)) + r' \\', r'\midrule']
+    for e, (encoder, lines) in enumerate(rows.items()):
+        out.append(rf'\multirow{{{len(lines)}}}{{*}}{{{_tex(encoder)}}}')
+        out += [f' & {_tex(label)} & ' + ' & '.join(' & '.join(['--'] * width) if group is None else group
+                                                     for group in groups) + r' \\' for label, groups in lines]
+        out.append(r'\midrule' if e < len(rows) - 1 else r'\bottomrule')
+    return out + [r'\end{tabular}}', rf'\caption{{{caption}}}', r'\end{table*}', '']
+
+
+def _tex_group(result, measure: str, dime: Optional[str], ks: List[str], marks: set) -> Optional[str]:
+    """One collection's group of a DIME's row in grid.tex (dime None: Baseline's; None without it); adds the marks it
+    prints to ``marks``."""
+    if result is None or dime is not None and f'{dime}/RDIME' not in set(result.table['system']):
+        return None
+    values = result.table[result.table['measure'] == measure].set_index('system')['value']
+    if dime is None:
+        return ' & '.join(['--'] * (len(ks) + 1) + [f'{values["Baseline"]:.3f} (1.00)', ''])
+    mine = {k: values.get(f'{dime}/{k}', np.nan) for k in ks + ['CV Top-k', 'RDIME']}
+    printed = {k: f'{v:.3f}' for k, v in mine.items() if np.isfinite(v)}
+    best = max(printed.values(), key=float, default=None)  # ties as printed: every value that prints as the best
+    rdime_marks = [m for m in result.marks(measure, dime, 'RDIME') if m in TEX_MARKS]
+    marks.update(rdime_marks)
+    shown = []
+    for k in mine:
+        text = '--' if k not in printed else (rf'\textbf{{{printed[k]}}}' if printed[k] == best else printed[k])
+        if k == 'RDIME':
+            text += (f'$^{{{"".join(TEX_MARKS[m] for m in rdime_marks)}}}$' if rdime_marks else '') + \
+                f' ({result.mean_kept(dime, "RDIME"):.2f})'
+        shown.append(text)
+    return ' & '.join(shown + [delta(mine['RDIME'], mine['CV Top-k']).replace('n/a', '--')])
+
+
+def _tex(text: str) -> str:
+    for char, escaped in (('\\', r'\textbackslash{}'), ('&', r'\&'), ('%', r'\%'), ('_', r'\_'), ('#', r'\#'),
+                          ('τ', r'$\tau$'), ('−', '--'), ('⊙', r'$\odot$')):
+        text = text.replace(char, escaped)
+    return text
+
+
+def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, labels: Dict[str, str], title: str,
+               path: Union[str, Path]):
+    """Each measure against the kept fraction, per DIME: the Top-k curve (``curves``: ``dime, fraction, measure,
+    value``; dime ``random``: the random selection), RDIME with its :data:`SPREAD` and CV Top-k (``points``: ``dime,
+    measure, system, kept, low, high, value``), and ``baseline`` (measure -> value) as a line. Returns the Figure."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    measures = list(baseline.index)
+    colours = {dime: colormaps['tab10'](i % 10) for i, dime in enumerate(labels)}
+    fig = Figure(figsize=(4.2 * len(measures) + 2.2, 3.6))
+    axes = np.atleast_1d(fig.subplots(1, len(measures)))
+    for ax, measure in zip(axes, measures):
+        for dime, label in labels.items():
+            curve = curves[(curves['dime'] == dime) & (curves['measure'] == measure)].sort_values('fraction')
+            ax.plot(curve['fraction'], curve['value'], '.-', color=colours[dime], linewidth=1, label=f'{label} Top-k')
+            mine = points[(points['dime'] == dime) & (points['measure'] == measure)].set_index('system')
+            if 'RDIME' in mine.index:
+                r = mine.loc['RDIME']
+                # the bar spans the percentiles themselves: the mean can lie outside them (a skewed spread)
+                ax.plot([r['low'], r['high']], [r['value'], r['value']], '|-', color=colours[dime], markersize=7)
+                ax.plot(r['kept'], r['value'], 'o', color=colours[dime], markersize=7, markeredgecolor='black',
+                        label=f'{label} RDIME')
+            if 'CV Top-k' in mine.index:
+                c = mine.loc['CV Top-k']
+                ax.plot(c['kept'], c['value'], 'x', color=colours[dime], markersize=8, markeredgewidth=2,
+                        label=f'{label} CV Top-k')
+        chance = curves[(curves['dime'] == 'random') & (curves['measure'] == measure)].sort_values('fraction')
+        if len(chance):
+            ax.plot(chance['fraction'], chance['value'], '.:', color='grey', linewidth=1,
+                    label='random dimensions (mean over seeds)')
+        ax.axhline(baseline[measure], color='black', linestyle='--', linewidth=1, label='Baseline (all dimensions)')
+        ax.set_xlabel('fraction of dimensions kept')
+        ax.set_ylabel(measure)
+        ax.set_xlim(0, 1.05)
+        ax.grid(alpha=0.3)
+    _legend_right(fig, axes[-1], title + f' — RDIME bar: per-query kept fraction, percentiles {SPREAD[0]}–{SPREAD[1]}',
+                  path)
+    return fig
+
+
+def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]], paths: Sequence[Union[str, Path]]):
+    """The paper's Figure: RDIME's per-query kept fraction per DIME, one panel per (encoder, collection),
+    :data:`PANELS_PER_ROW` a row. ``cells``: ``(collection, encoder, kept, labels)``; saved to each of ``paths``."""
+    from matplotlib.figure import Figure
+    collections = list(dict.fromkeys(c for c, _, _, _ in cells))
+    encoders = list(dict.fromkeys(e for _, e, _, _ in cells))
+    ordered = sorted(cells, key=lambda c: (encoders.index(c[1]), collections.index(c[0])))
+    columns = min(PANELS_PER_ROW, len(ordered))
+    rows = -(-len(ordered) // columns)
+    fig = Figure(figsize=(3.4 * columns, 2.9 * rows + 0.7))
+    axes = fig.subplots(rows, columns, squeeze=False, sharey=True)
+    for ax in axes.flat[len(ordered):]:
+        ax.set_axis_off()
+    for ax, (collection, encoder, kept, labels) in zip(axes.flat, ordered):
+        _boxes(ax, kept, labels)
+        ax.set_title(f'{collection} — {encoder}', fontsize=8)
+    for row in axes:
+        row[0].set_ylabel('fraction kept')
+    entries = _box_legend(axes.flat[0])
+    # one row of entries if it fits the figure's width, else as many columns as fit (a one-panel grid is narrow)
+    for ncols in range(len(entries[1]), 0, -1):
+        legend = fig.legend(*entries, fontsize=7, loc='lower center', ncols=ncols, handlelength=3, frameon=False)
+        width, height = _legend_inches(fig, legend)
+        if width <= fig.get_figwidth() - LEGEND_GAP or ncols == 1:
+            break
+        legend.remove()
+    fig.tight_layout(rect=(0, (height + LEGEND_GAP) / fig.get_figheight(), 1, 1))
+    for path in paths:  # a PDF without its creation date: the same grid writes the same bytes
+        fig.savefig(path, dpi=150, metadata={'CreationDate': None} if Path(path).suffix == '.pdf' else None)
+    return fig
+
+
+def _boxes(ax, kept: pd.DataFrame, labels: Dict[str, str]) -> None:
+    """RDIME's per-query kept fraction, one box per DIME, and a line at each Top-k's kept fraction."""
+    rdime = kept[kept['threshold'] == 'RDIME']
+    names = [d for d in labels if d in set(rdime['dime'])]
+    ax.boxplot([rdime.loc[rdime['dime'] == d, 'kept_frac'] for d in names], showmeans=True,
+               meanprops={'marker': '^', 'markerfacecolor': 'tab:green', 'markeredgecolor': 'tab:green'},
+               medianprops={'color': MEDIAN_COLOUR})
+    ax.set_xticks(range(1, len(names) + 1), [labels[d] for d in names], fontsize=7)
+    ax.set_ylim(0, 1.02)
+    topk = kept[kept['threshold'].str.startswith('k=')].groupby('threshold', sort=False)['kept_frac'].mean()
+    for i, (threshold, fraction) in enumerate(topk.items()):
+        ax.axhline(fraction, color='dimgrey', linestyle=TOPK_STYLES[i % len(TOPK_STYLES)], linewidth=1,
+                   label=f'Top-k {threshold}')
+
+
+def _box_legend(ax) -> Tuple[list, List[str]]:
+    """Legend entries of a box panel: the boxes' median line and mean triangle, then ``ax``'s Top-k lines."""
+    from matplotlib.lines import Line2D
+    handles, names = ax.get_legend_handles_labels()
+    return ([Line2D([], [], color=MEDIAN_COLOUR, label='median'),
+             Line2D([], [], marker='^', color='tab:green', linestyle='none', label='mean')] + handles,
+            ['median', 'mean'] + names)
+
+
+def _legend_right(fig, ax, title: str, path: Union[str, Path]) -> None:
+    """Puts the legend of ``ax``'s lines right of the panels and ``title`` above them, then saves ``fig``."""
+    legend = fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc='center right')
+    fig.suptitle(title, fontsize=9)
+    # the panels end where the legend begins, with a gap: its width depends on the DIMEs' names, so it is measured
+    width, _ = _legend_inches(fig, legend)
+    fig.tight_layout(rect=(0, 0, 1 - (width + LEGEND_GAP) / fig.get_figwidth(), 1))
+    fig.savefig(path, dpi=120)
+
+
+def _legend_inches(fig, legend) -> Tuple[float, float]:
+    """The drawn width and height of ``legend`` in inches (drawn on an Agg canvas: a bare Figure has no renderer)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    box = legend.get_window_extent(fig.canvas.get_renderer())
+    return box.width / fig.dpi, box.height / fig.dpi
 
 
 def delta(value: float, reference: float) -> str:
     """:data:`DELTA` as printed; ``n/a`` without a (non-zero) reference."""
     return f'{100 * (value - reference) / reference:+.2f}' if np.isfinite(reference) and reference else 'n/a'
-
-
-def best_text(best: Optional[Tuple[str, float]]) -> str:
-    """A best Top-k tuned on the test queries (:meth:`ExperimentResult.test_best`) as a table shows it."""
-    if best is None:
-        return 'n/a'
-    k = best[0].split('/')[1]
-    return f'{best[1]:.4f} ({k}{" = Baseline" if k == "k=1.0" else ""})'
 
 
 def marked_verdict(verdict: str, significant: bool, comparison: str) -> str:
@@ -354,11 +737,8 @@ def marked_verdict(verdict: str, significant: bool, comparison: str) -> str:
     return f'{verdict} {mark}' if mark else verdict
 
 
-def outcome(verdict: str, mean_diff: float) -> str:
-    """A control comparison in :data:`OUTCOMES` (``different`` becomes ``better`` or ``worse`` by the sign)."""
-    if verdict == 'different':
-        return 'better' if mean_diff > 0 else 'worse'
-    return verdict
+def _markdown(frame: pd.DataFrame) -> str:
+    return frame.to_markdown(index=False, disable_numparse=True)
 
 
 def _json_default(value):

@@ -1,7 +1,7 @@
 """Honest Top-k comparators: the Top-k sweep over kept fractions, computed from the vectors a cell already holds,
 and Top-k with k chosen by cross-validation over the queries.
 """
-from typing import Dict, Sequence, Tuple
+from typing import Callable, Dict, Sequence, Tuple
 
 import ir_measures
 import numpy as np
@@ -16,51 +16,48 @@ CV_FOLDS = 5
 #: Seed of the fold assignment: the same queries fall in the same folds on every run.
 CV_SEED = 0
 STAGE = 'Top-k sweep'
+SWEEP_COLUMNS = ['dime', 'fraction', 'system', 'qid', 'measure', 'value']
+CV_COLUMNS = ['dime', 'measure', 'fold', 'fraction', 'queries']
 
 
 def topk_runs(scored: pd.DataFrame, fractions: Sequence[float]) -> Dict[float, pd.DataFrame]:
     """fraction -> ``qid, docno, score``: the candidates of ``scored`` re-scored by the query pruned to its Top-k
     dimensions, as ``TopK(fraction=f) >> VectorScorer()`` scores them."""
-    if not len(scored):
-        return {f: pd.DataFrame({'qid': [], 'docno': [], 'score': []}) for f in fractions}
-    scored = scored.reset_index(drop=True)
-    groups = group_queries(scored, STAGE)
-    query_vecs = stack_vectors(scored, 'query_vec', groups.first_rows, STAGE, 'qid')
-    importance = stack_vectors(scored, 'query_dime', groups.first_rows, STAGE, 'qid')
-    doc_vecs = stack_vectors(scored, 'doc_vec', np.arange(len(scored)), STAGE, 'docno').astype(np.float32)
-    dims = importance.shape[1]
-    # position of each dimension in its query's importance order (ties: the lower index first, as TopK)
-    position = np.argsort(np.argsort(-importance, axis=1, kind='stable'), axis=1, kind='stable')
-    runs = {}
-    for fraction in fractions:
-        keep = position < maths.topk_count(dims, fraction=fraction)
-        pruned = maths.modulate(query_vecs, keep).astype(np.float32)
-        scores = np.einsum('rp,rp->r', pruned[groups.codes], doc_vecs)
-        runs[fraction] = pd.DataFrame({'qid': scored['qid'], 'docno': scored['docno'], 'score': scores})
-    return runs
+    def position(frame, first_rows, dims):
+        """Each dimension's place in its query's importance order (ties: the lower index first, as TopK)."""
+        importance = stack_vectors(frame, 'query_dime', first_rows, STAGE, 'qid')
+        return {'': np.argsort(np.argsort(-importance, axis=1, kind='stable'), axis=1, kind='stable')}
+    return {fraction: run for (_, fraction), run in _rescored(scored, fractions, [''], position).items()}
 
 
 def random_runs(candidates: pd.DataFrame, fractions: Sequence[float], seeds: int
                 ) -> Dict[Tuple[str, float], pd.DataFrame]:
     """``(random#<seed>, fraction) -> qid, docno, score``: the candidates re-scored on ``round(fraction · p)``
     dimensions drawn as ``SameBudget(control='random', seed=seed)`` draws them."""
+    def ranks(frame, first_rows, dims):
+        qids = frame['qid'].to_numpy()[first_rows]
+        return {f'random#{seed}': maths.random_ranks([(seed, str(qid)) for qid in qids], dims) for seed in range(seeds)}
+    return _rescored(candidates, fractions, [f'random#{seed}' for seed in range(seeds)], ranks)
+
+
+def _rescored(candidates: pd.DataFrame, fractions: Sequence[float], names: Sequence[str],
+              ranks: Callable) -> Dict[Tuple[str, float], pd.DataFrame]:
+    """``(name, fraction) -> qid, docno, score``: the candidates re-scored on each query's dimensions whose rank
+    (``ranks(candidates, first_rows, dims)``: name of ``names`` -> queries × dims) is below the fraction's count."""
     if not len(candidates):
-        return {(f'random#{s}', f): pd.DataFrame({'qid': [], 'docno': [], 'score': []})
-                for s in range(seeds) for f in fractions}
+        return {(n, f): pd.DataFrame({'qid': [], 'docno': [], 'score': []}) for n in names for f in fractions}
     candidates = candidates.reset_index(drop=True)
     groups = group_queries(candidates, STAGE)
     query_vecs = stack_vectors(candidates, 'query_vec', groups.first_rows, STAGE, 'qid')
     doc_vecs = stack_vectors(candidates, 'doc_vec', np.arange(len(candidates)), STAGE, 'docno').astype(np.float32)
-    qids = candidates['qid'].to_numpy()[groups.first_rows]
     dims = query_vecs.shape[1]
     runs = {}
-    for seed in range(seeds):
-        ranks = maths.random_ranks([(seed, str(qid)) for qid in qids], dims)
+    for name, rank in ranks(candidates, groups.first_rows, dims).items():
         for fraction in fractions:
-            pruned = maths.modulate(query_vecs, ranks < maths.topk_count(dims, fraction=fraction)).astype(np.float32)
+            pruned = maths.modulate(query_vecs, rank < maths.topk_count(dims, fraction=fraction)).astype(np.float32)
             scores = np.einsum('rp,rp->r', pruned[groups.codes], doc_vecs)
-            runs[f'random#{seed}', fraction] = pd.DataFrame({'qid': candidates['qid'], 'docno': candidates['docno'],
-                                                            'score': scores})
+            runs[name, fraction] = pd.DataFrame({'qid': candidates['qid'], 'docno': candidates['docno'],
+                                                 'score': scores})
     return runs
 
 
@@ -76,8 +73,7 @@ def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFra
         rows = [(m.query_id, names[m.measure], m.value) for m in evaluator.iter_calc(run)]
         frame = pd.DataFrame(rows, columns=['qid', 'measure', 'value'])
         frames.append(frame.assign(dime=dime, fraction=fraction, system=f'{dime}/k={fraction}'))
-    columns = ['dime', 'fraction', 'system', 'qid', 'measure', 'value']
-    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+    return pd.concat(frames, ignore_index=True)[SWEEP_COLUMNS] if frames else pd.DataFrame(columns=SWEEP_COLUMNS)
 
 
 def fold_of(qids: Sequence[str], folds: int = CV_FOLDS, seed: int = CV_SEED) -> pd.Series:
@@ -88,17 +84,10 @@ def fold_of(qids: Sequence[str], folds: int = CV_FOLDS, seed: int = CV_SEED) -> 
 
 
 def cv_topk(table: pd.DataFrame, folds: int = CV_FOLDS, seed: int = CV_SEED) -> Tuple[pd.Series, pd.DataFrame]:
-    """Cross-validated Top-k for one DIME and measure.
-
-    Args:
-        table: per-query values, one row per qid, one column per Top-k fraction.
-        folds: number of folds, at least 2; with fewer queries than folds, one query per fold (leave-one-out).
-        seed: seed of :func:`fold_of`.
-
-    Returns:
-        ``(values, choices)``: qid -> the value at the fraction chosen without its fold, and ``fold, fraction,
-        queries`` (the best mean over the other folds; ties: the smaller fraction).
-    """
+    """Cross-validated Top-k for one DIME and measure, from ``table`` (a row per qid, a column per Top-k fraction) in
+    ``folds`` (at least 2; one query per fold with fewer queries) dealt by :func:`fold_of` with ``seed``. Returns
+    ``(values, choices)``: qid -> the value at the fraction chosen without its fold, and ``fold, fraction, queries``
+    (the best mean over the other folds; ties: the smaller fraction)."""
     # pt.Experiment's per-query values can arrive as dtype object: pandas then refuses them in a float Series
     table = table.astype(float).dropna().sort_index(axis=1)
     table.index = table.index.map(str)
@@ -137,7 +126,6 @@ def cv_systems(pool: pd.DataFrame, dimes: Sequence[str], folds: int = CV_FOLDS,
         rows.append(pd.DataFrame({'system': f'{dime}/CV Top-k', 'qid': values.index, 'measure': measure,
                                   'value': values.to_numpy()}))
         choices.append(chosen.assign(dime=dime, measure=measure))
-    perquery = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=['system', 'qid', 'measure',
-                                                                                      'value'])
-    columns = ['dime', 'measure', 'fold', 'fraction', 'queries']
-    return perquery, (pd.concat(choices, ignore_index=True)[columns] if choices else pd.DataFrame(columns=columns))
+    if not rows:
+        return pd.DataFrame(columns=['system', 'qid', 'measure', 'value']), pd.DataFrame(columns=CV_COLUMNS)
+    return pd.concat(rows, ignore_index=True), pd.concat(choices, ignore_index=True)[CV_COLUMNS]

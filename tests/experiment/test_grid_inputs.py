@@ -11,11 +11,10 @@ import pandas as pd
 import pytest
 from conftest import shared_collection
 
-from pyterrier_rdime.experiment import figures
 from pyterrier_rdime.experiment import grid as grid_module
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.grid import CELL_FILE, distinct_labels, plan, run_grid
-from pyterrier_rdime.experiment.report import ExperimentResult
+from pyterrier_rdime.experiment.report import SPREAD, ExperimentResult, sweep_plot
 
 SETTINGS = dict(dimes=['prf'], ks=[0.5], depth=5, max_queries=3, sweep=False, verbose=False)
 QIDS = ('1', '2', '3')
@@ -216,9 +215,9 @@ def test_a_figure_that_fails_makes_the_grid_exit_non_zero_naming_cell_and_file(c
 @pytest.mark.parametrize('kept', [[0.9, 0.9, 0.9, 0.9, 0.1], [0.5, 0.5, 0.5], [0.42]])
 def test_the_sweep_plot_draws_skewed_constant_and_single_query_spreads(tmp_path, kept):
     kept = np.asarray(kept)
-    low, high = np.percentile(kept, figures.SPREAD)
+    low, high = np.percentile(kept, SPREAD)
     curves = pd.DataFrame({'dime': 'prf', 'fraction': [0.4, 0.8], 'measure': 'nDCG@10', 'value': [0.4, 0.5]})
     points = pd.DataFrame([{'dime': 'prf', 'measure': 'nDCG@10', 'system': 'RDIME', 'kept': kept.mean(), 'low': low,
                             'high': high, 'value': 0.45}])
-    figures.sweep_plot(curves, points, pd.Series({'nDCG@10': 0.44}), {'prf': 'PRF'}, 'test', tmp_path / 'sweep.png')
+    sweep_plot(curves, points, pd.Series({'nDCG@10': 0.44}), {'prf': 'PRF'}, 'test', tmp_path / 'sweep.png')
     assert (tmp_path / 'sweep.png').stat().st_size > 0
