@@ -21,14 +21,12 @@ def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[
     product may differ in the last bits (~1e-6 relative), as with ``--workers``."""
     run = run or (lambda stage, frame: stage(frame))
     chunk: List[Tuple[Hashable, pd.DataFrame]] = []
-    rows = 0
     for key, build in queries.items():
         frame = build().reset_index(drop=True)
-        if chunk and rows + len(frame) > batch_queries:
+        if chunk and sum(len(f) for _, f in chunk) + len(frame) > batch_queries:
             yield from _search(retriever, run, chunk)
-            chunk, rows = [], 0
+            chunk = []
         chunk.append((key, frame))
-        rows += len(frame)
     if chunk:
         yield from _search(retriever, run, chunk)
 

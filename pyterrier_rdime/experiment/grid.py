@@ -1,22 +1,23 @@
 """The paper's grid in one call: every (collection, encoder) cell run by :func:`run_experiment` into a folder of its
-own, read back on a re-run where none of its inputs changed, then the combined tables and Figure. Every option and
-cell is checked before any cell runs; a cell that fails loses no other one.
+own, read back on a re-run where none of its inputs changed, then the combined tables and Figure (its cells on a Ray
+cluster with ``--cells``). Every option is checked before any cell runs; a cell that fails loses no other one.
 """
 import functools
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pandas as pd
+import pyterrier as pt
 
 from .._config import check_int, default_cache_dir
 from ..store import atomic_open
 from . import evaluate as ev
 from .answer_sources import answer_sources
-from .cells import run_cells
 from .collection import Collection, load_collection
 from .encoders import encoder_fingerprint
 from .fingerprint import slug
@@ -31,12 +32,20 @@ logger = logging.getLogger(__name__)
 CELL_FILE = 'cell.json'
 #: run_experiment's arguments that change no number: left out of a cell's options fingerprint.
 NEUTRAL = ('cache_dir', 'batch_size', 'workers', 'parallel_backend', 'verbose')
+#: Times a cell is run again after its node or worker was lost; its own errors are never retried.
+RETRIES = 3
+#: Seconds between two looks at the cells in flight.
+POLL = 5
+#: Seconds the cells may wait while no live node offers the CPUs one needs.
+NO_NODE_TIMEOUT = 120
+#: Seconds to fetch a finished cell's result, and to connect to ``ray_address``.
+FETCH_TIMEOUT = 60
 
 
 @dataclass
 class Cell:
-    """One (collection, encoder) of the grid: its output folder, its inputs' fingerprints (:func:`cell_inputs`) and
-    key, and its labels in the combined outputs."""
+    """One (collection, encoder) of the grid: its output folder, its inputs' fingerprints (:func:`collection_inputs`
+    and the run's) and key, and its labels in the combined outputs."""
     collection: Collection
     encoder: str
     folder: Path
@@ -70,18 +79,15 @@ class GridResult:
 
 def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str], out: Union[str, Path],
          **settings) -> List[Cell]:
-    """Checks every option and cell before any work and returns the cells; one given twice is planned once, with a
-    warning. Errors name the option or cell and the fix."""
+    """Checks every option before any work and returns the cells (what depends on a cell's collection is checked by
+    :func:`run_experiment`); one given twice is planned once, with a warning. Errors name the option and the fix."""
     if not collections or not encoders:
         raise ValueError('the grid needs at least one collection and one --encoder')
     options = Options(**{k: v for k, v in settings.items() if k in OPTION_NAMES})
-    ev.parse_measures(settings.get('measures') or ev.DEFAULT_MEASURES, settings.get('rel'))
+    measures = settings.get('measures')
+    ev.parse_measures(ev.DEFAULT_MEASURES if measures is None else measures, settings.get('rel'))
     answers = settings.get('answers')
     loaded = [c if isinstance(c, Collection) else load_collection(c) for c in collections]
-    for collection in loaded:
-        ev.check_rel(settings.get('rel'), collection.qrels)
-        if settings.get('index') is None:
-            options.check_documents(collection.num_docs, f'collection {collection.name!r}')
     cache_dir = settings.get('cache_dir') or default_cache_dir()
     # each name of --answers resolved for each collection now (a local copy, or the published file, downloaded once)
     answers_keys = {id(c): answers_key(answer_sources(answers, c, cache_dir)) if answers is not None else None
@@ -182,7 +188,7 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     warning. Then writes the combined outputs (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf).
     A cell's error is recorded and the grid goes on (a lone cell's error propagates). A cell killed midway resumes
     at the first system it had not finished (:class:`~.progress.SystemRecords`). ``cells`` > 1 runs that many cells
-    at once as Ray tasks (:func:`~.cells.run_cells`). ``run_cell`` replaces :func:`run_experiment` (tests)."""
+    at once as Ray tasks (:func:`run_cells`). ``run_cell`` replaces :func:`run_experiment` (tests)."""
     check_int('run_grid', 'cells', cells, 1, hint='the cells run at once on a Ray cluster; 1 runs them one by one')
     run_cell = run_cell or run_experiment
     planned = plan(collections, encoders, out, **settings)
@@ -198,10 +204,8 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
         run_cells(pending, compute, cells=cells, total=len(planned), ray_address=ray_address,
                   cpus=settings.get('workers', 1), verbose=settings.get('verbose', True))
         for cell in (c for c in pending if c.status == 'done' and not (c.folder / CELL_FILE).is_file()):
-            cell.status, cell.result = 'failed', None
-            cell.error = (f'computed on a node of the cluster, but its record is not in {cell.folder} here: --out '
+            _failed(cell, f'computed on a node of the cluster, but its record is not in {cell.folder} here: --out '
                           'must be a folder every node shares, at the same path')
-            logger.error('cell %s failed: %s', cell.name, cell.error)
     else:
         for cell in pending:
             logger.info('cell %d/%d %s', planned.index(cell) + 1, len(planned), cell.name)
@@ -222,8 +226,7 @@ def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings
     except Exception as e:  # a late failure of one cell must not lose the others
         if lone:
             raise
-        cell.status, cell.error = 'failed', f'{type(e).__name__}: {e}'
-        logger.error('cell %s failed: %s', cell.name, cell.error)
+        _failed(cell, f'{type(e).__name__}: {e}')
         return cell
     needed = [p for p in problems if Path(p.split(':')[0]).name in ('results.json', 'perquery.csv',
                                                                      'kept_fraction.csv')]
@@ -246,6 +249,88 @@ def _compute_on_node(cell: Cell, run_cell: Callable[..., ExperimentResult], sett
             'version of pyterrier-rdime and of its libraries on every node')
         return cell
     return compute_cell(cell, run_cell, settings)
+
+
+def run_cells(pending: Sequence, compute: Callable, *, cells: int, total: int, ray_address: Optional[str] = None,
+              cpus: int = 1, verbose: bool = True) -> None:
+    """Runs ``compute(cell)`` for each of the ``pending`` cells as a Ray task reserving ``cpus`` CPUs, ``cells`` at
+    once, and copies each result onto the driver's cell. Bounded by :data:`RETRIES`, :data:`NO_NODE_TIMEOUT` and
+    :data:`FETCH_TIMEOUT`; interrupted, the cells in flight are cancelled."""
+    if not pending:
+        return
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("--cells needs Ray: pip install 'pyterrier-rdime[ray]' (from a clone: pip install "
+                          "'.[ray]')") from None
+    from ..pruned.sharded import connect
+    connect(ray_address, FETCH_TIMEOUT, '--ray-address')
+    task = ray.remote(_task).options(num_cpus=cpus, max_retries=RETRIES, retry_exceptions=False)
+    queue: List = list(pending)
+    running: Dict[object, object] = {}
+    waiting_since = None
+    with pt.tqdm(total=total, initial=total - len(pending), desc='cells', unit='cell', disable=not verbose) as bar:
+        try:
+            while queue or running:
+                while queue and len(running) < cells:
+                    cell = queue.pop(0)
+                    running[task.remote(compute, cell)] = cell
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL)
+                for ref in ready:
+                    _finish(ray, ref, running.pop(ref))
+                    bar.update()
+                if ready or _cpus(ray) >= cpus:
+                    waiting_since = None
+                    continue
+                waiting_since = waiting_since or time.monotonic()
+                if time.monotonic() - waiting_since > NO_NODE_TIMEOUT:  # the cells left fail, for the next run
+                    error = (f'no live node of the cluster offered the {cpus} CPU(s) a cell needs for '
+                             f'{NO_NODE_TIMEOUT} s (the largest offers {_cpus(ray):g}): start nodes with '
+                             f'--num-cpus={cpus} or more (ray start --address=HEAD:PORT), or lower --workers, then '
+                             're-run the same command')
+                    for cell in list(running.values()) + queue:
+                        _failed(cell, error)
+                    return
+        finally:
+            for ref in running:  # interrupted: nothing left running on the cluster
+                ray.cancel(ref, force=True)
+
+
+def _task(compute: Callable, cell) -> tuple:
+    """On a node: the computed cell, and where it ran."""
+    import ray
+    return compute(cell), ray.util.get_node_ip_address()
+
+
+def _finish(ray, ref, cell) -> None:
+    """The result of a finished task onto the driver's ``cell``; a failed task makes a failed cell."""
+    try:
+        computed, node = ray.get(ref, timeout=FETCH_TIMEOUT)
+    except ray.exceptions.RayError as e:
+        _failed(cell, f'lost: {_reason(e)}; after {RETRIES} retries it is left for the next run of the same command')
+        return
+    cell.status, cell.error, cell.problems, cell.result = computed.status, computed.error, computed.problems, \
+        computed.result
+    logger.info('cell %s: %s on node %s', cell.name, cell.status, node)
+
+
+def _failed(cell, error: str) -> None:
+    cell.status, cell.error, cell.result = 'failed', error, None
+    logger.error('cell %s failed: %s', cell.name, error)
+
+
+def _reason(error: Exception) -> str:
+    """The first line of a Ray error, with its type."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return f'{type(error).__name__}: {lines[0] if lines else ""}'.rstrip(': ')
+
+
+def _cpus(ray) -> float:
+    """The most CPUs one live node of the cluster offers (0 while the cluster cannot be asked)."""
+    try:
+        return max([n.get('Resources', {}).get('CPU', 0) for n in ray.nodes() if n.get('Alive')], default=0)
+    except Exception:  # the head is being reached again: no CPU known, the bound goes on counting
+        return 0
 
 
 def _read_back(cell: Cell) -> bool:

@@ -9,9 +9,6 @@ from . import sweep as sw
 from .indexes import RETRIEVERS, require_faiss
 from .systems import CONTROLS, DEFAULT_CONTROLS, DIME_NAMES, FEEDBACKS, MODULATORS
 
-DEFAULT_DIMES = ('prf', 'swc', 'llm')
-DEFAULT_KS = (0.4, 0.6, 0.8)
-MODES = ('rerank', 'retrieve')
 STAGE = 'rdime-experiment'
 
 
@@ -25,8 +22,8 @@ class Options:
     feedback: str = 'dense'
     depth: int = 100
     num_results: int = 1000
-    dimes: Tuple[str, ...] = DEFAULT_DIMES
-    ks: Tuple[float, ...] = DEFAULT_KS
+    dimes: Tuple[str, ...] = ('prf', 'swc', 'llm')
+    ks: Tuple[float, ...] = (0.4, 0.6, 0.8)
     modulators: Tuple[str, ...] = ()
     masses: Tuple[float, ...] = ()
     controls: Tuple[str, ...] = DEFAULT_CONTROLS
@@ -41,18 +38,17 @@ class Options:
     max_queries: Optional[int] = None
 
     def __post_init__(self):
-        normalised = {'first_stage': str(self.first_stage), 'dimes': tuple(dict.fromkeys(self.dimes)),
-                      'ks': tuple(self.ks), 'modulators': tuple(dict.fromkeys(self.modulators)),
-                      'masses': tuple(dict.fromkeys(self.masses)),
-                      'controls': tuple(dict.fromkeys(self.controls))}
-        for name, value in normalised.items():
-            object.__setattr__(self, name, value)
+        object.__setattr__(self, 'first_stage', str(self.first_stage))
+        object.__setattr__(self, 'ks', tuple(self.ks))
+        for name in ('dimes', 'modulators', 'masses', 'controls'):
+            object.__setattr__(self, name, tuple(dict.fromkeys(getattr(self, name))))
         self._check()
-        object.__setattr__(self, 'ks', tuple(float(k) for k in self.ks))
-        object.__setattr__(self, 'masses', tuple(float(m) for m in self.masses))
+        for name in ('ks', 'masses'):  # checked as given (a bool is no fraction), kept as floats
+            object.__setattr__(self, name, tuple(float(value) for value in getattr(self, name)))
 
     def _check(self) -> None:
-        for option, value, choices in (('--mode', self.mode, MODES), ('--feedback', self.feedback, FEEDBACKS),
+        for option, value, choices in (('--mode', self.mode, ('rerank', 'retrieve')),
+                                       ('--feedback', self.feedback, FEEDBACKS),
                                        ('--retriever', self.retriever, tuple(RETRIEVERS)),
                                        ('--test', self.test, parity.TESTS),
                                        ('--alternative', self.alternative, parity.ALTERNATIVES)):

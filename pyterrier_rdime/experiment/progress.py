@@ -44,7 +44,7 @@ class SystemRecords:
 
     def __init__(self, folder: Optional[Union[str, Path]] = None, key: str = ''):
         self.root = Path(folder) if folder is not None else None
-        self.key = key
+        self.folder = self.root / key if self.root is not None else None
         self.read_back = 0  # systems read back rather than computed, for the log and the tests
         if self.root is None:
             return
@@ -54,10 +54,6 @@ class SystemRecords:
         for stale in (p for p in self.root.glob('*') if p.is_dir() and p.name != key):
             logger.info('removing the progress of an earlier run with other inputs: %s', stale)
             shutil.rmtree(stale, ignore_errors=True)
-
-    @property
-    def folder(self) -> Optional[Path]:
-        return self.root / self.key if self.root is not None else None
 
     def frame(self, key: Key, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
         """The frame of the system ``key``: read back where recorded, else ``compute()``, recorded."""
@@ -74,9 +70,8 @@ class SystemRecords:
         self.read_back += len(found)
         missing = [key for key in keys if key not in found]
         if missing:
-            wanted = set(missing)
             for key, frame in compute(missing):
-                if key in wanted and key not in found:
+                if key in missing and key not in found:
                     found[key] = self._write(key, without_vectors(frame))
         absent = [key for key in keys if key not in found]
         if absent:

@@ -218,7 +218,7 @@ def test_the_install_lines_name_the_repository_of_setup_cfg():
     from configparser import ConfigParser
     from pathlib import Path
 
-    from pyterrier_rdime.experiment.arguments import REPO
+    from pyterrier_rdime.experiment.cli import REPO
     setup = ConfigParser()
     setup.read(Path(__file__).resolve().parents[2] / 'setup.cfg')
     assert REPO == setup['metadata']['url']

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import shared_collection
 
-from pyterrier_rdime.experiment import cells as cells_module
+from pyterrier_rdime.experiment import grid as cells_module
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.grid import CELL_FILE, run_grid
 from pyterrier_rdime.experiment.runner import run_experiment

@@ -13,7 +13,7 @@ from ir_measures import AP, nDCG
 from scipy import stats
 
 import pyterrier_rdime as rdime
-from pyterrier_rdime.experiment import arguments
+from pyterrier_rdime.experiment import cli as arguments
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection
 from pyterrier_rdime.experiment.dense_cache import dense_index
