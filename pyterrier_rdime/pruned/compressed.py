@@ -1,5 +1,5 @@
 """The compressed path of ``PrunedRetriever(strategy='compressed')``: exact top-k from an int8 copy of the
-dimension-major matrix (:mod:`.int8_copy`), reading a quarter of the bytes of the float32 rows.
+dimension-major matrix (:mod:`.layout`), reading a quarter of the bytes of the float32 rows.
 
 1. the first pass scans the kept int8 rows; every exact score lies within ``bound`` of it (:func:`error_bound`);
 2. the ``k`` best are re-scored exactly (float64), and so is every document whose ``approx + bound`` reaches their
@@ -15,9 +15,8 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
-from .int8_copy import CODE_MAX, Codes
-from .plan import kept_dims
-from .topk import Result, best_k, top_k
+from .layout import CODE_MAX, Codes
+from .topk import Result, best_k, kept_dims, top_k
 
 #: Unit roundoff of float32: each float32 operation is exact to within this relative error.
 UNIT_ROUNDOFF = 2.0 ** -24
@@ -25,12 +24,6 @@ UNIT_ROUNDOFF = 2.0 ** -24
 WEIGHT_BASE = 128
 #: Documents per int8 matrix product of the one pass (its products still in the cache when pushed).
 SLAB_DOCS = 16384
-
-
-def query_weights(copy: Codes, query_vec: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(dims, values, weights)`` of one query: kept dimensions, float32 values and first-pass weights."""
-    dims, values, _ = kept_dims(np.asarray(query_vec, dtype=np.float32)[None])
-    return dims, values, (values * copy.scale[dims]).astype(np.float32)
 
 
 def error_bound(copy: Codes, dims: np.ndarray, values: np.ndarray, weights: np.ndarray) -> float:
@@ -48,7 +41,8 @@ def error_bound(copy: Codes, dims: np.ndarray, values: np.ndarray, weights: np.n
 def first_pass(copy: Codes, query_vec: np.ndarray, k: int, *,
                use_numba: bool) -> Tuple[np.ndarray, np.ndarray, float]:
     """``(approx, docids, bound)`` of one query: first-pass scores, the ``k`` best docids, :func:`error_bound`."""
-    dims, values, weights = query_weights(copy, query_vec)
+    dims, values, _ = kept_dims(np.asarray(query_vec, dtype=np.float32)[None])
+    weights = (values * copy.scale[dims]).astype(np.float32)  # the first pass's
     k = min(k, copy.codes.shape[1])
     if use_numba:
         from . import _numba
@@ -237,10 +231,7 @@ def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray
     n_queries = len(weights)
     if use_numba:
         from . import _numba
-        state = _numba.IntegerCandidates(n_queries, k, slack)
-        for d0, parts in integer_slabs(codes, weights):
-            state.push(parts, WEIGHT_BASE, d0)
-        return state.result()
+        return _numba.integer_candidates(integer_slabs(codes, weights), WEIGHT_BASE, n_queries, k, slack)
     best_s = [np.empty(0, dtype=np.int64)] * n_queries
     best_i = [np.empty(0, dtype=np.int64)] * n_queries
     near: list = [[] for _ in range(n_queries)]  # per query, (docids, scores) kept from each slab

@@ -1,27 +1,17 @@
 """What the shards of a :class:`~pyterrier_rdime.ShardedPrunedRetriever` hold and return, without Ray: cutting,
-docno hashes, merging top-k."""
+the docno hashes shared, merging top-k."""
 import json
 import os
 from pathlib import Path
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
 import numpy as np
-import pandas as pd
 
 from .._config import check_int
-from .layout import DOCNO_BLOCK
 from .topk import best_k
 
 #: Documents copied per block by :func:`split_flex_index` (``block x dims x 4`` bytes of memory).
 SPLIT_BLOCK = 65536
-
-
-def docno_hashes(lookup: Callable[[np.ndarray], np.ndarray], count: int) -> np.ndarray:
-    """The 64-bit hash of each of ``count`` documents' docnos, in docid order, a block at a time."""
-    return np.concatenate([
-        pd.util.hash_array(np.asarray(lookup(np.arange(start, min(count, start + DOCNO_BLOCK))), dtype=object),
-                           categorize=False)
-        for start in range(0, count, DOCNO_BLOCK)])
 
 
 def shared_hashes(per_shard: List[np.ndarray]) -> np.ndarray:

@@ -14,12 +14,11 @@ import pandas as pd
 import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool, check_int, check_positive
-from .._frames import empty_frame
-from . import calibration, cost, kept, planner
-from .measured import MeasuredChoice
-from .plan import Choice, Plan
-from .shard_data import docno_hashes, merge_shards, shared_hashes
-from .stage import PrunedRetriever
+from . import calibration, kept, planner
+from .layout import docno_hashes
+from .planner import Choice, CostModel, MeasuredChoice, Plan
+from .shard_data import merge_shards, shared_hashes
+from .stage import PrunedRetriever, ranked_frame
 
 #: Seconds between two checks that a late shard's actor still answers (a call answered sooner pays no check).
 PROBE_EVERY = 1.0
@@ -71,7 +70,7 @@ class ShardServer:
         return (self.node, retriever.shape[1], retriever._layout.abs_max(), kept.NUMBA_AVAILABLE,
                 retriever.strategy != 'auto' or retriever._layout.has_matrix())
 
-    def cost_model(self) -> cost.CostModel:
+    def cost_model(self) -> CostModel:
         """This node's cost model (calibrated on first use), from which the driver plans."""
         self._use_threads()  # the model is calibrated, and cached, for the threads the searches use
         return calibration.model()
@@ -113,7 +112,7 @@ class _Actors:
         self.abs_max = np.zeros(0)
         self.compiled = False
         self.float32_ready = False
-        self.model: Optional[cost.CostModel] = None
+        self.model: Optional[CostModel] = None
 
 
 def _queued_requests(ray) -> List[Dict[str, float]]:
@@ -252,12 +251,9 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return fused
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)
-        columns = [c for c in inp.columns if not (self.drop_query_vec and c == 'query_vec')]
-        columns += [c for c in ('docno', 'docid', 'score', 'rank') if c not in columns]
-        if not len(inp):
-            return empty_frame(inp, columns)
-        inp = inp.reset_index(drop=True)
+        return ranked_frame(self, inp, self._rank)
+
+    def _rank(self, inp: pd.DataFrame) -> tuple:
         ray, actors = self._start()
         query_vecs = PrunedRetriever.stack_queries(inp, actors.dims, actors.abs_max, type(self).__name__)
         choice = self.choice(query_vecs)
@@ -273,12 +269,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
             bounds = np.concatenate([[0], np.cumsum(counts)])
             per_shard.append((bounds, scores, docids + offset, docnos))
         scores, docids, docnos = merge_shards(per_shard, len(query_vecs), self.num_results)
-        counts = np.array([len(d) for d in docids])
-        out = inp.iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
-        out = out.assign(docno=np.concatenate(docnos).astype(object), docid=np.concatenate(docids),
-                         score=np.concatenate(scores).astype(np.float64),
-                         rank=np.concatenate([np.arange(c) for c in counts]))
-        return out[columns]
+        return scores, docids, lambda _: np.concatenate(docnos).astype(object)
 
     def choice(self, query_vecs: np.ndarray) -> Choice:
         """How every shard scores these pruned query vectors, and why: :func:`.planner.choose` for the whole
@@ -286,7 +277,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         ray, actors = self._start()
         total = int(np.sum(actors.docs))
 
-        def model() -> cost.CostModel:
+        def model() -> CostModel:
             if actors.model is None:  # calibrated on the first shard's node, where the shards run, not here
                 actors.model = self._gather(ray, actors, lambda handle: handle.cost_model.remote(), 'calibrate',
                                             first_only=True)[0]
@@ -392,11 +383,14 @@ class ShardedPrunedRetriever(ConfigTransformer):
             late = [shard for shard in shards if now - waiting_since.get(shard, now) > self.timeout]
             if late:
                 shard = next((s for s in late if not self._offering(ray, s)), late[0])
+                nodes = len(self._offering(ray, shard))
+                offered = (f'{nodes} live node(s) offer them, all reserved by other actors or tasks (a retriever not '
+                           'yet closed holds its num_cpus)' if nodes else 'no live node offers them')
                 raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) found no '
-                                   f'node with {self._wanted(shard)} free in timeout={self.timeout} s '
-                                   f'({self._offered_note(ray, shard)}; the cluster has {ray.available_resources()} '
-                                   'free): lower num_cpus, start nodes with those resources (ray start '
-                                   "--resources='{...}'), close() the retrievers that hold them, or fix resources=")
+                                   f'node with {self._wanted(shard)} free in timeout={self.timeout} s ({offered}; '
+                                   f'the cluster has {ray.available_resources()} free): lower num_cpus, start nodes '
+                                   "with those resources (ray start --resources='{...}'), close() the retrievers that "
+                                   'hold them, or fix resources=')
             starting = [shard for shard in shards if shard not in waiting_since]
             if starting and now - started > self.start_timeout:
                 raise RuntimeError(f'{type(self).__name__}: the actors of shards {starting} had a node but did not '
@@ -417,13 +411,6 @@ class ShardedPrunedRetriever(ConfigTransformer):
         wanted = self._wanted(shard)
         return [n for n in ray.nodes() if n.get('Alive')
                 and all(n.get('Resources', {}).get(r, 0) >= v for r, v in wanted.items())]
-
-    def _offered_note(self, ray, shard: int) -> str:
-        nodes = self._offering(ray, shard)
-        if not nodes:
-            return 'no live node offers them'
-        return (f'{len(nodes)} live node(s) offer them, all reserved by other actors or tasks (a retriever not yet '
-                'closed holds its num_cpus)')
 
     def _check_dims(self, served: List[int], abs_maxes: List[np.ndarray]) -> None:
         """Fail unless every FlexIndex shard has one dimensionality."""

@@ -1,9 +1,19 @@
-"""Top-k selection shared by every scoring path: higher score first, exact ties to the lower docid. Pure numpy."""
+"""What every scoring path shares: the kept dimensions of the queries, and top-k selection (higher score first, exact
+ties to the lower docid). Pure numpy."""
 from typing import List, Tuple
 
 import numpy as np
 
 Result = Tuple[List[np.ndarray], List[np.ndarray]]
+
+
+def kept_dims(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The non-zero entries of each query, concatenated: ``(dims, weights, starts)`` with query ``i``'s kept dims
+    (ascending) and values at ``starts[i]:starts[i + 1]``."""
+    rows, dims = np.nonzero(query_vecs)
+    starts = np.zeros(len(query_vecs) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=len(query_vecs)), out=starts[1:])
+    return dims.astype(np.int64), query_vecs[rows, dims].astype(np.float32), starts
 
 
 def top_k(scores: np.ndarray, k: int, offset: int = 0) -> Tuple[np.ndarray, np.ndarray]:
