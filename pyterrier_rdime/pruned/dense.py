@@ -2,7 +2,7 @@
 BLAS's float32 sums depend on the batch, so the top-k is re-scored in float64 and ranked rounded to float32."""
 import numpy as np
 
-from .topk import Result, best_k, top_k
+from .topk import Result, best_k, ranked, top_k
 
 #: Below this many queries, one ``gemv`` per query: a matrix product of 2-3 rows is slower than as many ``gemv``.
 GEMV_BELOW = 4
@@ -67,9 +67,4 @@ def _search_blocks(read_block, product, docs: int, query_vecs: np.ndarray, k: in
                     s, i = s[keep], i[keep]
                     bar[q0 + q] = s[-1]
                 best[q0 + q] = (s, i)
-    scores, docids = [], []
-    for s, i in best:
-        order = best_k(s, i, k)
-        scores.append(s[order])
-        docids.append(i[order])
-    return scores, docids
+    return ranked(best, k)

@@ -1,12 +1,14 @@
 """Pruned retrieval over a sharded index: one :class:`~pyterrier_rdime.PrunedRetriever` per shard, each in its own Ray
-actor, queried at once; their exact top-k merged into the exact global top-k. The Ray-free parts are in
-:mod:`.shard_data`."""
+actor, queried at once; their exact top-k merged into the exact global top-k (:func:`merge_shards`); the shards cut
+from one FlexIndex by :func:`split_flex_index`. Ray is imported on first use only."""
 import functools
+import json
 import logging
 import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -17,8 +19,8 @@ from .._config import ConfigTransformer, check_bool, check_int, check_positive
 from . import calibration, kept, planner
 from .layout import docno_hashes
 from .planner import Choice, CostModel, MeasuredChoice, Plan
-from .shard_data import merge_shards, shared_hashes
 from .stage import PrunedRetriever, ranked_frame
+from .topk import best_k
 
 #: Seconds between two checks that a late shard's actor still answers (a call answered sooner pays no check).
 PROBE_EVERY = 1.0
@@ -26,6 +28,8 @@ PROBE_EVERY = 1.0
 DOCNO_PAIRS = 1024
 #: Seconds to wait for the cluster's table of resource requests (a GCS call) before the call fails.
 GCS_TIMEOUT = 30
+#: Documents copied per block by :func:`split_flex_index` (``block x dims x 4`` bytes of memory).
+SPLIT_BLOCK = 65536
 #: HTTP/2 connection preface and empty SETTINGS frame: Ray's GCS (gRPC) answers with SETTINGS, a non-Ray service not.
 HTTP2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 #: The type byte of an HTTP/2 SETTINGS frame (after its 3 bytes of length).
@@ -595,3 +599,59 @@ def connect(address: Optional[str], timeout: float, option: str) -> None:
             ray.init(address=address)
         except ConnectionError as e:
             raise ConnectionError(f'{option}: could not connect to the Ray cluster at {address!r}: {e}') from e
+
+
+def shared_hashes(per_shard: List[np.ndarray]) -> np.ndarray:
+    """The values that occur more than once in the shards' sorted hash arrays together."""
+    merged = np.sort(np.concatenate(per_shard), kind='stable')
+    return np.unique(merged[1:][merged[1:] == merged[:-1]])
+
+
+def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], queries: int,
+                 k: int) -> Tuple[list, list, list]:
+    """``(scores, docids, docnos)``: each query's global top-``k`` from each shard's ``(bounds, scores, global
+    docids, docnos)``, ties to the lower global docid."""
+    scores, docids, docnos = [], [], []
+    for q in range(queries):
+        s = np.concatenate([shard_s[b[q]:b[q + 1]] for b, shard_s, _, _ in per_shard])
+        i = np.concatenate([shard_i[b[q]:b[q + 1]] for b, _, shard_i, _ in per_shard])
+        n = np.concatenate([shard_n[b[q]:b[q + 1]] for b, _, _, shard_n in per_shard])
+        order = best_k(s, i, k)
+        scores.append(s[order])
+        docids.append(i[order])
+        docnos.append(n[order])
+    return scores, docids, docnos
+
+
+def split_flex_index(index: object, folder: str, num_shards: int) -> List[object]:
+    """Cut a FlexIndex into ``num_shards`` FlexIndexes of consecutive document ranges, written atomically to
+    ``folder/shard-<i>-of-<n>.flex``, in order: ``ShardedPrunedRetriever`` over them ranks as ``PrunedRetriever``
+    over ``index``.
+
+    Raises:
+        ValueError: ``num_shards`` is not between 1 and the number of documents, or a shard's folder exists.
+    """
+    import npids
+    docnos, meta = index.payload(return_dvecs=False)
+    docs, dims = int(meta['doc_count']), int(meta['vec_size'])
+    check_int('split_flex_index', 'num_shards', num_shards, 1)
+    if num_shards > docs:
+        raise ValueError(f'split_flex_index: num_shards={num_shards} is more than the {docs} documents of {index!r}')
+    bounds = [docs * i // num_shards for i in range(num_shards + 1)]
+    paths = [Path(folder) / f'shard-{i}-of-{num_shards}.flex' for i in range(num_shards)]
+    existing = [str(p) for p in paths if p.exists()]
+    if existing:
+        raise ValueError(f'split_flex_index: {existing[0]} exists; remove it, or pass another folder')
+    row_bytes = dims * 4
+    with open(Path(index.index_path) / 'vecs.f4', 'rb') as source:
+        for path, start, stop in zip(paths, bounds, bounds[1:]):
+            tmp = path.with_name(f'.{path.name}.tmp')
+            tmp.mkdir(parents=True, exist_ok=True)
+            with open(tmp / 'vecs.f4', 'wb') as out:
+                source.seek(start * row_bytes)
+                for block in range(start, stop, SPLIT_BLOCK):
+                    out.write(source.read((min(stop, block + SPLIT_BLOCK) - block) * row_bytes))
+            npids.Lookup.build(iter(docnos.fwd[np.arange(start, stop)].tolist()), tmp / 'docnos.npids')
+            (tmp / 'pt_meta.json').write_text(json.dumps({**meta, 'vec_size': dims, 'doc_count': stop - start}))
+            os.replace(tmp, path)
+    return [type(index)(str(path), sim_fn=index.sim_fn, verbose=index.verbose) for path in paths]

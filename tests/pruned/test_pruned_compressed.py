@@ -19,7 +19,7 @@ import pytest
 from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, store
-from pyterrier_rdime.pruned import compressed, kept, layout, shard_data
+from pyterrier_rdime.pruned import compressed, kept, layout, sharded
 
 NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                                  reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -291,7 +291,7 @@ def test_float32_ties_go_to_the_lower_docid_on_one_index_and_its_shards(search, 
         counts = np.cumsum([0] + [len(d) for d in shard_d])
         per_shard.append((counts, np.concatenate(shard_s), np.concatenate(shard_d) + start,
                           np.concatenate(shard_d) + start))
-    merged_s, merged_d, _ = shard_data.merge_shards(per_shard, len(queries), k)
+    merged_s, merged_d, _ = sharded.merge_shards(per_shard, len(queries), k)
     for q in range(len(queries)):
         assert docids[q].tolist() == [40, 250][:k] + docids[q].tolist()[2:]
         assert scores[q][0] == scores[q][min(1, k - 1)] == np.float32(1 if q != 1 else 2)

@@ -18,7 +18,7 @@ import pytest
 from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
-from pyterrier_rdime.pruned import calibration, planner, shard_data, sharded
+from pyterrier_rdime.pruned import calibration, planner, sharded
 from pyterrier_rdime.pruned.planner import Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore::DeprecationWarning')]
@@ -282,7 +282,7 @@ def test_docnos_shared_by_two_shards_refused(cluster, tmp_path, flex):
 
 
 def test_shared_hashes():
-    found = shard_data.shared_hashes([np.array([1, 5, 9], dtype=np.uint64), np.array([2, 5, 9, 11], dtype=np.uint64),
+    found = sharded.shared_hashes([np.array([1, 5, 9], dtype=np.uint64), np.array([2, 5, 9, 11], dtype=np.uint64),
                                    np.array([], dtype=np.uint64), np.array([3, 3, 12], dtype=np.uint64)])
     assert found.tolist() == [3, 5, 9]
 
