@@ -2,6 +2,7 @@
 paths on a synthetic matrix larger than the CPU caches and fits :class:`.planner.CostModel`, cached per CPU model and
 thread counts (:func:`machine_key`, which also keys the measured timings); :func:`model` loads it. ``python -m
 pyterrier_rdime.pruned`` re-runs it."""
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -59,11 +60,8 @@ _ZERO = CostModel(**{field.name: 0.0 for field in dataclasses.fields(CostModel)}
 @functools.lru_cache(maxsize=1)
 def _cpu() -> str:
     cpu = platform.processor() or platform.machine()
-    try:
-        with open('/proc/cpuinfo') as f:
-            cpu = next((line.split(':', 1)[1] for line in f if line.startswith('model name')), cpu)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open('/proc/cpuinfo') as f:
+        cpu = next((line.split(':', 1)[1] for line in f if line.startswith('model name')), cpu)
     slug = re.sub(r'[^A-Za-z0-9]+', '-', cpu).strip('-').lower() or 'cpu'
     return f'{slug}-{os.cpu_count()}cpus'
 

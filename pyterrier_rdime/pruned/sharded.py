@@ -1,6 +1,7 @@
 """Pruned retrieval over a sharded index: one :class:`~pyterrier_rdime.PrunedRetriever` per shard, each in its own Ray
 actor, queried at once; their exact top-k merged into the exact global top-k (:func:`merge_shards`); the shards cut
 from one FlexIndex by :func:`split_flex_index`. Ray is imported on first use only."""
+import contextlib
 import functools
 import json
 import logging
@@ -51,11 +52,10 @@ class ShardServer:
         if kept.NUMBA_AVAILABLE:
             import numba
             self.threads = min(self.threads, numba.config.NUMBA_NUM_THREADS)
-        try:  # BLAS on as many threads as the kernel, not on the one thread Ray's OMP_NUM_THREADS gives an actor
+        # BLAS on as many threads as the kernel, not on the one thread Ray's OMP_NUM_THREADS gives an actor
+        with contextlib.suppress(ImportError):
             from threadpoolctl import threadpool_limits
             self._limits = threadpool_limits(self.threads, user_api='blas')
-        except ImportError:
-            pass
 
     def _use_threads(self) -> None:
         """Set numba's threads: the setting is per thread, and Ray runs methods on another thread than ``__init__``."""
@@ -234,10 +234,8 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return identity
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state['_actors'] = None  # actor handles belong to this process's Ray connection: a copy starts its own
-        state['_retrievers'] = None
-        return state
+        # actor handles belong to this process's Ray connection: a copy starts its own
+        return {**self.__dict__, '_actors': None, '_retrievers': None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -577,7 +575,7 @@ def check_ray_address(address: Optional[str], timeout: float, option: str) -> No
 def _first_reply(conn: socket.socket, message: bytes, size: int, deadline: float) -> bytes:
     """What ``conn`` answers to ``message`` by ``deadline``: up to ``size`` bytes or more, fewer if it stops."""
     reply = b''
-    try:
+    with contextlib.suppress(OSError):  # a timeout, or a reset: what came so far is the answer
         conn.sendall(message)
         while len(reply) < size and time.monotonic() < deadline:
             conn.settimeout(max(0.01, deadline - time.monotonic()))
@@ -585,8 +583,6 @@ def _first_reply(conn: socket.socket, message: bytes, size: int, deadline: float
             if not chunk:
                 break
             reply += chunk
-    except OSError:  # a timeout, or a reset: what came so far is the answer
-        pass
     return reply
 
 

@@ -91,9 +91,7 @@ class PrunedRetriever(ConfigTransformer):
             else functools.partial(calibration.record_path, Path(index.index_path) / 'vecs.f4'))
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state['index'] = portable_index(self.index)  # a FlexIndex by path: its open vectors must not travel
-        return state
+        return {**self.__dict__, 'index': portable_index(self.index)}  # a FlexIndex by path, not its open vectors
 
     def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
         """``% k`` with ``k < num_results``: the retriever with ``num_results=k``, sharing this one's matrix."""
