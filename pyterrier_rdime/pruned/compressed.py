@@ -86,24 +86,21 @@ def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray
     to the lower docid. Query after query, or with ``one_pass`` in integers over the whole copy."""
     if one_pass:
         return _search_one_pass(copy, dim_major, query_vecs, k, use_numba=use_numba, doc_rows=doc_rows)
-    scores, docids = [], []
+    found = []  # (scores, docids) of each query
     none = np.empty(0, dtype=np.int64)
     for query_vec in query_vecs:
         if not query_vec.any():
-            s, d = _rescored(dim_major, query_vec, none, none, none, k, doc_rows)
-            scores.append(s)
-            docids.append(d)
+            found.append(_rescored(dim_major, query_vec, none, none, none, k, doc_rows))
             continue
         approx, best, bound = first_pass(copy, query_vec, k, use_numba=use_numba)
         best = np.sort(best)
         best_scores = exact_scores(dim_major, query_vec, best, doc_rows)
         # every document of the exact top-k (in float32, ties included) scores above tie_floor of the k-th best of
         # any k exact scores, so its first-pass score is at least that minus the bound
-        s, d = _rescored(dim_major, query_vec, best, best_scores,
-                         np.flatnonzero(approx >= float32_below(tie_floor(best_scores.min()) - bound)), k, doc_rows)
-        scores.append(s)
-        docids.append(d)
-    return scores, docids
+        found.append(_rescored(dim_major, query_vec, best, best_scores,
+                               np.flatnonzero(approx >= float32_below(tie_floor(best_scores.min()) - bound)), k,
+                               doc_rows))
+    return [s for s, _ in found], [d for _, d in found]
 
 
 def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
@@ -113,12 +110,11 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
     k = min(k, copy.codes.shape[1])
     steps, weights, bounds, slack = one_pass_weights(copy, query_vecs)
     best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, use_numba=use_numba)
-    scores, docids = [], []
+    found = []  # (scores, docids) of each query
     for q, query_vec in enumerate(query_vecs):
         if overflow[q] and query_vec.any():
             s, d = search_compressed(copy, dim_major, query_vec[None], k, use_numba=use_numba, doc_rows=doc_rows)
-            scores.append(s[0])
-            docids.append(d[0])
+            found.append((s[0], d[0]))
             continue
         ids = np.sort(best[q])
         ids_scores = exact_scores(dim_major, query_vec, ids, doc_rows)
@@ -129,10 +125,8 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
             # float64 rounding)
             threshold = np.floor((tie_floor(ids_scores.min()) - bounds[q]) / steps[q]) - 1
             cand_ids = cand_ids[cand_scores >= threshold]
-        s, d = _rescored(dim_major, query_vec, ids, ids_scores, cand_ids, k, doc_rows)
-        scores.append(s)
-        docids.append(d)
-    return scores, docids
+        found.append(_rescored(dim_major, query_vec, ids, ids_scores, cand_ids, k, doc_rows))
+    return [s for s, _ in found], [d for _, d in found]
 
 
 def one_pass_weights(copy: Codes, query_vecs: np.ndarray):
