@@ -27,7 +27,7 @@ from search import Compressed, K, carry_out, check_topk, make_queries, pruned_qu
 
 from pyterrier_rdime import PrunedRetriever
 from pyterrier_rdime.pruned import calibration, dense, kept, planner
-from pyterrier_rdime.pruned.plan import Plan
+from pyterrier_rdime.pruned.planner import Plan
 
 #: Exploring calls per row are capped: a row whose choice still explores after this many passes is reported so.
 MAX_EXPLORE_PASSES = 8
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     index, state = common.synthetic_flex_index(args.cache, args.docs, args.dims)
     forced = PrunedRetriever(index=index, num_results=K, strategy='pruned', verbose=True)
     matrix = forced.dim_major()
-    copy = Compressed(forced._compressed.codes(), forced._layout.doc_rows())
+    copy = Compressed(forced._layout.codes(), forced._layout.doc_rows())
     auto = PrunedRetriever(index=index, num_results=K, strategy='auto', verbose=True)
     raw = make_queries(state, max(args.batches + [args.single]))
     sets = pruned_query_sets(index, matrix, raw, (0.25, 0.35, 0.5, 0.75))

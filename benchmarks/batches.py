@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         for groups in (4, 8):
             variants[f'{groups} groups by kept-set overlap'] = grouped(groups)
         retriever = PrunedRetriever(index=index)
-        copy, rows = retriever._compressed.codes(), retriever._layout.doc_rows()
+        copy, rows = retriever._layout.codes(), retriever._layout.doc_rows()
         variants['compressed, query after query'] = \
             lambda m, q: compressed.search_compressed(copy, m, q, K, use_numba=True, doc_rows=rows)
         variants[f'compressed, one pass ({compressed.INT8_PRODUCT} int8 product)'] = \

@@ -48,8 +48,8 @@ import pandas as pd
 from common import fmt_ratio, interleaved, log, ratio_stats, table, timed
 
 from pyterrier_rdime import PrfDime, PrunedRetriever, Rdime, TopK
-from pyterrier_rdime.pruned import calibration, compressed, dense, int8_copy, kept, planner
-from pyterrier_rdime.pruned.plan import Plan
+from pyterrier_rdime.pruned import calibration, compressed, dense, kept, layout, planner
+from pyterrier_rdime.pruned.planner import Plan
 
 K = 100
 #: HNSW's search beam widths in ``--faiss`` (FAISS searches with at least ``K``: a smaller efSearch acts as ``K``).
@@ -99,7 +99,7 @@ def plan_of(matrix: np.ndarray, queries: np.ndarray, strategy: str) -> Plan:
 @dataclasses.dataclass(frozen=True)
 class Compressed:
     """What the compressed path reads: the int8 copy, and the document rows it re-scores from (the index's)."""
-    codes: int8_copy.Codes
+    codes: layout.Codes
     doc_rows: np.ndarray
 
 
@@ -342,14 +342,14 @@ def cost_model(args) -> dict:
     return {'seconds': seconds, **dataclasses.asdict(model)}
 
 
-def compressed_copy(retriever, matrix: np.ndarray, copy: int8_copy.Codes, open_s: float) -> dict:
+def compressed_copy(retriever, matrix: np.ndarray, copy: layout.Codes, open_s: float) -> dict:
     """The int8 copy of the index: its size, and the time to build it again (into a temporary file beside it, removed
     after: the build of ``strategy='compressed'``'s first use, streamed from ``vecs.f4``, timed whether or not the
     copy existed)."""
-    path = int8_copy.compressed_path(Path(matrix.filename))
+    path = layout.compressed_path(Path(matrix.filename))
     scratch = path.with_name('bench-' + path.name)
-    build_s, _ = timed(lambda: int8_copy.build_compressed(retriever._layout.doc_rows(), scratch,
-                                                           retriever._layout.abs_max()))
+    build_s, _ = timed(lambda: layout.build_compressed(retriever._layout.doc_rows(), scratch,
+                                                        retriever._layout.abs_max()))
     scratch.unlink()
     log(f'int8 copy {path}: {copy.codes.nbytes / 2 ** 20:.0f} MiB ({copy.codes.nbytes / matrix.nbytes:.0%} of the '
         f'float32 vectors; opened in {open_s:.1f} s), built again from the page-cached vecs.f4 in {build_s:.1f} s '
@@ -598,7 +598,7 @@ def main(argv=None) -> int:
     layout_s, matrix = timed(retriever.dim_major)
     log(f'synthetic index {index.index_path} ready in {gen_s:.0f} s; layout {matrix.filename} ready in {layout_s:.0f} '
         f's ({matrix.nbytes / 2 ** 30:.2f} GiB, memory-mapped; building it once is measured by `run.py layout`)')
-    copy_s, codes = timed(retriever._compressed.codes)
+    copy_s, codes = timed(retriever._layout.codes)
     copy = Compressed(codes, retriever._layout.doc_rows())
     results = {'compressed_copy': compressed_copy(retriever, matrix, codes, copy_s)}
     raw = make_queries(state, max(args.batches + [args.single, 6]))

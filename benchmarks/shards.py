@@ -38,7 +38,7 @@ from common import interleaved, log, table, timed
 from search import K, make_queries, pruned_query_sets
 
 from pyterrier_rdime import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
-from pyterrier_rdime.pruned import kept, shard_data
+from pyterrier_rdime.pruned import kept, sharded
 
 #: The index the projection is for (MS MARCO v2.1 segmented is ~113M passages).
 PROJECTED_DOCS = 100_000_000
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
             ray.put(queries[:b]), K, retrievers[max(counts)].plan(queries[:b])))
         bounds = np.concatenate([[0], np.cumsum(found)])
         parts = [(bounds, scores, docids, docnos)] * max(counts)
-        merge = min(timed(lambda: shard_data.merge_shards(parts, b, K))[0] for _ in range(5))
+        merge = min(timed(lambda: sharded.merge_shards(parts, b, K))[0] for _ in range(5))
         overhead[b] = {'per_batch': extra, 'per_query': extra / b, 'in_actor': compute, 'merge': merge}
         rows.append([b, ms(base['min']), ms(compute), ms(one['min']), ms(extra), ms(extra / b),
                      ms(merge) + f' ({max(counts)} shards)'])

@@ -1,9 +1,7 @@
 """Exact dense retrieval that scores only the dimensions a pruned query keeps: the transformer (``stage``), its
-scoring paths (``kept``/``_numba``, ``dense``, ``compressed``; ``topk``), the index copies (``layout``,
-``int8_copy``), the plan (``plan``, ``planner``, ``cost``, ``calibration``, ``measured``) and the sharded search on
-Ray (``sharded``, ``shard_data``)."""
-from .shard_data import split_flex_index
-from .sharded import ShardedPrunedRetriever
+scoring paths (``kept``/``_numba``, ``dense``, ``compressed``; ``topk``), the index copies (``layout``), the plan
+(``planner``, ``calibration``) and the sharded search on Ray (``sharded``)."""
+from .sharded import ShardedPrunedRetriever, split_flex_index
 from .stage import PrunedRetriever
 
 __all__ = ['PrunedRetriever', 'ShardedPrunedRetriever', 'split_flex_index']

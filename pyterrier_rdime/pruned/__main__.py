@@ -1,7 +1,5 @@
-"""``python -m pyterrier_rdime.pruned [--threads N]``: re-calibrates the cost model of
-``PrunedRetriever(strategy='auto')`` on this machine (a few seconds) and caches it for this CPU model and thread
-counts; run it again when the first calibration ran on a busy machine. It prints where the model was saved and what
-it predicts for one query over an index of a million 768-dimensional documents."""
+"""``python -m pyterrier_rdime.pruned [--threads N]``: what :data:`DESCRIPTION` says, then where the model was saved
+and what it predicts for one query over an index of a million 768-dimensional documents."""
 import argparse
 import contextlib
 import sys
@@ -10,7 +8,7 @@ import time
 import numpy as np
 
 from . import calibration, planner
-from .cost import CostModel
+from .planner import CostModel
 
 DESCRIPTION = ("Re-calibrates the cost model of PrunedRetriever(strategy='auto') on this machine (a few seconds) "
                'and caches it for this CPU model and thread counts; run it again when the first calibration ran on a '

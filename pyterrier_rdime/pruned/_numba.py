@@ -8,8 +8,7 @@ import threading
 import numba
 import numpy as np
 
-from .plan import kept_dims
-from .topk import Result, merge_heaps
+from .topk import Result, kept_dims, merge_heaps
 
 #: Documents per block of one query's scores: 64 KiB, held in L2 while every kept row adds to them.
 BLOCK_DOCS = 16384
@@ -72,42 +71,35 @@ def approximate_top_k(codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, 
     return approx, merge_heaps(heap_s, heap_i, k)[1][0]
 
 
-#: Candidates buffered per result by :class:`IntegerCandidates` (at least ``MIN_CANDIDATES``).
+#: Candidates buffered per result by :func:`integer_candidates` (at least ``MIN_CANDIDATES``).
 CANDIDATES_PER_RESULT = 4
 MIN_CANDIDATES = 4096
 #: Below every integer score (``|score| < 2 ** 31``) with room for the slack below it: the heaps start full of it.
 EMPTY_SCORE = -2 ** 62
 
 
-class IntegerCandidates:
-    """The compiled :func:`.compressed.integer_candidates`: per query a heap of its ``k`` best integer scores and a
-    buffer of candidates within ``slack[q]`` of the running k-th best; a buffer full after compaction overflows."""
-
-    def __init__(self, n_queries: int, k: int, slack: np.ndarray):
-        capacity = max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES)
-        self.heap_s = np.full((n_queries, k), EMPTY_SCORE, dtype=np.int64)
-        self.heap_i = np.full((n_queries, k), -1, dtype=np.int64)
-        self.slack = np.asarray(slack, dtype=np.int64)
-        self.buf_s = np.empty((n_queries, capacity), dtype=np.int64)
-        self.buf_i = np.empty((n_queries, capacity), dtype=np.int64)
-        self.counts = np.zeros(n_queries, dtype=np.int64)
-        self.overflow = np.zeros(n_queries, dtype=np.bool_)
-        self.kernel = _runnable(_push_integer_slab)[0]
-
-    def push(self, parts: np.ndarray, base: int, d0: int) -> None:
-        """Push a slab's products ``(2 x queries, width)`` (``base * high + low``) of the documents from ``d0``."""
+def integer_candidates(slabs, base: int, n_queries: int, k: int, slack: np.ndarray):
+    """The compiled :func:`.compressed.integer_candidates` over ``slabs`` (``(d0, parts)``, ``base * high + low``):
+    per query a heap of its ``k`` best integer scores and a buffer of candidates within ``slack[q]`` of the running
+    k-th best; a buffer full after compaction overflows."""
+    capacity = max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES)
+    heap_s = np.full((n_queries, k), EMPTY_SCORE, dtype=np.int64)
+    heap_i = np.full((n_queries, k), -1, dtype=np.int64)
+    slack = np.asarray(slack, dtype=np.int64)
+    buf_s = np.empty((n_queries, capacity), dtype=np.int64)
+    buf_i = np.empty((n_queries, capacity), dtype=np.int64)
+    counts = np.zeros(n_queries, dtype=np.int64)
+    overflow = np.zeros(n_queries, dtype=np.bool_)
+    kernel = _runnable(_push_integer_slab)[0]
+    for d0, parts in slabs:
         with _running():
-            self.kernel(parts, base, d0, self.heap_s, self.heap_i, self.slack, self.buf_s, self.buf_i, self.counts,
-                        self.overflow)
-
-    def result(self):
-        """``(best, candidates, overflow)`` as :func:`.compressed.integer_candidates` returns them."""
-        floors = self.heap_s[:, 0] - self.slack
-        candidates = []
-        for q in range(len(self.counts)):
-            ids, scores = self.buf_i[q, :self.counts[q]], self.buf_s[q, :self.counts[q]]
-            candidates.append((ids[scores >= floors[q]], scores[scores >= floors[q]]))
-        return list(self.heap_i), candidates, self.overflow
+            kernel(parts, base, d0, heap_s, heap_i, slack, buf_s, buf_i, counts, overflow)
+    floors = heap_s[:, 0] - slack
+    candidates = []
+    for q in range(n_queries):
+        ids, scores = buf_i[q, :counts[q]], buf_s[q, :counts[q]]
+        candidates.append((ids[scores >= floors[q]], scores[scores >= floors[q]]))
+    return list(heap_i), candidates, overflow
 
 
 _jit = numba.njit(cache=True, nogil=True, fastmath={'contract'})

@@ -1,8 +1,11 @@
 """The calibration of the cost model behind ``strategy='auto'`` (pt_docs/speed.rst): :func:`calibrate` times the
-paths on a synthetic matrix larger than the CPU caches and fits :class:`.cost.CostModel`, cached per CPU model and
-thread counts; :func:`model` loads it. ``python -m pyterrier_rdime.pruned`` re-runs it."""
+paths on a synthetic matrix larger than the CPU caches and fits :class:`.planner.CostModel`, cached per CPU model and
+thread counts (:func:`machine_key`, which also keys the measured timings); :func:`model` loads it. ``python -m
+pyterrier_rdime.pruned`` re-runs it."""
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -15,11 +18,10 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import pyterrier as pt
 
+from .. import store
 from .._config import default_cache_dir
-from ..store import atomic_open
-from . import compressed, dense, int8_copy
-from .cost import RESCORED_PER_RESULT, CostModel
-from .plan import batch_features, nonzero_fractions
+from . import compressed, dense, layout
+from .planner import RESCORED_PER_RESULT, CostModel, batch_features, nonzero_fractions
 
 #: The calibration matrix, float32: 192 MiB, streamed from memory (six times a 32 MiB L3) as a real index is.
 CALIBRATION_DIMS, CALIBRATION_DOCS = 768, 65536
@@ -58,11 +60,8 @@ _ZERO = CostModel(**{field.name: 0.0 for field in dataclasses.fields(CostModel)}
 @functools.lru_cache(maxsize=1)
 def _cpu() -> str:
     cpu = platform.processor() or platform.machine()
-    try:
-        with open('/proc/cpuinfo') as f:
-            cpu = next((line.split(':', 1)[1] for line in f if line.startswith('model name')), cpu)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open('/proc/cpuinfo') as f:
+        cpu = next((line.split(':', 1)[1] for line in f if line.startswith('model name')), cpu)
     slug = re.sub(r'[^A-Za-z0-9]+', '-', cpu).strip('-').lower() or 'cpu'
     return f'{slug}-{os.cpu_count()}cpus'
 
@@ -93,6 +92,14 @@ def cache_path(key: Optional[str] = None) -> Path:
     return default_cache_dir() / 'cost' / f'{key or machine_key()}.json'
 
 
+def record_path(vecs: Path) -> Path:
+    """Where :class:`.planner.MeasuredChoice` keeps the timings of the FlexIndex with vectors ``vecs``, under
+    ``default_cache_dir()/cost/measured``: keyed by machine and the file's identity."""
+    identity = json.dumps({'path': str(vecs.resolve()), **store.stat_fields(vecs)}, sort_keys=True)
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return default_cache_dir() / 'cost' / 'measured' / f'{machine_key()}-{vecs.parent.name}-{digest}.json'
+
+
 def model(*, verbose: bool = False) -> CostModel:
     """The cost model of this machine and thread counts: from memory, else the cache file, else calibrated now (a few
     seconds, a progress bar when ``verbose``)."""
@@ -119,10 +126,10 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     rng = np.random.default_rng(0)
     matrix = rng.random((CALIBRATION_DIMS, docs), dtype=np.float32)
     matrix -= 0.5
-    copy = int8_copy.quantise(matrix)
+    copy = layout.quantise(matrix)
     rows = np.ascontiguousarray(matrix.T)  # the rows the compressed path re-scores from
     tiny = np.ascontiguousarray(matrix[:, :CALLS_DOCS])
-    tiny_copy, one_dim = int8_copy.quantise(tiny), np.eye(1, CALIBRATION_DIMS, dtype=np.float32)
+    tiny_copy, one_dim = layout.quantise(tiny), np.eye(1, CALIBRATION_DIMS, dtype=np.float32)
     rescored = np.sort(rng.choice(docs, min(docs, round(RESCORED_PER_RESULT * CALIBRATION_K)), replace=False))
 
     def queries(n: int, kept: float, shared: bool = False) -> np.ndarray:
@@ -179,8 +186,8 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     t = {name: min(values) / unit for name, values in times.items()}
     dense_fit = fit_non_negative(np.array([[1.0, 8.0], [1.0, 64.0]]), np.array([t['gemm 8'], t['gemm 64']]))
     kept_fractions = np.array([nonzero_fractions(q)[0] for q in single.values()])
-    single_fit = fit_non_negative(np.stack([np.ones(3), kept_fractions], axis=1),
-                                  np.array([t[f'one {kept}'] for kept in single]))
+    per_kept = np.stack([np.ones(3), kept_fractions], axis=1)
+    single_fit = fit_non_negative(per_kept, np.array([t[f'one {kept}'] for kept in single]))
     batch_fit = fit_non_negative(np.array([batch_features(q) for q in batch.values()]),
                                  np.array([t[name] for name in batch]))
     rescored_values = len(rescored) * kept_fractions * CALIBRATION_DIMS
@@ -190,7 +197,7 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     # the scan: the compressed path's time less the call's own work and the re-scoring
     scan = np.array([t[f'compressed {kept}'] for kept in single])
     scan -= (call_seconds + rescore_seconds * rescored_values) / unit
-    scan_fit = fit_non_negative(np.stack([np.ones(3), kept_fractions], axis=1), np.maximum(scan, 1e-3))
+    scan_fit = fit_non_negative(per_kept, np.maximum(scan, 1e-3))
     sizes = np.array(list(compressed_batch), dtype=float)
     pass_fit = fit_non_negative(np.stack([np.ones(len(sizes)), sizes], axis=1),
                                 np.array([t[f'compressed first pass {n}'] for n in compressed_batch]))
@@ -198,15 +205,9 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     pass_rest = [(t[f'compressed pass {n}'] - t[f'compressed first pass {n}']) * unit
                  - rescore_only.compressed_seconds(q, CALIBRATION_K, 0.0) for n, q in compressed_batch.items()]
     pass_call_seconds = max(0.0, float(np.sum(pass_rest) / np.sum(sizes)))
-    fitted = CostModel(dense_gemm_fixed=float(dense_fit[0]), dense_gemm_per_query=float(dense_fit[1]),
-                       pruned_fixed=float(single_fit[0]), pruned_slope=float(single_fit[1]),
-                       batch_per_query=float(batch_fit[0]), batch_union=float(batch_fit[1]),
-                       batch_per_kept=float(batch_fit[2]), compressed_fixed=float(scan_fit[0]),
-                       compressed_slope=float(scan_fit[1]), compressed_call_seconds=call_seconds,
-                       compressed_pass_fixed=float(pass_fit[0]), compressed_pass_per_query=float(pass_fit[1]),
-                       compressed_pass_call_seconds=pass_call_seconds,
-                       rescore_seconds=float(rescore_seconds),
-                       gemv_seconds_per_byte=unit / matrix.nbytes)
+    # the constants in the order of CostModel's fields
+    fitted = CostModel(*map(float, [*dense_fit, *single_fit, *batch_fit, *scan_fit, call_seconds, *pass_fit,
+                                    pass_call_seconds, rescore_seconds, unit / matrix.nbytes]))
     estimates = {**{f'one {kept}': fitted.pruned_one_by_one_cost(q) for kept, q in single.items()},
                  **{name: fitted.pruned_batch_cost(q) for name, q in batch.items()},
                  **{f'compressed {kept}': fitted.compressed_cost(q, CALIBRATION_K, matrix.nbytes)
@@ -226,7 +227,7 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
         record = {'machine': key, 'calibrated_at': time.strftime('%Y-%m-%d %H:%M:%S'), 'unit_gemv_s': unit,
                   'load_average': os.getloadavg(), 'timings_in_gemv': t, 'fit_relative_errors': errors,
                   'model': dataclasses.asdict(fitted)}
-        with atomic_open(path) as out:
+        with store.atomic_open(path) as out:
             json.dump(record, out, indent=1)
         _MODELS[key] = fitted
     return fitted

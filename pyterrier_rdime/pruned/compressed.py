@@ -1,5 +1,5 @@
 """The compressed path of ``PrunedRetriever(strategy='compressed')``: exact top-k from an int8 copy of the
-dimension-major matrix (:mod:`.int8_copy`), reading a quarter of the bytes of the float32 rows.
+dimension-major matrix (:mod:`.layout`), reading a quarter of the bytes of the float32 rows.
 
 1. the first pass scans the kept int8 rows; every exact score lies within ``bound`` of it (:func:`error_bound`);
 2. the ``k`` best are re-scored exactly (float64), and so is every document whose ``approx + bound`` reaches their
@@ -15,9 +15,8 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
-from .int8_copy import CODE_MAX, Codes
-from .plan import kept_dims
-from .topk import Result, best_k, top_k
+from .layout import CODE_MAX, Codes
+from .topk import Result, best_k, kept_dims, top_k
 
 #: Unit roundoff of float32: each float32 operation is exact to within this relative error.
 UNIT_ROUNDOFF = 2.0 ** -24
@@ -25,12 +24,6 @@ UNIT_ROUNDOFF = 2.0 ** -24
 WEIGHT_BASE = 128
 #: Documents per int8 matrix product of the one pass (its products still in the cache when pushed).
 SLAB_DOCS = 16384
-
-
-def query_weights(copy: Codes, query_vec: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(dims, values, weights)`` of one query: kept dimensions, float32 values and first-pass weights."""
-    dims, values, _ = kept_dims(np.asarray(query_vec, dtype=np.float32)[None])
-    return dims, values, (values * copy.scale[dims]).astype(np.float32)
 
 
 def error_bound(copy: Codes, dims: np.ndarray, values: np.ndarray, weights: np.ndarray) -> float:
@@ -48,7 +41,8 @@ def error_bound(copy: Codes, dims: np.ndarray, values: np.ndarray, weights: np.n
 def first_pass(copy: Codes, query_vec: np.ndarray, k: int, *,
                use_numba: bool) -> Tuple[np.ndarray, np.ndarray, float]:
     """``(approx, docids, bound)`` of one query: first-pass scores, the ``k`` best docids, :func:`error_bound`."""
-    dims, values, weights = query_weights(copy, query_vec)
+    dims, values, _ = kept_dims(np.asarray(query_vec, dtype=np.float32)[None])
+    weights = (values * copy.scale[dims]).astype(np.float32)  # the first pass's
     k = min(k, copy.codes.shape[1])
     if use_numba:
         from . import _numba
@@ -92,24 +86,21 @@ def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray
     to the lower docid. Query after query, or with ``one_pass`` in integers over the whole copy."""
     if one_pass:
         return _search_one_pass(copy, dim_major, query_vecs, k, use_numba=use_numba, doc_rows=doc_rows)
-    scores, docids = [], []
+    found = []  # (scores, docids) of each query
     none = np.empty(0, dtype=np.int64)
     for query_vec in query_vecs:
         if not query_vec.any():
-            s, d = _rescored(dim_major, query_vec, none, none, none, k, doc_rows)
-            scores.append(s)
-            docids.append(d)
+            found.append(_rescored(dim_major, query_vec, none, none, none, k, doc_rows))
             continue
         approx, best, bound = first_pass(copy, query_vec, k, use_numba=use_numba)
         best = np.sort(best)
         best_scores = exact_scores(dim_major, query_vec, best, doc_rows)
         # every document of the exact top-k (in float32, ties included) scores above tie_floor of the k-th best of
         # any k exact scores, so its first-pass score is at least that minus the bound
-        s, d = _rescored(dim_major, query_vec, best, best_scores,
-                         np.flatnonzero(approx >= float32_below(tie_floor(best_scores.min()) - bound)), k, doc_rows)
-        scores.append(s)
-        docids.append(d)
-    return scores, docids
+        found.append(_rescored(dim_major, query_vec, best, best_scores,
+                               np.flatnonzero(approx >= float32_below(tie_floor(best_scores.min()) - bound)), k,
+                               doc_rows))
+    return [s for s, _ in found], [d for _, d in found]
 
 
 def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
@@ -119,12 +110,11 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
     k = min(k, copy.codes.shape[1])
     steps, weights, bounds, slack = one_pass_weights(copy, query_vecs)
     best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, use_numba=use_numba)
-    scores, docids = [], []
+    found = []  # (scores, docids) of each query
     for q, query_vec in enumerate(query_vecs):
         if overflow[q] and query_vec.any():
             s, d = search_compressed(copy, dim_major, query_vec[None], k, use_numba=use_numba, doc_rows=doc_rows)
-            scores.append(s[0])
-            docids.append(d[0])
+            found.append((s[0], d[0]))
             continue
         ids = np.sort(best[q])
         ids_scores = exact_scores(dim_major, query_vec, ids, doc_rows)
@@ -135,10 +125,8 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
             # float64 rounding)
             threshold = np.floor((tie_floor(ids_scores.min()) - bounds[q]) / steps[q]) - 1
             cand_ids = cand_ids[cand_scores >= threshold]
-        s, d = _rescored(dim_major, query_vec, ids, ids_scores, cand_ids, k, doc_rows)
-        scores.append(s)
-        docids.append(d)
-    return scores, docids
+        found.append(_rescored(dim_major, query_vec, ids, ids_scores, cand_ids, k, doc_rows))
+    return [s for s, _ in found], [d for _, d in found]
 
 
 def one_pass_weights(copy: Codes, query_vecs: np.ndarray):
@@ -237,10 +225,7 @@ def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray
     n_queries = len(weights)
     if use_numba:
         from . import _numba
-        state = _numba.IntegerCandidates(n_queries, k, slack)
-        for d0, parts in integer_slabs(codes, weights):
-            state.push(parts, WEIGHT_BASE, d0)
-        return state.result()
+        return _numba.integer_candidates(integer_slabs(codes, weights), WEIGHT_BASE, n_queries, k, slack)
     best_s = [np.empty(0, dtype=np.int64)] * n_queries
     best_i = [np.empty(0, dtype=np.int64)] * n_queries
     near: list = [[] for _ in range(n_queries)]  # per query, (docids, scores) kept from each slab

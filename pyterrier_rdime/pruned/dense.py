@@ -2,7 +2,7 @@
 BLAS's float32 sums depend on the batch, so the top-k is re-scored in float64 and ranked rounded to float32."""
 import numpy as np
 
-from .topk import Result, best_k, top_k
+from .topk import Result, best_k, ranked, top_k
 
 #: Below this many queries, one ``gemv`` per query: a matrix product of 2-3 rows is slower than as many ``gemv``.
 GEMV_BELOW = 4
@@ -14,36 +14,26 @@ def search_dense(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, batch
     documents (16k-64k is fastest for OpenBLAS). With ``rows``, ``dim_major`` is the ``(docs, dims)`` rows instead."""
     query_vecs = np.ascontiguousarray(query_vecs, dtype=np.float32)
     if rows:
-        docs = dim_major.shape[0]
+        k = min(k, dim_major.shape[0])
         found = _search_blocks(lambda d0: np.asarray(dim_major[d0:d0 + doc_block], dtype=np.float32),
-                               lambda queries, block: (block @ queries.T).T, docs, query_vecs, min(k, docs),
-                               batch_size, doc_block)
-        return _rescored(lambda docids: dim_major[docids], query_vecs, found[1])
+                               lambda queries, block: (block @ queries.T).T, dim_major.shape[0], query_vecs, k,
+                               batch_size, doc_block)[1]
+        return _rescored(lambda docids: dim_major[docids], query_vecs, found, k)
     dims, docs = dim_major.shape
     k = min(k, docs)
-    scores, docids = [], []
     if len(query_vecs) < GEMV_BELOW:
-        for query_vec in query_vecs:
-            s, d = top_k(query_vec @ dim_major, k)
-            scores.append(s)
-            docids.append(d)
+        found = [top_k(query_vec @ dim_major, k)[1] for query_vec in query_vecs]
     else:
-        scores, docids = _search_blocks(lambda d0: dim_major[:, d0:d0 + doc_block],
-                                        lambda queries, block: queries @ block, docs, query_vecs, k, batch_size,
-                                        doc_block)
-    return _rescored(lambda found: dim_major[:, found].T, query_vecs, docids)
+        found = _search_blocks(lambda d0: dim_major[:, d0:d0 + doc_block], lambda queries, block: queries @ block,
+                               docs, query_vecs, k, batch_size, doc_block)[1]
+    return _rescored(lambda docids: dim_major[:, docids].T, query_vecs, found, k)
 
 
-def _rescored(rows_of, query_vecs: np.ndarray, docids) -> Result:
-    """Each query's documents re-scored in float64 row by row, rounded to float32 and ranked."""
-    scores, ranked = [], []
-    for query_vec, found in zip(query_vecs, docids):
-        exact = (np.asarray(rows_of(found), dtype=np.float64) * query_vec.astype(np.float64)).sum(axis=1)
-        exact = exact.astype(np.float32)
-        order = best_k(exact, found, len(found))
-        scores.append(exact[order])
-        ranked.append(found[order])
-    return scores, ranked
+def _rescored(rows_of, query_vecs: np.ndarray, found: list, k: int) -> Result:
+    """Each query's ``found`` documents (at most ``k``) re-scored in float64 row by row, rounded to float32, ranked."""
+    exact = [(np.asarray(rows_of(docids), dtype=np.float64) * query_vec.astype(np.float64)).sum(axis=1)
+             for query_vec, docids in zip(query_vecs, found)]
+    return ranked([(scores.astype(np.float32), docids) for scores, docids in zip(exact, found)], k)
 
 
 def _search_blocks(read_block, product, docs: int, query_vecs: np.ndarray, k: int, batch_size: int,
@@ -67,9 +57,4 @@ def _search_blocks(read_block, product, docs: int, query_vecs: np.ndarray, k: in
                     s, i = s[keep], i[keep]
                     bar[q0 + q] = s[-1]
                 best[q0 + q] = (s, i)
-    scores, docids = [], []
-    for s, i in best:
-        order = best_k(s, i, k)
-        scores.append(s[order])
-        docids.append(i[order])
-    return scores, docids
+    return ranked(best, k)

@@ -5,7 +5,7 @@ from typing import Optional
 
 import numpy as np
 
-from .topk import Result, best_k, top_k
+from .topk import Result, ranked, top_k
 
 #: Whether the compiled kernel can run (tests set it to False); found without importing numba (~0.5 s).
 NUMBA_AVAILABLE = importlib.util.find_spec('numba') is not None
@@ -40,7 +40,7 @@ def numpy_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, block:
     n_dims, n_docs = dim_major.shape
     k = min(k, n_docs)
     block = max(block, k)
-    scores, docids = [], []
+    found = []
     for query_vec in query_vecs:
         kept = np.flatnonzero(query_vec)
         weights = query_vec[kept]
@@ -50,7 +50,5 @@ def numpy_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, block:
                 np.zeros(min(block, n_docs - d0), dtype=np.float32)
             s, i = top_k(block_scores, k, offset=d0)
             best_s, best_i = np.concatenate([best_s, s]), np.concatenate([best_i, i])
-        order = best_k(best_s, best_i, k)
-        scores.append(best_s[order])
-        docids.append(best_i[order])
-    return scores, docids
+        found.append((best_s, best_i))
+    return ranked(found, k)

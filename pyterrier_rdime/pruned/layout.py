@@ -1,11 +1,15 @@
-"""The dimension-major ``(dims, docs)`` float32 copy of an index that :class:`PrunedRetriever` reads: for a FlexIndex
-``rdime.dim_major.npy`` on disk, memory-mapped and shared by every process, built once in blocks and kept by the
-protocol of :mod:`pyterrier_rdime.store`; for an array index, an in-memory copy.
+"""The two copies of an index that :class:`PrunedRetriever` reads, both dimension-major ``(dims, docs)``: the float32
+matrix, and its int8 codes for the compressed path (``code[j, d] = round(value[j, d] / scale[j])`` with ``scale[j] =
+max_d |value[j, d]| / 127``, and each dimension's measured largest quantisation error). A FlexIndex's copies are
+``rdime.dim_major.npy`` and ``rdime.dim_major.i8.npy`` on disk, memory-mapped and shared by every process, streamed
+from ``vecs.f4`` once in blocks and kept by the protocol of :mod:`pyterrier_rdime.store`; an array index's are in
+memory.
 """
+import dataclasses
 import os
 import threading
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -19,11 +23,24 @@ from ..flex_index import check_whole
 DOCNO_BLOCK = 2 ** 20
 #: Documents per block when building: ``2 x block x dims x 4`` bytes of memory (200 MiB for 768 dimensions).
 BUILD_BLOCK = 32768
+#: The largest code: int8 values are in ``[-CODE_MAX, CODE_MAX]`` (-128 unused, so that the scale is symmetric).
+CODE_MAX = 127
+#: Dimensions quantised per step of an in-memory copy (``ROWS_PER_STEP x docs x 8`` bytes of temporary memory).
+ROWS_PER_STEP = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Codes:
+    """An int8 copy of a dimension-major matrix: ``codes`` ``(dims, docs)`` int8 C-contiguous, with ``scale``
+    (float32) and the largest quantisation ``error`` (float64) of each dimension."""
+    codes: np.ndarray
+    scale: np.ndarray
+    error: np.ndarray
 
 
 class Layout:
-    """The dimension-major matrix and the docnos of one index, opened (or built) on first use; thread-safe. A
-    FlexIndex's files are checked by ``stat`` on every call. Pickles without the matrix.
+    """The dimension-major matrix, its int8 copy and the docnos of one index, opened (or built) on first use;
+    thread-safe. A FlexIndex's files are checked by ``stat`` on every call. Pickles without the copies.
 
     Args:
         index: a pyterrier-dr ``FlexIndex`` or a ``(docs, dims)`` array.
@@ -40,13 +57,14 @@ class Layout:
         self.verbose = verbose
         self._lock = threading.Lock()
         self._in_memory: Optional[Tuple[np.ndarray, np.ndarray]] = None  # an array index's matrix and abs_max
+        self._codes: Optional[Codes] = None  # an array index's int8 copy
         self._docno_array: Optional[np.ndarray] = None
         self._whole = False  # a FlexIndex found whole
         self._row_file: Optional[Tuple[tuple, RowFile]] = None  # and the identity of its vecs.f4
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, 'index': portable_index(self.index), '_lock': None, '_in_memory': None,
-                '_docno_array': None, '_whole': False, '_row_file': None}
+                '_codes': None, '_docno_array': None, '_whole': False, '_row_file': None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
@@ -73,6 +91,16 @@ class Layout:
         if self.is_array:
             return self._array_copy()[0]
         return open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)[0]
+
+    def codes(self) -> Codes:
+        """The int8 copy (built on first use)."""
+        if not self.is_array:
+            return open_flex_compressed(self)
+        matrix = self.matrix()
+        with self._lock:
+            if self._codes is None:
+                self._codes = quantise(matrix)
+        return self._codes
 
     def has_matrix(self) -> bool:
         """Whether the float32 matrix is at hand without a build (``stat`` only)."""
@@ -143,17 +171,16 @@ def check_flex_docnos(index: object, stage: str) -> None:
                   what='the docno check', stage=stage)
 
 
-def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None, stage: str = 'PrunedRetriever',
-                    block: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None,
+                    stage: str = 'PrunedRetriever') -> Tuple[np.ndarray, np.ndarray]:
     """An in-memory ``(dims, docs)`` float32 copy of ``(docs, dims)`` vectors and each dimension's abs max; fails on
     NaN or inf."""
     docs, dims = vecs.shape
-    block = block or BUILD_BLOCK
     view = vecs.dtype == np.float32 and vecs.flags.f_contiguous
     out = vecs.T if view else np.empty((dims, docs), dtype=np.float32)
     abs_max = np.zeros(dims)
-    for start in range(0, docs, block):
-        rows = np.asarray(vecs[start:start + block], dtype=np.float32)
+    for start in range(0, docs, BUILD_BLOCK):
+        rows = np.asarray(vecs[start:start + BUILD_BLOCK], dtype=np.float32)
         check_finite(rows, start, docnos, stage, 'the array index')
         np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
         if not view:
@@ -165,65 +192,110 @@ def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever', verbose: 
                      build: bool = True) -> Optional[Tuple[np.ndarray, np.ndarray]]:
     """A FlexIndex's read-only memory-mapped layout and each dimension's abs max, (re)built first where stale
     (unless ``build`` is False: None then); concurrent builders wait for the first."""
-    folder = Path(index.index_path)
-
     def write(path: Path) -> dict:
         check_flex_docnos(index, stage)
         docnos, vecs, _ = index.payload()
-        abs_max = build_layout(vecs, path, docnos=docnos.fwd, stage=stage, source=str(folder), verbose=verbose)
+        abs_max = build_layout(vecs, path, docnos=docnos.fwd, stage=stage, source=str(index.index_path),
+                               verbose=verbose)
         return {'abs_max': abs_max.tolist()}
+    return _open_copy(index, flex_layout_path(index), 'layout', np.dtype('<f4'), {'abs_max': np.float64},
+                      lambda *arrays: arrays, write if build else None, what='the dimension-major layout',
+                      stage=stage, cause='(a build was interrupted, or the index changed)')
 
+
+def open_flex_compressed(layout: Layout) -> Codes:
+    """The memory-mapped int8 copy of a FlexIndex, (re)built first from its vectors where stale."""
+    index, stage = layout.index, layout.stage
+
+    def write(path: Path) -> dict:
+        abs_max = layout.abs_max()  # the vectors' statistics; docnos checked for repeats
+        docnos, vecs, _ = index.payload()
+        scale, error = build_compressed(vecs, path, abs_max, docnos=docnos.fwd, stage=stage,
+                                        source=str(index.index_path), verbose=layout.verbose)
+        return {'scale': scale.tolist(), 'error': error.tolist()}
+    return _open_copy(index, compressed_path(flex_layout_path(index)), 'int8-copy', np.dtype('i1'),
+                      {'scale': np.float32, 'error': np.float64}, Codes, write, what='the compressed copy',
+                      stage=stage, cause='(damaged, or a build was interrupted)')
+
+
+def _open_copy(index: object, path: Path, kind: str, dtype: np.dtype, arrays: Dict[str, type], opened: Callable,
+               build: Optional[Callable[[Path], dict]], *, what: str, stage: str, cause: str) -> object:
+    """``opened(matrix, *arrays)``: a FlexIndex's memory-mapped ``(dims, docs)`` copy of ``dtype`` at ``path`` and
+    the per-dimension ``arrays`` of its record, kept by :func:`.store.derived` (a wrong shape rebuilds it)."""
     def check(path: Path, content: dict) -> Optional[str]:
-        problem = npy_problem(path, flex_shape(index), np.dtype('<f4'))
-        return None if problem is None and len(content['abs_max']) == flex_shape(index)[0] else \
-            f'{problem or "its record is of another shape"} (a build was interrupted, or the index changed)'
-    return store.derived(flex_layout_path(index), 'layout', folder=folder, sources=SOURCES, check=check,
-                         build=write if build else None, before_build=lambda: check_whole(index, stage),
-                         open_with=lambda path, content: (np.load(path, mmap_mode='r'),
-                                                          np.asarray(content['abs_max'], dtype=np.float64)),
-                         what='the dimension-major layout', stage=stage)
+        dims, docs = flex_shape(index)
+        problem = npy_problem(path, (dims, docs), dtype)
+        return None if problem is None and all(len(content[name]) == dims for name in arrays) else \
+            f'{problem or "its record is of another shape"} {cause}'
+    return store.derived(path, kind, folder=Path(index.index_path), sources=SOURCES, check=check, build=build,
+                         before_build=lambda: check_whole(index, stage),
+                         open_with=lambda path, content: opened(np.load(path, mmap_mode='r'), *(
+                             np.asarray(content[name], dtype=array_dtype) for name, array_dtype in arrays.items())),
+                         what=what, stage=stage)
 
 
 def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = None, stage: str = 'PrunedRetriever',
-                 source: str = 'the index', block: Optional[int] = None, verbose: bool = False) -> np.ndarray:
-    """Write the ``(dims, docs)`` float32 ``.npy`` layout of ``(docs, dims)`` vectors to ``path`` atomically, ``block``
-    documents at a time; returns each dimension's abs max. Raises ValueError naming a document with NaN or inf."""
+                 source: str = 'the index', verbose: bool = False) -> np.ndarray:
+    """Write the ``(dims, docs)`` float32 ``.npy`` layout of ``(docs, dims)`` vectors to ``path`` atomically,
+    ``BUILD_BLOCK`` documents at a time; returns each dimension's abs max. Raises ValueError naming a document with
+    NaN or inf."""
+    abs_max = np.zeros(vecs.shape[1])
+
+    def encode(rows: np.ndarray) -> np.ndarray:
+        np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
+        return rows
+    _write_dim_major(vecs, path, np.dtype('<f4'), encode, docnos=docnos, stage=stage, source=source, desc='layout',
+                     verbose=verbose)
+    return abs_max
+
+
+def build_compressed(vecs: np.ndarray, path: Path, abs_max: np.ndarray, *, docnos: Optional[object] = None,
+                     stage: str = 'PrunedRetriever', source: str = 'the index',
+                     verbose: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """Write the int8 ``(dims, docs)`` ``.npy`` copy of ``(docs, dims)`` vectors to ``path`` atomically,
+    ``BUILD_BLOCK`` documents at a time, the codes equal to :func:`quantise`'s. Returns ``(scale, error)``; fails on
+    NaN or inf."""
+    scale = scales(abs_max)
+    error = np.zeros(vecs.shape[1])
+
+    def encode(rows: np.ndarray) -> np.ndarray:
+        codes, wide = _quantised(rows, scale)
+        np.maximum(error, wide.max(axis=0, initial=0), out=error)
+        return codes
+    _write_dim_major(vecs, path, np.dtype('i1'), encode, docnos=docnos, stage=stage, source=source, desc='int8 copy',
+                     verbose=verbose)
+    return scale, error
+
+
+def _write_dim_major(vecs: np.ndarray, path: Path, dtype: np.dtype, encode: Callable[[np.ndarray], np.ndarray], *,
+                     docnos: Optional[object], stage: str, source: str, desc: str, verbose: bool) -> None:
+    """Write ``encode(rows)`` of each block of checked ``(docs, dims)`` rows as a ``(dims, docs)`` ``.npy`` of
+    ``dtype`` to ``path`` atomically, each dimension's part at its place (no copy of the matrix in memory)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     docs, dims = vecs.shape
-    block = block or BUILD_BLOCK
-    abs_max = np.zeros(dims)
     with store.atomic_open(path, 'wb') as out:
-        np.lib.format.write_array_header_1_0(out, {'descr': '<f4', 'fortran_order': False, 'shape': (dims, docs)})
+        np.lib.format.write_array_header_1_0(out, {'descr': dtype.str, 'fortran_order': False, 'shape': (dims, docs)})
         header = out.tell()
-        out.truncate(header + dims * docs * 4)
+        out.truncate(header + dims * docs * dtype.itemsize)
         out.flush()
-        progress = pt.tqdm(total=docs, desc=f'{stage} layout', unit='doc') if verbose and docs else None
-        with row_reader(vecs) as read_rows:
-            for start in range(0, docs, block):
-                rows = read_rows(start, min(docs, start + block))
+        with row_reader(vecs) as read_rows, pt.tqdm(total=docs, desc=f'{stage} {desc}', unit='doc',
+                                                    disable=not verbose or not docs) as progress:
+            for start in range(0, docs, BUILD_BLOCK):
+                rows = read_rows(start, min(docs, start + BUILD_BLOCK))
                 check_finite(rows, start, docnos, stage, source)
-                np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
-                columns = np.ascontiguousarray(rows.T)
+                columns = np.ascontiguousarray(encode(rows).T)
                 for dim in range(dims):
-                    os.pwrite(out.fileno(), columns[dim], header + (dim * docs + start) * 4)
-                if progress is not None:
-                    progress.update(len(rows))
-        if progress is not None:
-            progress.close()
+                    os.pwrite(out.fileno(), columns[dim], header + (dim * docs + start) * dtype.itemsize)
+                progress.update(len(rows))
         os.fsync(out.fileno())
-    return abs_max
 
 
 def check_unique_docnos(lookup: Callable[[np.ndarray], np.ndarray], count: int, *, stage: str, source: str,
                         fix: str) -> None:
-    """Raise a ValueError naming a docno that two of the ``count`` documents share, hashing them a block at a time
-    (~24 bytes per document)."""
-    hashes = np.empty(count, dtype=np.uint64)
-    for start in range(0, count, DOCNO_BLOCK):
-        stop = min(count, start + DOCNO_BLOCK)
-        docnos = np.asarray(lookup(np.arange(start, stop)), dtype=object)
-        hashes[start:stop] = pd.util.hash_array(docnos, categorize=False)
+    """Raise a ValueError naming a docno that two of the ``count`` documents share, by :func:`docno_hashes` (~24
+    bytes per document)."""
+    hashes = docno_hashes(lookup, count)
     order = np.argsort(hashes, kind='stable')
     ordered = hashes[order]
     equal = ordered[1:] == ordered[:-1]
@@ -237,6 +309,17 @@ def check_unique_docnos(lookup: Callable[[np.ndarray], np.ndarray], count: int, 
         docids = repeated.index[repeated == docno][:2].tolist()
         raise ValueError(f'{stage}: docno {docno!r} names more than one document of {source} (docids {docids[0]} '
                          f'and {docids[1]}), so a ranking could hold it twice; {fix}')
+
+
+def docno_hashes(lookup: Callable[[np.ndarray], np.ndarray], count: int) -> np.ndarray:
+    """The 64-bit hash of each of ``count`` documents' docnos (``lookup(docids)``), in docid order, a block at a
+    time."""
+    hashes = np.empty(count, dtype=np.uint64)
+    for start in range(0, count, DOCNO_BLOCK):
+        stop = min(count, start + DOCNO_BLOCK)
+        hashes[start:stop] = pd.util.hash_array(np.asarray(lookup(np.arange(start, stop)), dtype=object),
+                                                categorize=False)
+    return hashes
 
 
 def npy_problem(path: Path, shape: Tuple[int, int], dtype: np.dtype) -> Optional[str]:
@@ -255,3 +338,42 @@ def npy_problem(path: Path, shape: Tuple[int, int], dtype: np.dtype) -> Optional
     if not (complete and tuple(got_shape) == tuple(shape) and not fortran and got_dtype == dtype):
         return f'it is incomplete or not a {dtype.name} {tuple(shape)} matrix'
     return None
+
+
+def scales(abs_max: np.ndarray) -> np.ndarray:
+    """Each dimension's float32 scale from its abs max; a dimension of zeros gets scale 1."""
+    scale = (np.asarray(abs_max, dtype=np.float32) / CODE_MAX).astype(np.float32)
+    scale[scale == 0] = 1
+    return scale
+
+
+def _quantised(values: np.ndarray, scale: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The int8 codes of float32 ``values`` by ``scale`` (broadcast), and each value's quantisation error in float64
+    (it enters the exact bound, so it must not be rounded down)."""
+    codes = np.clip(np.rint(values / scale), -CODE_MAX, CODE_MAX).astype(np.int8)
+    return codes, np.abs(values.astype(np.float64) - scale.astype(np.float64) * codes)
+
+
+def quantise_rows(rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(codes, scale, error)`` of float32 rows ``(n, docs)``, one scale per row (:func:`scales`)."""
+    rows = np.asarray(rows, dtype=np.float32)
+    scale = scales(np.abs(rows).max(axis=1, initial=0))
+    codes, error = _quantised(rows, scale[:, None])
+    return codes, scale, error.max(axis=1, initial=0)
+
+
+def quantise(dim_major: np.ndarray) -> Codes:
+    """The in-memory int8 copy of a ``(dims, docs)`` float32 matrix, ``ROWS_PER_STEP`` dimensions at a time."""
+    dims, docs = dim_major.shape
+    codes = np.empty((dims, docs), dtype=np.int8)
+    scale, error = np.empty(dims, dtype=np.float32), np.empty(dims)
+    for j in range(0, dims, ROWS_PER_STEP):
+        codes[j:j + ROWS_PER_STEP], scale[j:j + ROWS_PER_STEP], error[j:j + ROWS_PER_STEP] = \
+            quantise_rows(dim_major[j:j + ROWS_PER_STEP])
+    return Codes(codes, scale, error)
+
+
+def compressed_path(layout_path: Path) -> Path:
+    """Where the int8 copy of the float32 layout ``layout_path`` is stored: beside it, ``.i8`` added."""
+    layout_path = Path(layout_path)
+    return layout_path.with_name(f'{layout_path.stem}.i8{layout_path.suffix}')

@@ -1,24 +1,233 @@
-"""The one planner of both retrievers: :func:`choose` decides once how a call's queries are scored (a
-:class:`.plan.Choice`). A forced strategy takes its path; under ``'auto'`` the cost model (:mod:`.cost`) is the prior
-and the paths within ``EXPLORE_MARGIN`` of the least are timed on the index itself, like cuDNN's benchmark mode
-(:class:`.measured.MeasuredChoice`), the runner-up re-checked every ``RECHECK_EVERY`` calls. On shards the driver
+"""The one planner of both retrievers: what a call will do (the :class:`Plan` and its :class:`Choice`), the cost model
+that is its prior (:class:`CostModel`, constants from :mod:`.calibration`), the timings measured on the index
+(:class:`MeasuredChoice`) and :func:`choose`, which decides once how a call's queries are scored. A forced strategy
+takes its path; under ``'auto'`` the paths within ``EXPLORE_MARGIN`` of the least estimate are timed on the index
+itself, like cuDNN's benchmark mode, the runner-up re-checked every ``RECHECK_EVERY`` calls. On shards the driver
 measures.
 """
+import dataclasses
+import logging
 import math
-from typing import Callable, Dict, List, Optional
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .cost import CostModel
-from .measured import MeasuredChoice
-from .plan import Choice, Plan, nonzero_fractions
+from .. import store
+from .dense import GEMV_BELOW
 
+#: The ways of scoring a call: BLAS; float32 kept rows per query or in one pass; the int8 copy per query or one pass.
+PATHS = ('dense', 'pruned', 'one pass', 'compressed', 'compressed one pass')
 #: Below this matrix size (bytes) the matrix sits in the caches and ``'auto'`` scores densely (BLAS is as fast).
 MIN_PRUNED_BYTES = 16 * 2 ** 20
 #: Paths estimated within this factor of the cheapest are timed (the model's misses so far were up to 1.6x).
 EXPLORE_MARGIN = 2.0
 #: Every this many calls of a bucket on its winner, the runner-up is timed once more.
 RECHECK_EVERY = 64
+#: Documents the compressed path re-scores exactly per result, as the model expects (measured ~1.1; margin added).
+RESCORED_PER_RESULT = 1.5
+#: The timings kept per path and bucket; a path's time is the least of them.
+RECENT = 3
+
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How the queries of one call are scored (one of :data:`PATHS`)."""
+    path: str
+
+    def __post_init__(self):
+        if self.path not in PATHS:
+            raise ValueError(f'unknown path {self.path!r}; expected one of {PATHS}')
+
+    @property
+    def strategy(self) -> str:
+        """The ``strategy`` value that forces this path's family."""
+        return {'one pass': 'pruned', 'compressed one pass': 'compressed'}.get(self.path, self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The path of one call as :func:`choose` took it, its estimated cost, bucket and reason: ``'forced'``,
+    ``'model'`` (alone), ``'only'`` (candidate), ``'explore'``, ``'recheck'`` or ``'measured'`` (the fastest timed)."""
+    path: str
+    estimate: float
+    bucket: str
+    reason: str
+
+    @property
+    def plan(self) -> Plan:
+        return Plan(self.path)
+
+
+def nonzero_fractions(query_vecs: np.ndarray) -> np.ndarray:
+    """The fraction of non-zero dimensions of each query vector (n, dims)."""
+    return np.mean(query_vecs != 0, axis=1)
+
+
+def batch_features(query_vecs: np.ndarray) -> np.ndarray:
+    """``(queries, union of the kept fractions, sum of the kept fractions)`` of a batch."""
+    if not len(query_vecs):
+        return np.zeros(3)
+    union = float(np.mean((query_vecs != 0).any(axis=0)))
+    return np.array([len(query_vecs), union, float(np.sum(nonzero_fractions(query_vecs)))])
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Estimated cost of each path in units of one dense ``gemv`` with top-k over the same matrix.
+
+    - dense: 1 per query below ``GEMV_BELOW`` queries, else ``dense_gemm_fixed + dense_gemm_per_query * queries``;
+    - pruned, query after query: ``pruned_fixed + pruned_slope * kept fraction`` per query;
+    - pruned, one pass: ``batch_per_query * queries + batch_union * union fraction + batch_per_kept * sum of kept
+      fractions``;
+    - compressed: ``compressed_fixed + compressed_slope * kept fraction`` per query (one pass:
+      ``compressed_pass_fixed + compressed_pass_per_query * queries``), plus :meth:`compressed_seconds` in units of
+      one ``gemv`` (``gemv_seconds_per_byte`` times the matrix's size).
+    """
+    dense_gemm_fixed: float
+    dense_gemm_per_query: float
+    pruned_fixed: float
+    pruned_slope: float
+    batch_per_query: float
+    batch_union: float
+    batch_per_kept: float
+    compressed_fixed: float
+    compressed_slope: float
+    compressed_call_seconds: float
+    compressed_pass_fixed: float
+    compressed_pass_per_query: float
+    compressed_pass_call_seconds: float
+    rescore_seconds: float
+    gemv_seconds_per_byte: float
+
+    def dense_cost(self, queries: int) -> float:
+        """Estimated cost of scoring ``queries`` queries on the dense path."""
+        if queries < GEMV_BELOW:
+            return float(queries)
+        return self.dense_gemm_fixed + self.dense_gemm_per_query * queries
+
+    def pruned_one_by_one_cost(self, query_vecs: np.ndarray) -> float:
+        """Estimated cost of the pruned path one query at a time."""
+        return float(np.sum(self.pruned_fixed + self.pruned_slope * nonzero_fractions(query_vecs)))
+
+    def pruned_batch_cost(self, query_vecs: np.ndarray) -> float:
+        """Estimated cost of the pruned path for the whole batch in one pass."""
+        return float(np.dot((self.batch_per_query, self.batch_union, self.batch_per_kept), batch_features(query_vecs)))
+
+    def compressed_cost(self, query_vecs: np.ndarray, k: int, matrix_bytes: int) -> float:
+        """Estimated cost of the compressed path query after query, ``k`` results each."""
+        scan = self.compressed_fixed + self.compressed_slope * nonzero_fractions(query_vecs)
+        seconds = self.compressed_seconds(query_vecs, k, self.compressed_call_seconds)
+        return float(np.sum(scan)) + seconds / (self.gemv_seconds_per_byte * matrix_bytes)
+
+    def compressed_one_pass_cost(self, query_vecs: np.ndarray, k: int, matrix_bytes: int) -> float:
+        """Estimated cost of the compressed path for the whole batch in one pass."""
+        scan = self.compressed_pass_fixed + self.compressed_pass_per_query * len(query_vecs)
+        seconds = self.compressed_seconds(query_vecs, k, self.compressed_pass_call_seconds)
+        return scan + seconds / (self.gemv_seconds_per_byte * matrix_bytes)
+
+    def compressed_seconds(self, query_vecs: np.ndarray, k: int, call_seconds: float) -> float:
+        """A compressed path's seconds that do not grow with the matrix: per-query work and exact re-scoring."""
+        values = RESCORED_PER_RESULT * k * nonzero_fractions(query_vecs) * query_vecs.shape[1]
+        return float(np.sum(call_seconds + self.rescore_seconds * values))
+
+    def path_costs(self, query_vecs: np.ndarray, *, k: int, matrix_bytes: int, one_pass: bool) -> Dict[str, float]:
+        """Estimated cost of ``'dense'``, ``'pruned'``, ``'one pass'``, ``'compressed'`` and ``'compressed one pass'``
+        (the one-pass paths only with ``one_pass``), in that order."""
+        costs = {'dense': self.dense_cost(len(query_vecs)), 'pruned': self.pruned_one_by_one_cost(query_vecs)}
+        if one_pass:
+            costs['one pass'] = self.pruned_batch_cost(query_vecs)
+        costs['compressed'] = self.compressed_cost(query_vecs, k, matrix_bytes)
+        if one_pass:
+            costs['compressed one pass'] = self.compressed_one_pass_cost(query_vecs, k, matrix_bytes)
+        return costs
+
+
+class MeasuredChoice:
+    """The timings of the paths of one index on this machine, from which :func:`choose` chooses. Shared by a
+    retriever and its ``% k`` variants; thread-safe; pickles without its timings (the other side reads the record).
+
+    Args:
+        record: gives the JSON file of the record, called when the record is first needed (None: in memory only).
+        clock: the clock that times a call (seconds).
+    """
+
+    def __init__(self, record: Optional[Callable[[], Path]], clock: Callable[[], float] = time.perf_counter):
+        self.record = record
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._buckets: Optional[Dict[str, dict]] = None
+        self._path: Optional[Path] = None
+        self._warm: set = set()
+
+    def __getstate__(self) -> dict:
+        return {'record': self.record, 'clock': self.clock}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    def _state(self, name: str) -> dict:
+        if self._buckets is None:
+            self._path = self.record() if self.record is not None else None
+            self._buckets = _read_timings(self._path) if self._path is not None else {}
+        return self._buckets.setdefault(name, {'calls': 0, 'seconds_per_unit': {}})
+
+    def timed(self, choice: Choice, score: Callable[[], object]) -> object:
+        """Runs ``score`` (the call on ``choice.path``), records its time where measured, and returns its result."""
+        start = self.clock()
+        result = score()
+        seconds = self.clock() - start
+        if choice.reason in ('explore', 'recheck', 'measured'):
+            self._record(choice, seconds / max(choice.estimate, 1e-12))
+        return result
+
+    def _record(self, choice: Choice, seconds_per_unit: float) -> None:
+        with self._lock:
+            if choice.path not in self._warm:  # its kernel and data were cold: explore it again
+                self._warm.add(choice.path)
+                return
+            state = self._state(choice.bucket)
+            times = state['seconds_per_unit'].setdefault(choice.path, [])
+            times[:] = (times + [seconds_per_unit])[-RECENT:]
+            if choice.reason in ('measured', 'recheck'):
+                state['calls'] += 1
+            if choice.reason != 'measured':
+                _log.info('strategy=auto, %s: %s %s at %.3g s per unit of its estimate', choice.bucket, choice.reason,
+                          choice.path, seconds_per_unit)
+                if self._path is not None:
+                    try:
+                        store.write_json(self._path, 'measured-timings', {'buckets': self._buckets})
+                    except OSError as error:  # the choice still holds in this process
+                        _log.warning('strategy=auto: cannot save its timings to %s (%s); set PYTERRIER_RDIME_CACHE '
+                                     'to a writable folder to keep them for later runs', self._path, error)
+
+    def bucket_timings(self, name: str) -> Tuple[Dict[str, float], int]:
+        """Of bucket ``name``: each path's measured seconds per unit of estimate, and the calls taken."""
+        with self._lock:
+            state = self._state(name)
+            return {path: min(times) for path, times in state['seconds_per_unit'].items() if times}, state['calls']
+
+
+def _read_timings(path: Path) -> Dict[str, dict]:
+    """The buckets of the record at ``path``; none when it is missing, damaged or malformed."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) and x >= 0
+    try:
+        buckets = store.read_json(path, 'measured-timings')['buckets']
+        if not all(isinstance(state, dict) and set(state) == {'calls', 'seconds_per_unit'}
+                   and isinstance(state['calls'], int) and isinstance(state['seconds_per_unit'], dict)
+                   and all(isinstance(times, list) and all(map(number, times))
+                           for times in state['seconds_per_unit'].values()) for state in buckets.values()):
+            raise ValueError('it holds something other than timings')
+        return buckets
+    except (store.Damaged, KeyError, TypeError, AttributeError, ValueError) as e:
+        if path.exists():
+            _log.warning('strategy=auto: ignoring the timings recorded in %s (%s); measuring again', path, e)
+        return {}
 
 
 def bucket(query_vecs: np.ndarray, k: int) -> str:
@@ -35,25 +244,13 @@ def candidates(costs: Dict[str, float]) -> List[str]:
     return sorted((path for path, cost in costs.items() if cost <= EXPLORE_MARGIN * least), key=costs.get)
 
 
-def auto_costs(query_vecs: np.ndarray, *, matrix_bytes: int, compiled: bool, model: Callable[[], CostModel], k: int,
-               float32_ready: bool = True) -> Optional[Dict[str, float]]:
-    """The estimated cost of each path ``'auto'`` may take (:meth:`.CostModel.path_costs`); None where it scores
-    densely without asking (no compiled kernels, a matrix under ``MIN_PRUNED_BYTES``, no queries). Without
-    ``float32_ready`` the float32 pruned paths are left out: ``'auto'`` never builds that copy."""
-    if not compiled or matrix_bytes < MIN_PRUNED_BYTES or not len(query_vecs):
-        return None
-    costs = model().path_costs(query_vecs, k=k, matrix_bytes=matrix_bytes, one_pass=len(query_vecs) > 1)
-    if not float32_ready:
-        costs = {path: cost for path, cost in costs.items() if Plan(path).strategy != 'pruned'}
-    return costs
-
-
 def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: bool,
            model: Callable[[], CostModel], k: int, float32_ready: bool = True,
            timings: Optional[MeasuredChoice] = None) -> Choice:
     """How a call scores these pruned query vectors (n, dims), ``k`` results each: ``'dense'`` as it is;
     ``'pruned'`` / ``'compressed'`` in one pass or query after query, as ``model()`` finds cheaper; ``'auto'`` dense
-    where :func:`auto_costs` is None, else the measured choice with ``timings``, the least estimate without.
+    without compiled kernels, queries or a matrix of ``MIN_PRUNED_BYTES``, else the measured choice with ``timings``,
+    the least estimate without (never the float32 pruned paths without ``float32_ready``: it builds no copy).
     ``model`` is called only when the choice depends on it; nothing is recorded here."""
     if strategy in ('dense', 'pruned', 'compressed'):
         one_pass = {'pruned': 'one pass', 'compressed': 'compressed one pass'}.get(strategy)
@@ -65,10 +262,11 @@ def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled
         return Choice(one_pass, math.nan, '', 'forced')
     if strategy != 'auto':
         raise ValueError(f"unknown strategy {strategy!r}; expected 'auto', 'pruned', 'dense' or 'compressed'")
-    costs = auto_costs(query_vecs, matrix_bytes=matrix_bytes, compiled=compiled, model=model, k=k,
-                       float32_ready=float32_ready)
-    if costs is None:
+    if not compiled or matrix_bytes < MIN_PRUNED_BYTES or not len(query_vecs):
         return Choice('dense', math.nan, '', 'model')
+    costs = model().path_costs(query_vecs, k=k, matrix_bytes=matrix_bytes, one_pass=len(query_vecs) > 1)
+    if not float32_ready:
+        costs = {path: cost for path, cost in costs.items() if Plan(path).strategy != 'pruned'}
     if timings is None:
         path = min(costs, key=costs.get)
         return Choice(path, costs[path], '', 'model')

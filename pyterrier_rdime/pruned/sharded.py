@@ -1,12 +1,15 @@
 """Pruned retrieval over a sharded index: one :class:`~pyterrier_rdime.PrunedRetriever` per shard, each in its own Ray
-actor, queried at once; their exact top-k merged into the exact global top-k. The Ray-free parts are in
-:mod:`.shard_data`."""
+actor, queried at once; their exact top-k merged into the exact global top-k (:func:`merge_shards`); the shards cut
+from one FlexIndex by :func:`split_flex_index`. Ray is imported on first use only."""
+import contextlib
 import functools
+import json
 import logging
 import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -14,12 +17,11 @@ import pandas as pd
 import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool, check_int, check_positive
-from .._frames import empty_frame
-from . import calibration, cost, kept, planner
-from .measured import MeasuredChoice
-from .plan import Choice, Plan
-from .shard_data import docno_hashes, merge_shards, shared_hashes
-from .stage import PrunedRetriever
+from . import calibration, kept, planner
+from .layout import docno_hashes
+from .planner import Choice, CostModel, MeasuredChoice, Plan
+from .stage import PrunedRetriever, ranked_frame
+from .topk import best_k
 
 #: Seconds between two checks that a late shard's actor still answers (a call answered sooner pays no check).
 PROBE_EVERY = 1.0
@@ -27,6 +29,8 @@ PROBE_EVERY = 1.0
 DOCNO_PAIRS = 1024
 #: Seconds to wait for the cluster's table of resource requests (a GCS call) before the call fails.
 GCS_TIMEOUT = 30
+#: Documents copied per block by :func:`split_flex_index` (``block x dims x 4`` bytes of memory).
+SPLIT_BLOCK = 65536
 #: HTTP/2 connection preface and empty SETTINGS frame: Ray's GCS (gRPC) answers with SETTINGS, a non-Ray service not.
 HTTP2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 #: The type byte of an HTTP/2 SETTINGS frame (after its 3 bytes of length).
@@ -48,11 +52,10 @@ class ShardServer:
         if kept.NUMBA_AVAILABLE:
             import numba
             self.threads = min(self.threads, numba.config.NUMBA_NUM_THREADS)
-        try:  # BLAS on as many threads as the kernel, not on the one thread Ray's OMP_NUM_THREADS gives an actor
+        # BLAS on as many threads as the kernel, not on the one thread Ray's OMP_NUM_THREADS gives an actor
+        with contextlib.suppress(ImportError):
             from threadpoolctl import threadpool_limits
             self._limits = threadpool_limits(self.threads, user_api='blas')
-        except ImportError:
-            pass
 
     def _use_threads(self) -> None:
         """Set numba's threads: the setting is per thread, and Ray runs methods on another thread than ``__init__``."""
@@ -71,7 +74,7 @@ class ShardServer:
         return (self.node, retriever.shape[1], retriever._layout.abs_max(), kept.NUMBA_AVAILABLE,
                 retriever.strategy != 'auto' or retriever._layout.has_matrix())
 
-    def cost_model(self) -> cost.CostModel:
+    def cost_model(self) -> CostModel:
         """This node's cost model (calibrated on first use), from which the driver plans."""
         self._use_threads()  # the model is calibrated, and cached, for the threads the searches use
         return calibration.model()
@@ -113,7 +116,7 @@ class _Actors:
         self.abs_max = np.zeros(0)
         self.compiled = False
         self.float32_ready = False
-        self.model: Optional[cost.CostModel] = None
+        self.model: Optional[CostModel] = None
 
 
 def _queued_requests(ray) -> List[Dict[str, float]]:
@@ -231,10 +234,8 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return identity
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state['_actors'] = None  # actor handles belong to this process's Ray connection: a copy starts its own
-        state['_retrievers'] = None
-        return state
+        # actor handles belong to this process's Ray connection: a copy starts its own
+        return {**self.__dict__, '_actors': None, '_retrievers': None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -252,12 +253,9 @@ class ShardedPrunedRetriever(ConfigTransformer):
         return fused
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)
-        columns = [c for c in inp.columns if not (self.drop_query_vec and c == 'query_vec')]
-        columns += [c for c in ('docno', 'docid', 'score', 'rank') if c not in columns]
-        if not len(inp):
-            return empty_frame(inp, columns)
-        inp = inp.reset_index(drop=True)
+        return ranked_frame(self, inp, self._rank)
+
+    def _rank(self, inp: pd.DataFrame) -> tuple:
         ray, actors = self._start()
         query_vecs = PrunedRetriever.stack_queries(inp, actors.dims, actors.abs_max, type(self).__name__)
         choice = self.choice(query_vecs)
@@ -273,12 +271,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
             bounds = np.concatenate([[0], np.cumsum(counts)])
             per_shard.append((bounds, scores, docids + offset, docnos))
         scores, docids, docnos = merge_shards(per_shard, len(query_vecs), self.num_results)
-        counts = np.array([len(d) for d in docids])
-        out = inp.iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
-        out = out.assign(docno=np.concatenate(docnos).astype(object), docid=np.concatenate(docids),
-                         score=np.concatenate(scores).astype(np.float64),
-                         rank=np.concatenate([np.arange(c) for c in counts]))
-        return out[columns]
+        return scores, docids, lambda _: np.concatenate(docnos).astype(object)
 
     def choice(self, query_vecs: np.ndarray) -> Choice:
         """How every shard scores these pruned query vectors, and why: :func:`.planner.choose` for the whole
@@ -286,7 +279,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
         ray, actors = self._start()
         total = int(np.sum(actors.docs))
 
-        def model() -> cost.CostModel:
+        def model() -> CostModel:
             if actors.model is None:  # calibrated on the first shard's node, where the shards run, not here
                 actors.model = self._gather(ray, actors, lambda handle: handle.cost_model.remote(), 'calibrate',
                                             first_only=True)[0]
@@ -392,11 +385,14 @@ class ShardedPrunedRetriever(ConfigTransformer):
             late = [shard for shard in shards if now - waiting_since.get(shard, now) > self.timeout]
             if late:
                 shard = next((s for s in late if not self._offering(ray, s)), late[0])
+                nodes = len(self._offering(ray, shard))
+                offered = (f'{nodes} live node(s) offer them, all reserved by other actors or tasks (a retriever not '
+                           'yet closed holds its num_cpus)' if nodes else 'no live node offers them')
                 raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) found no '
-                                   f'node with {self._wanted(shard)} free in timeout={self.timeout} s '
-                                   f'({self._offered_note(ray, shard)}; the cluster has {ray.available_resources()} '
-                                   'free): lower num_cpus, start nodes with those resources (ray start '
-                                   "--resources='{...}'), close() the retrievers that hold them, or fix resources=")
+                                   f'node with {self._wanted(shard)} free in timeout={self.timeout} s ({offered}; '
+                                   f'the cluster has {ray.available_resources()} free): lower num_cpus, start nodes '
+                                   "with those resources (ray start --resources='{...}'), close() the retrievers that "
+                                   'hold them, or fix resources=')
             starting = [shard for shard in shards if shard not in waiting_since]
             if starting and now - started > self.start_timeout:
                 raise RuntimeError(f'{type(self).__name__}: the actors of shards {starting} had a node but did not '
@@ -417,13 +413,6 @@ class ShardedPrunedRetriever(ConfigTransformer):
         wanted = self._wanted(shard)
         return [n for n in ray.nodes() if n.get('Alive')
                 and all(n.get('Resources', {}).get(r, 0) >= v for r, v in wanted.items())]
-
-    def _offered_note(self, ray, shard: int) -> str:
-        nodes = self._offering(ray, shard)
-        if not nodes:
-            return 'no live node offers them'
-        return (f'{len(nodes)} live node(s) offer them, all reserved by other actors or tasks (a retriever not yet '
-                'closed holds its num_cpus)')
 
     def _check_dims(self, served: List[int], abs_maxes: List[np.ndarray]) -> None:
         """Fail unless every FlexIndex shard has one dimensionality."""
@@ -586,7 +575,7 @@ def check_ray_address(address: Optional[str], timeout: float, option: str) -> No
 def _first_reply(conn: socket.socket, message: bytes, size: int, deadline: float) -> bytes:
     """What ``conn`` answers to ``message`` by ``deadline``: up to ``size`` bytes or more, fewer if it stops."""
     reply = b''
-    try:
+    with contextlib.suppress(OSError):  # a timeout, or a reset: what came so far is the answer
         conn.sendall(message)
         while len(reply) < size and time.monotonic() < deadline:
             conn.settimeout(max(0.01, deadline - time.monotonic()))
@@ -594,8 +583,6 @@ def _first_reply(conn: socket.socket, message: bytes, size: int, deadline: float
             if not chunk:
                 break
             reply += chunk
-    except OSError:  # a timeout, or a reset: what came so far is the answer
-        pass
     return reply
 
 
@@ -608,3 +595,59 @@ def connect(address: Optional[str], timeout: float, option: str) -> None:
             ray.init(address=address)
         except ConnectionError as e:
             raise ConnectionError(f'{option}: could not connect to the Ray cluster at {address!r}: {e}') from e
+
+
+def shared_hashes(per_shard: List[np.ndarray]) -> np.ndarray:
+    """The values that occur more than once in the shards' sorted hash arrays together."""
+    merged = np.sort(np.concatenate(per_shard), kind='stable')
+    return np.unique(merged[1:][merged[1:] == merged[:-1]])
+
+
+def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], queries: int,
+                 k: int) -> Tuple[list, list, list]:
+    """``(scores, docids, docnos)``: each query's global top-``k`` from each shard's ``(bounds, scores, global
+    docids, docnos)``, ties to the lower global docid."""
+    scores, docids, docnos = [], [], []
+    for q in range(queries):
+        s = np.concatenate([shard_s[b[q]:b[q + 1]] for b, shard_s, _, _ in per_shard])
+        i = np.concatenate([shard_i[b[q]:b[q + 1]] for b, _, shard_i, _ in per_shard])
+        n = np.concatenate([shard_n[b[q]:b[q + 1]] for b, _, _, shard_n in per_shard])
+        order = best_k(s, i, k)
+        scores.append(s[order])
+        docids.append(i[order])
+        docnos.append(n[order])
+    return scores, docids, docnos
+
+
+def split_flex_index(index: object, folder: str, num_shards: int) -> List[object]:
+    """Cut a FlexIndex into ``num_shards`` FlexIndexes of consecutive document ranges, written atomically to
+    ``folder/shard-<i>-of-<n>.flex``, in order: ``ShardedPrunedRetriever`` over them ranks as ``PrunedRetriever``
+    over ``index``.
+
+    Raises:
+        ValueError: ``num_shards`` is not between 1 and the number of documents, or a shard's folder exists.
+    """
+    import npids
+    docnos, meta = index.payload(return_dvecs=False)
+    docs, dims = int(meta['doc_count']), int(meta['vec_size'])
+    check_int('split_flex_index', 'num_shards', num_shards, 1)
+    if num_shards > docs:
+        raise ValueError(f'split_flex_index: num_shards={num_shards} is more than the {docs} documents of {index!r}')
+    bounds = [docs * i // num_shards for i in range(num_shards + 1)]
+    paths = [Path(folder) / f'shard-{i}-of-{num_shards}.flex' for i in range(num_shards)]
+    existing = [str(p) for p in paths if p.exists()]
+    if existing:
+        raise ValueError(f'split_flex_index: {existing[0]} exists; remove it, or pass another folder')
+    row_bytes = dims * 4
+    with open(Path(index.index_path) / 'vecs.f4', 'rb') as source:
+        for path, start, stop in zip(paths, bounds, bounds[1:]):
+            tmp = path.with_name(f'.{path.name}.tmp')
+            tmp.mkdir(parents=True, exist_ok=True)
+            with open(tmp / 'vecs.f4', 'wb') as out:
+                source.seek(start * row_bytes)
+                for block in range(start, stop, SPLIT_BLOCK):
+                    out.write(source.read((min(stop, block + SPLIT_BLOCK) - block) * row_bytes))
+            npids.Lookup.build(iter(docnos.fwd[np.arange(start, stop)].tolist()), tmp / 'docnos.npids')
+            (tmp / 'pt_meta.json').write_text(json.dumps({**meta, 'vec_size': dims, 'doc_count': stop - start}))
+            os.replace(tmp, path)
+    return [type(index)(str(path), sim_fn=index.sim_fn, verbose=index.verbose) for path in paths]

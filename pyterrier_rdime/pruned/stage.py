@@ -1,7 +1,6 @@
 """The PrunedRetriever transformer: exact dense retrieval that scores only the dimensions a pruned query keeps."""
 import functools
 import logging
-import numbers
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -10,14 +9,13 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from .._config import ConfigTransformer, check_bool
+from .._config import ConfigTransformer, check_bool, check_int
 from .._frames import empty_frame
 from .._index_files import portable_index
-from . import calibration, dense, kept, measured, planner
+from . import calibration, dense, kept, planner
 from .compressed import search_compressed
-from .int8_copy import CompressedCopy
 from .layout import Layout
-from .plan import Choice, Plan, nonzero_fractions
+from .planner import Choice, Plan, nonzero_fractions
 from .topk import Result
 
 logger = logging.getLogger(__name__)
@@ -58,9 +56,8 @@ class PrunedRetriever(ConfigTransformer):
     def __init__(self, *, index: object, num_results: int = 1000, docnos: Optional[Sequence[str]] = None,
                  strategy: str = 'auto', batch_size: int = 64, drop_query_vec: bool = False, verbose: bool = True):
         name = type(self).__name__
-        for arg, value in (('num_results', num_results), ('batch_size', batch_size)):
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-                raise ValueError(f'{name}: {arg} must be an integer >= 1, got {value!r}')
+        check_int(name, 'num_results', num_results, 1)
+        check_int(name, 'batch_size', batch_size, 1)
         if strategy not in STRATEGIES:
             raise ValueError(f'{name}: unknown strategy {strategy!r}; expected one of {STRATEGIES}')
         check_bool(name, 'drop_query_vec', drop_query_vec)
@@ -89,15 +86,12 @@ class PrunedRetriever(ConfigTransformer):
         self.drop_query_vec = drop_query_vec
         self.verbose = verbose
         self._layout = Layout(index, docnos=docnos, stage=name, verbose=verbose)
-        self._compressed = CompressedCopy(self._layout)
-        self._measured = measured.MeasuredChoice(
+        self._measured = planner.MeasuredChoice(
             None if isinstance(index, np.ndarray)
-            else functools.partial(measured.record_path, Path(index.index_path) / 'vecs.f4'))
+            else functools.partial(calibration.record_path, Path(index.index_path) / 'vecs.f4'))
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state['index'] = portable_index(self.index)  # a FlexIndex by path: its open vectors must not travel
-        return state
+        return {**self.__dict__, 'index': portable_index(self.index)}  # a FlexIndex by path, not its open vectors
 
     def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
         """``% k`` with ``k < num_results``: the retriever with ``num_results=k``, sharing this one's matrix."""
@@ -105,7 +99,6 @@ class PrunedRetriever(ConfigTransformer):
             return None
         fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
         fused._layout = self._layout
-        fused._compressed = self._compressed
         fused._measured = self._measured
         return fused
 
@@ -158,7 +151,7 @@ class PrunedRetriever(ConfigTransformer):
                                      batch_size=self.batch_size, rows=rows is not None)
         if plan.strategy == 'compressed':
             rows = self._layout.rescoring_rows()
-            return functools.partial(search_compressed, self._compressed.codes(),
+            return functools.partial(search_compressed, self._layout.codes(),
                                      self.dim_major() if rows is None else None, query_vecs, self.num_results,
                                      use_numba=kept.NUMBA_AVAILABLE, one_pass=plan.path == 'compressed one pass',
                                      doc_rows=rows)
@@ -166,21 +159,11 @@ class PrunedRetriever(ConfigTransformer):
                                  one_pass=plan.path == 'one pass')
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)
-        columns = [c for c in inp.columns if not (self.drop_query_vec and c == 'query_vec')]
-        columns += [c for c in ('docno', 'docid', 'score', 'rank') if c not in columns]
-        if not len(inp):
-            return empty_frame(inp, columns)
-        inp = inp.reset_index(drop=True)
+        return ranked_frame(self, inp, self._rank)
+
+    def _rank(self, inp: pd.DataFrame) -> tuple:
         query_vecs = self.stack_queries(inp, self.shape[0], self._layout.abs_max(), type(self).__name__)
-        scores, docids = self.search(query_vecs)
-        counts = np.array([len(d) for d in docids])
-        flat_ids = np.concatenate(docids).astype(np.int64)
-        out = inp.iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
-        out = out.assign(docno=self._layout.lookup_docnos(flat_ids), docid=flat_ids,
-                         score=np.concatenate(scores).astype(np.float64),
-                         rank=np.concatenate([np.arange(c) for c in counts]))
-        return out[columns]
+        return (*self.search(query_vecs), self._layout.lookup_docnos)
 
     @staticmethod
     def stack_queries(inp: pd.DataFrame, dims: int, abs_max: np.ndarray, name: str) -> np.ndarray:
@@ -209,3 +192,21 @@ class PrunedRetriever(ConfigTransformer):
                              f'sum |q_j| max |d_j| = {bound[row]:.3g} >= {SCORE_LIMIT:.3g}; normalise the query '
                              'vectors (e.g. to unit length)')
         return query_vecs
+
+
+def ranked_frame(stage: pt.Transformer, inp: pd.DataFrame, rank: Callable[[pd.DataFrame], tuple]) -> pd.DataFrame:
+    """The output of ``stage`` (either retriever) for ``inp``: ``rank(inp)`` gives each query's ``scores`` and
+    ``docids`` and the function from docids to docnos; one row per result, input columns first."""
+    pt.validate.query_frame(inp, extra_columns=['query_vec'], context=stage)
+    columns = [c for c in inp.columns if not (stage.drop_query_vec and c == 'query_vec')]
+    columns += [c for c in ('docno', 'docid', 'score', 'rank') if c not in columns]
+    if not len(inp):
+        return empty_frame(inp, columns)
+    inp = inp.reset_index(drop=True)
+    scores, docids, docnos = rank(inp)
+    counts = np.array([len(d) for d in docids])
+    flat_ids = np.concatenate(docids).astype(np.int64)
+    out = inp.iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
+    out = out.assign(docno=docnos(flat_ids), docid=flat_ids, score=np.concatenate(scores).astype(np.float64),
+                     rank=np.concatenate([np.arange(c) for c in counts]))
+    return out[columns]

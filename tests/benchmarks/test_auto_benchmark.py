@@ -13,14 +13,14 @@ import tqdm.auto  # noqa: F401
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
 import auto  # noqa: E402
 
-from pyterrier_rdime.pruned import calibration, cost, kept, planner  # noqa: E402
+from pyterrier_rdime.pruned import calibration, kept, planner  # noqa: E402
 
 #: Round constants (tests/test_pruned_cost.py's): the compressed path cheapest, the others within reach.
-MODEL = cost.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fixed=0.1, pruned_slope=1.0,
-                       batch_per_query=0.05, batch_union=2.0, batch_per_kept=0.2, compressed_fixed=0.05,
-                       compressed_slope=0.25, compressed_call_seconds=2e-3, compressed_pass_fixed=1.0,
-                       compressed_pass_per_query=0.05, compressed_pass_call_seconds=1e-3, rescore_seconds=1e-3,
-                       gemv_seconds_per_byte=1e-6)
+MODEL = planner.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fixed=0.1, pruned_slope=1.0,
+                          batch_per_query=0.05, batch_union=2.0, batch_per_kept=0.2, compressed_fixed=0.05,
+                          compressed_slope=0.25, compressed_call_seconds=2e-3, compressed_pass_fixed=1.0,
+                          compressed_pass_per_query=0.05, compressed_pass_call_seconds=1e-3, rescore_seconds=1e-3,
+                          gemv_seconds_per_byte=1e-6)
 
 
 @pytest.mark.skipif(not kept.NUMBA_AVAILABLE, reason='the pruned paths need numba')

@@ -19,7 +19,7 @@ import pytest
 from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, store
-from pyterrier_rdime.pruned import compressed, int8_copy, kept, shard_data
+from pyterrier_rdime.pruned import compressed, kept, layout, sharded
 
 NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                                  reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -66,7 +66,7 @@ def search(request, small_blocks, monkeypatch):
 def search_with(docs, query_vecs, k, use_numba, one_pass=False, rows=True):
     """The compressed path over ``docs``, re-scoring from their rows (``rows``) or from the dimension-major matrix."""
     dim_major = np.ascontiguousarray(docs.T)
-    return compressed.search_compressed(int8_copy.quantise(dim_major), dim_major, query_vecs, k,
+    return compressed.search_compressed(layout.quantise(dim_major), dim_major, query_vecs, k,
                                         use_numba=use_numba, one_pass=one_pass,
                                         doc_rows=np.ascontiguousarray(docs) if rows else None)
 
@@ -82,14 +82,14 @@ def assert_reference(docs, query_vecs, result, k):
 
 def test_quantisation_by_hand():
     rows = np.array([[0.5, -1.27, 0.0], [0, 0, 0], [2, 2, 2], [0.01, 0.015, -0.0149]], dtype=np.float32)
-    codes, scale, error = int8_copy.quantise_rows(rows)
+    codes, scale, error = layout.quantise_rows(rows)
     assert scale[0] == np.float32(1.27) / 127 and scale[1] == 1 and scale[2] == np.float32(2) / 127
     assert codes.dtype == np.int8 and codes[:3].tolist() == [[50, -127, 0], [0, 0, 0], [127, 127, 127]]
     # 0.01 / (0.015 / 127) = 84.67 -> 85, error 0.33 steps; -0.0149 -> -126.2 -> -126, error 0.15 steps
     assert codes[3].tolist() == [85, 127, -126]
     assert error[3] == pytest.approx(abs(np.float32(0.01) - 85 * np.float64(scale[3])), rel=1e-6)
     assert error[3] <= scale[3] / 2 and error[1] == 0 and error[2] < 1e-7
-    copy = int8_copy.quantise(np.ascontiguousarray(rows))
+    copy = layout.quantise(np.ascontiguousarray(rows))
     assert copy.codes.tolist() == codes.tolist() and copy.scale.tolist() == scale.tolist()
 
 
@@ -108,7 +108,7 @@ def test_the_bound_holds_for_every_document(corpus, small_blocks, use_numba):
     halfway = (steps * 0.01).astype(np.float32)
     halfway[0] = 1.27  # the largest value: scale 0.01
     for matrix in (docs, halfway):
-        copy = int8_copy.quantise(np.ascontiguousarray(matrix.T))
+        copy = layout.quantise(np.ascontiguousarray(matrix.T))
         for query_vec in query_vecs:
             approx, best, bound = compressed.first_pass(copy, query_vec, K, use_numba=use_numba)
             exact = matrix.astype(np.float64) @ query_vec.astype(np.float64)
@@ -121,14 +121,14 @@ def test_the_bound_holds_for_every_document(corpus, small_blocks, use_numba):
 
 def test_integer_weights_by_hand():
     scale = np.array([0.5, 0.25, 2.0], dtype=np.float32)
-    copy = int8_copy.Codes(np.zeros((3, 2), dtype=np.int8), scale, np.zeros(3))
+    copy = layout.Codes(np.zeros((3, 2), dtype=np.int8), scale, np.zeros(3))
     queries = np.array([[1, 0, -1], [0, 0, 0], [0, 1e-3, 0]], dtype=np.float32)
     steps, weights = compressed.integer_weights(copy, queries)
     # the largest |value x scale| is the largest weight, 127 x 128 = 16256; the others to the nearest step
     assert steps.tolist() == [2 / 16256, 1, np.float64(np.float32(1e-3)) * 0.25 / 16256]
     assert weights.tolist() == [[4064, 0, -16256], [0, 0, 0], [0, 16256, 0]]
     # so many dimensions that 16256 x 127 x dims would overflow an int32: smaller weights
-    wide = int8_copy.Codes(np.zeros((20000, 1), dtype=np.int8), np.ones(20000, dtype=np.float32), np.zeros(20000))
+    wide = layout.Codes(np.zeros((20000, 1), dtype=np.int8), np.ones(20000, dtype=np.float32), np.zeros(20000))
     _, weights = compressed.integer_weights(wide, np.ones((1, 20000), dtype=np.float32))
     assert weights.max() == (2 ** 31 - 1) // (127 * 20000) == 845
 
@@ -208,7 +208,7 @@ def test_the_integer_bound_holds_for_every_document(corpus):
     halfway = (steps_ * 0.01).astype(np.float32)
     halfway[0] = 1.27
     for matrix in (docs, halfway):
-        copy = int8_copy.quantise(np.ascontiguousarray(matrix.T))
+        copy = layout.quantise(np.ascontiguousarray(matrix.T))
         steps, weights = compressed.integer_weights(copy, query_vecs)
         totals = weights @ copy.codes.astype(np.int64)
         for query_vec, step, w, total in zip(query_vecs, steps, weights, totals):
@@ -291,7 +291,7 @@ def test_float32_ties_go_to_the_lower_docid_on_one_index_and_its_shards(search, 
         counts = np.cumsum([0] + [len(d) for d in shard_d])
         per_shard.append((counts, np.concatenate(shard_s), np.concatenate(shard_d) + start,
                           np.concatenate(shard_d) + start))
-    merged_s, merged_d, _ = shard_data.merge_shards(per_shard, len(queries), k)
+    merged_s, merged_d, _ = sharded.merge_shards(per_shard, len(queries), k)
     for q in range(len(queries)):
         assert docids[q].tolist() == [40, 250][:k] + docids[q].tolist()[2:]
         assert scores[q][0] == scores[q][min(1, k - 1)] == np.float32(1 if q != 1 else 2)
@@ -360,10 +360,10 @@ def test_a_child_forked_after_the_one_pass_alone_ran(tmp_path):
         import numpy as np
         sys.path.insert(0, {str(Path(__file__).parents[1])!r})
         from pruned_data import make_corpus
-        from pyterrier_rdime.pruned import compressed, int8_copy
+        from pyterrier_rdime.pruned import compressed, layout
         docs, queries = make_corpus()
         matrix = np.ascontiguousarray(docs.T)
-        copy = int8_copy.quantise(matrix)
+        copy = layout.quantise(matrix)
         compressed.INT8_PRODUCT = 'float64'
 
         def run(_):
@@ -389,21 +389,21 @@ def test_the_stage_on_an_array_index(corpus):
     np.testing.assert_allclose(out['score'], expected['score'], rtol=1e-5, atol=1e-5)
     assert repr(retriever).endswith("strategy='compressed')") and retriever.choose_strategy(query_vecs) == 'compressed'
     clone = pickle.loads(pickle.dumps(retriever))
-    assert clone._compressed._codes is None and retriever._compressed._codes is not None
+    assert clone._layout._codes is None and retriever._layout._codes is not None
     pd.testing.assert_frame_equal(clone(query_frame(query_vecs)), out)
     cut = (retriever % 5).compile()
-    assert cut._compressed is retriever._compressed and len(cut(query_frame(query_vecs[:1]))) == 5
+    assert cut._layout is retriever._layout and len(cut(query_frame(query_vecs[:1]))) == 5
 
 
 @pytest.fixture
 def count_builds(monkeypatch):
     built = []
-    original = int8_copy.build_compressed
+    original = layout.build_compressed
 
     def counting(*args, **kwargs):
         built.append(args[1])
         return original(*args, **kwargs)
-    monkeypatch.setattr(int8_copy, 'build_compressed', counting)
+    monkeypatch.setattr(layout, 'build_compressed', counting)
     return built
 
 
@@ -423,7 +423,7 @@ def test_one_copy_per_flex_index_rebuilt_when_stale_or_damaged(corpus, tmp_path,
     # streamed from vecs.f4: no float32 dimension-major copy is written for the compressed path
     assert not (folder / 'rdime.dim_major.npy').exists() and not list(folder.glob('.rdime.dim_major.npy.*'))
     assert count_builds == [path] and np.load(path).shape == (DIMS, len(docs))
-    np.testing.assert_array_equal(np.load(path), int8_copy.quantise(np.ascontiguousarray(docs.T)).codes)
+    np.testing.assert_array_equal(np.load(path), layout.quantise(np.ascontiguousarray(docs.T)).codes)
     assert path.with_suffix('.json').is_file() and path.stat().st_size < docs.nbytes / 3
     PrunedRetriever(index=FlexIndex(str(folder)), num_results=K, strategy='compressed')(frame)
     assert len(count_builds) == 1  # opened, not rebuilt

@@ -9,18 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyterrier_rdime.pruned import calibration, cost, kept, plan, planner
+from pyterrier_rdime.pruned import calibration, kept, planner
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
 # the compressed path: 0.05 + 0.25 x kept per query for the scan, 2 ms per call, and 1.5 k x kept dims values
 # re-scored at 1 ms each, the last two in units of a gemv over a matrix of b bytes taking b microseconds (10 ms over
 # 10 kB); in one pass, 1 + 0.05 per query for the first pass, 1 ms per query and the same re-scoring
-ROUND = cost.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fixed=0.1, pruned_slope=1.0,
-                       batch_per_query=0.05, batch_union=2.0, batch_per_kept=0.2, compressed_fixed=0.05,
-                       compressed_slope=0.25, compressed_call_seconds=2e-3, compressed_pass_fixed=1.0,
-                       compressed_pass_per_query=0.05, compressed_pass_call_seconds=1e-3, rescore_seconds=1e-3,
-                       gemv_seconds_per_byte=1e-6)
+ROUND = planner.CostModel(dense_gemm_fixed=2.0, dense_gemm_per_query=0.1, pruned_fixed=0.1, pruned_slope=1.0,
+                          batch_per_query=0.05, batch_union=2.0, batch_per_kept=0.2, compressed_fixed=0.05,
+                          compressed_slope=0.25, compressed_call_seconds=2e-3, compressed_pass_fixed=1.0,
+                          compressed_pass_per_query=0.05, compressed_pass_call_seconds=1e-3, rescore_seconds=1e-3,
+                          gemv_seconds_per_byte=1e-6)
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_costs_by_hand():
     assert costs(half, k=40, matrix_bytes=10_000)['compressed'] == pytest.approx(0.175 + 24.2)
     assert costs(np.ones((1, 8)))['pruned'] == pytest.approx(1.1)
     ten = np.repeat(half, 10, axis=0)  # same kept set: one by one 6.0, one pass 0.5 + 2 x 0.5 + 0.2 x 5 = 2.5
-    assert plan.batch_features(ten).tolist() == [10, 0.5, 5.0]
+    assert planner.batch_features(ten).tolist() == [10, 0.5, 5.0]
     assert costs(ten)['one pass'] == pytest.approx(2.5)
     assert costs(ten)['compressed'] == pytest.approx(10 * costs(half)['compressed'])  # query after query
     # one pass: 1 + 0.05 x 10, and per query 1 ms + 6 ms of re-scoring over a 10 kB matrix (a 10 ms gemv)
@@ -64,8 +64,8 @@ def test_costs_by_hand():
                                                                              'compressed', 'compressed one pass']
     assert list(costs(ten, one_pass=False)) == ['dense', 'pruned', 'compressed']
     assert costs(np.ones((10, 8), dtype=np.float32))['one pass'] == pytest.approx(4.5)  # 0.5 + 2 + 2
-    assert plan.nonzero_fractions(np.array([[0, 1, 2, 0], [0, 0, 0, 0]])).tolist() == [0.5, 0.0]
-    assert plan.batch_features(half[:0]).tolist() == [0, 0, 0]
+    assert planner.nonzero_fractions(np.array([[0, 1, 2, 0], [0, 0, 0, 0]])).tolist() == [0.5, 0.0]
+    assert planner.batch_features(half[:0]).tolist() == [0, 0, 0]
 
 
 def test_fit_non_negative_by_hand():
@@ -107,10 +107,10 @@ def test_plan_of_each_strategy():
     assert decide(spread, 'compressed') == 'compressed'  # 2 x (0.05 + 0.25 / 8) = 0.16 < 1.1 in one pass
     assert decide(spread, 'compressed', 2 ** 10) == 'compressed one pass'  # in the caches
     assert decide(ten, 'compressed', compiled=False) == 'compressed'  # the numpy path goes query by query
-    assert plan.Plan('one pass').strategy == 'pruned' and plan.Plan('compressed').strategy == 'compressed'
-    assert plan.Plan('compressed one pass').strategy == 'compressed'
+    assert planner.Plan('one pass').strategy == 'pruned' and planner.Plan('compressed').strategy == 'compressed'
+    assert planner.Plan('compressed one pass').strategy == 'compressed'
     with pytest.raises(ValueError, match='unknown path'):
-        plan.Plan('fast')
+        planner.Plan('fast')
     with pytest.raises(ValueError, match='unknown strategy'):
         decide(half, 'fast')
 
@@ -201,11 +201,11 @@ class _Machine:
     """A machine whose paths cost exactly what ``TRUE`` says (in ms on a fake clock: a gemv over the calibration's
     768 x 4096 float32 matrix takes 1 ms, over the 768 x 256 matrix of the compressed path's calls 1/16 ms), for the
     calibration to recover."""
-    TRUE = cost.CostModel(dense_gemm_fixed=1.5, dense_gemm_per_query=0.2, pruned_fixed=0.05, pruned_slope=0.9,
-                          batch_per_query=0.03, batch_union=1.0, batch_per_kept=0.25, compressed_fixed=0.02,
-                          compressed_slope=0.3, compressed_call_seconds=1e-4, compressed_pass_fixed=0.4,
-                          compressed_pass_per_query=0.06, compressed_pass_call_seconds=5e-4, rescore_seconds=2e-9,
-                          gemv_seconds_per_byte=1e-3 / (768 * 4096 * 4))
+    TRUE = planner.CostModel(dense_gemm_fixed=1.5, dense_gemm_per_query=0.2, pruned_fixed=0.05, pruned_slope=0.9,
+                             batch_per_query=0.03, batch_union=1.0, batch_per_kept=0.25, compressed_fixed=0.02,
+                             compressed_slope=0.3, compressed_call_seconds=1e-4, compressed_pass_fixed=0.4,
+                             compressed_pass_per_query=0.06, compressed_pass_call_seconds=5e-4, rescore_seconds=2e-9,
+                             gemv_seconds_per_byte=1e-3 / (768 * 4096 * 4))
 
     def __init__(self, disturbed=()):
         self.now, self.disturbed = 0.0, disturbed

@@ -1,4 +1,4 @@
-"""The measured choice of strategy='auto' (pruned.planner, its timings pruned.measured): buckets and candidates by hand,
+"""The measured choice of strategy='auto' (pruned.planner, with its timings): buckets and candidates by hand,
 the retriever driven by a fake clock, so that which path is faster is the test's to say: a path faster than the model
 says is found and taken, a clock agreeing with the model never runs a path beyond the margin, the record is kept
 for later processes and starts over when the index is rewritten. No timed assertions."""
@@ -7,8 +7,8 @@ import pytest
 from pruned_data import flex_index, full_topk, make_corpus
 
 from pyterrier_rdime import PrunedRetriever
-from pyterrier_rdime.pruned import calibration, kept, measured, planner
-from pyterrier_rdime.pruned.plan import Choice
+from pyterrier_rdime.pruned import calibration, kept, planner
+from pyterrier_rdime.pruned.planner import Choice
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='auto scores densely without numba: pip install pyterrier-rdime[fast]')
@@ -77,7 +77,7 @@ def test_buckets_and_candidates_by_hand():
 def test_exploring_order_the_cold_run_the_recent_timings_and_the_recheck():
     seconds = {'a': 12.0, 'b': 8.0}  # per call; the model says a 1.0, b 1.5: 12 and 5.33 s per unit
     now = [0.0]
-    choice_of = measured.MeasuredChoice(None, clock=lambda: now[0])
+    choice_of = planner.MeasuredChoice(None, clock=lambda: now[0])
     costs = {'a': 1.0, 'b': 1.5, 'c': 5.0}  # c is beyond the margin
 
     def run(choice):
@@ -100,7 +100,7 @@ def test_exploring_order_the_cold_run_the_recent_timings_and_the_recheck():
     assert planner.measured_choice({'a': 0.5, 'b': 1.5}, 'bucket', choice_of).path == 'a'
     # the least of the recent timings: one slow timing does not move the record, RECENT slow ones do
     seconds['b'] = 30.0
-    for _ in range(measured.RECENT - 1):
+    for _ in range(planner.RECENT - 1):
         run(Choice('b', 1.5, 'bucket', 'measured'))
     assert choice_of.bucket_timings('bucket')[0]['b'] == pytest.approx(8.0 / 1.5)
     run(Choice('b', 1.5, 'bucket', 'measured'))

@@ -9,7 +9,7 @@ from pruned_data import K, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever
 from pyterrier_rdime.pruned import compressed, dense, kept, planner
-from pyterrier_rdime.pruned.plan import Choice, Plan
+from pyterrier_rdime.pruned.planner import Choice, Plan
 
 PRUNED = Path(kept.__file__).parent
 
@@ -26,8 +26,8 @@ def sibling_imports(path: Path) -> set:
 
 def test_the_modules_import_one_another_without_a_circle():
     graph = {path.stem: sibling_imports(path) for path in PRUNED.glob('*.py') if path.stem != '__init__'}
-    assert graph['_numba'] <= {'plan', 'topk'} and graph['cost'] <= {'dense', 'plan'} and graph['plan'] == set()
-    assert 'calibration' not in graph['cost'] and 'cost' not in graph['kept']
+    assert graph['_numba'] <= {'topk'} and graph['planner'] <= {'dense'} and graph['topk'] == set()
+    assert 'calibration' not in graph['planner'] and 'planner' not in graph['kept']
     done, visiting = set(), []
 
     def visit(module):

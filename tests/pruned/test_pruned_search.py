@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pruned_data import DIMS, K, full_topk, make_corpus
 
-from pyterrier_rdime.pruned import dense, kept, plan, topk
+from pyterrier_rdime.pruned import dense, kept, topk
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -35,7 +35,7 @@ def fused(dim_major, query_vecs, k, path):
 
 
 def test_kept_dims_and_best_k():
-    dims, weights, starts = plan.kept_dims(np.array([[0, 2, 0], [1, 0, 3], [0, 0, 0]], dtype=np.float32))
+    dims, weights, starts = topk.kept_dims(np.array([[0, 2, 0], [1, 0, 3], [0, 0, 0]], dtype=np.float32))
     assert dims.tolist() == [1, 0, 2] and weights.tolist() == [2, 1, 3] and starts.tolist() == [0, 1, 3, 3]
     scores = np.array([1, 3, 3, 2], dtype=np.float32)
     assert topk.best_k(scores, np.array([0, 1, 2, 3]), 2).tolist() == [1, 2]

@@ -12,7 +12,7 @@ import pytest
 from pruned_data import DIMS, DOCS, K, flex_index, full_topk, make_corpus, query_frame
 
 from pyterrier_rdime import PrfDime, PrunedRetriever, Rdime
-from pyterrier_rdime.pruned import calibration, cost, kept, planner
+from pyterrier_rdime.pruned import calibration, kept, planner
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -99,11 +99,11 @@ def test_auto_strategy_of_the_stage(corpus, monkeypatch):
     monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', 0)
     # a given model (no calibration in the tests: it would time this machine): one query costs 0.4 + 0.7 x kept
     # pruned, 2 for the compressed scan
-    model = cost.CostModel(dense_gemm_fixed=3.0, dense_gemm_per_query=0.3, pruned_fixed=0.4, pruned_slope=0.7,
-                           batch_per_query=0.05, batch_union=1.0, batch_per_kept=0.4, compressed_fixed=2.0,
-                           compressed_slope=0.0, compressed_call_seconds=0.0, compressed_pass_fixed=2.0,
-                           compressed_pass_per_query=0.0, compressed_pass_call_seconds=0.0, rescore_seconds=1e-8,
-                           gemv_seconds_per_byte=1e-9)
+    model = planner.CostModel(dense_gemm_fixed=3.0, dense_gemm_per_query=0.3, pruned_fixed=0.4, pruned_slope=0.7,
+                              batch_per_query=0.05, batch_union=1.0, batch_per_kept=0.4, compressed_fixed=2.0,
+                              compressed_slope=0.0, compressed_call_seconds=0.0, compressed_pass_fixed=2.0,
+                              compressed_pass_per_query=0.0, compressed_pass_call_seconds=0.0, rescore_seconds=1e-8,
+                              gemv_seconds_per_byte=1e-9)
     monkeypatch.setattr(calibration, '_MODELS', {calibration.machine_key(): model})
     assert retriever.choose_strategy(query_vecs[2:3]) == 'pruned'  # about half kept: 0.75 < 1
     assert retriever.choose_strategy(query_vecs[:1]) == 'dense'  # every dimension kept: 1.1 > 1
@@ -111,7 +111,7 @@ def test_auto_strategy_of_the_stage(corpus, monkeypatch):
     assert PrunedRetriever(index=docs, strategy='dense').choose_strategy(query_vecs[2:3]) == 'dense'
     # a cheap scan (0.05 + 0.1 x kept): the compressed path wins while its re-scoring is small against a gemv over
     # the 576 kB matrix (0.58 ms): 25 results re-score ~37 documents x ~24 dims, 9 us; 3000 (every document), 1 ms
-    cheap = cost.CostModel(**{**dataclasses.asdict(model), 'compressed_fixed': 0.05, 'compressed_slope': 0.1})
+    cheap = planner.CostModel(**{**dataclasses.asdict(model), 'compressed_fixed': 0.05, 'compressed_slope': 0.1})
     monkeypatch.setattr(calibration, '_MODELS', {calibration.machine_key(): cheap})
     few = PrunedRetriever(index=docs, num_results=K)
     assert few.choose_strategy(query_vecs[2:3]) == 'compressed'

@@ -18,8 +18,8 @@ import pytest
 from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
-from pyterrier_rdime.pruned import calibration, cost, planner, shard_data, sharded
-from pyterrier_rdime.pruned.plan import Plan
+from pyterrier_rdime.pruned import calibration, planner, sharded
+from pyterrier_rdime.pruned.planner import Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore::DeprecationWarning')]
 
@@ -186,11 +186,11 @@ def test_every_shard_takes_the_plan_of_the_whole_collection(cluster, uneven, cor
     docs, query_vecs = corpus
     # a model under which the pruned paths are far cheaper than dense, planned even for these small matrices: each
     # shard alone would be dense (under MIN_PRUNED_BYTES), whose BLAS sums would round scores otherwise
-    cheap_pruned = cost.CostModel(dense_gemm_fixed=100, dense_gemm_per_query=100, pruned_fixed=0.1, pruned_slope=0.5,
-                                  batch_per_query=0.05, batch_union=2, batch_per_kept=0.2, compressed_fixed=100,
-                                  compressed_slope=1, compressed_call_seconds=1, compressed_pass_fixed=100,
-                                  compressed_pass_per_query=1, compressed_pass_call_seconds=1, rescore_seconds=1,
-                                  gemv_seconds_per_byte=1e-9)
+    cheap_pruned = planner.CostModel(dense_gemm_fixed=100, dense_gemm_per_query=100, pruned_fixed=0.1, pruned_slope=0.5,
+                                     batch_per_query=0.05, batch_union=2, batch_per_kept=0.2, compressed_fixed=100,
+                                     compressed_slope=1, compressed_call_seconds=1, compressed_pass_fixed=100,
+                                     compressed_pass_per_query=1, compressed_pass_call_seconds=1, rescore_seconds=1,
+                                     gemv_seconds_per_byte=1e-9)
     monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', docs[:1000].nbytes)  # above every shard, below the collection
     monkeypatch.setattr(calibration, 'model', lambda **_: cheap_pruned)  # the single index's model
     retriever = ShardedPrunedRetriever(shards=uneven, num_results=K)
@@ -282,7 +282,7 @@ def test_docnos_shared_by_two_shards_refused(cluster, tmp_path, flex):
 
 
 def test_shared_hashes():
-    found = shard_data.shared_hashes([np.array([1, 5, 9], dtype=np.uint64), np.array([2, 5, 9, 11], dtype=np.uint64),
+    found = sharded.shared_hashes([np.array([1, 5, 9], dtype=np.uint64), np.array([2, 5, 9, 11], dtype=np.uint64),
                                    np.array([], dtype=np.uint64), np.array([3, 3, 12], dtype=np.uint64)])
     assert found.tolist() == [3, 5, 9]
 

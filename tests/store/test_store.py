@@ -15,7 +15,7 @@ from pruned_data import flex_index, full_topk, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, controls, store
 from pyterrier_rdime.experiment.progress import SystemRecords
-from pyterrier_rdime.pruned import measured, planner
+from pyterrier_rdime.pruned import planner
 
 KEY = ('frames', 'prf/RDIME')
 
@@ -122,7 +122,7 @@ def test_an_open_retriever_follows_its_vectors_edited_in_place_on_every_path(tmp
 def test_a_measured_timings_record_holding_strings_is_ignored_and_rewritten(tmp_path):
     path = tmp_path / 'measured.json'
     path.write_text('{"buckets": {"b": {"calls": 3, "seconds_per_unit": {"dense": ["x"], "compressed": ["y"]}}}}')
-    choice = measured.MeasuredChoice(lambda: path, clock=iter(range(100)).__next__)
+    choice = planner.MeasuredChoice(lambda: path, clock=iter(range(100)).__next__)
     costs = {'dense': 1.0, 'compressed': 1.2}
     first = planner.measured_choice(costs, 'b', choice)
     assert first.reason == 'explore' and first.path == 'dense'
@@ -130,7 +130,7 @@ def test_a_measured_timings_record_holding_strings_is_ignored_and_rewritten(tmp_
         choice.timed(first, lambda: None)
     assert store.read_json(path, 'measured-timings')['buckets']['b']['seconds_per_unit'] == {'dense': [1.0]}
     store.write_json(path, 'measured-timings', {'buckets': {'b': {'calls': 1, 'seconds_per_unit': {'dense': ['x']}}}})
-    again = measured.MeasuredChoice(lambda: path)
+    again = planner.MeasuredChoice(lambda: path)
     assert planner.measured_choice(costs, 'b', again).reason == 'explore'  # checks, but not timings
 
 
