@@ -79,8 +79,8 @@ class GridResult:
 
 def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str], out: Union[str, Path],
          **settings) -> List[Cell]:
-    """Checks every option before any work and returns the cells (what depends on a cell's collection is checked by
-    :func:`run_experiment`); one given twice is planned once, with a warning. Errors name the option and the fix."""
+    """Checks every option and every cell's collection before any work and returns the cells; one given twice is
+    planned once, with a warning. Errors name the option and the fix."""
     if not collections or not encoders:
         raise ValueError('the grid needs at least one collection and one --encoder')
     options = Options(**{k: v for k, v in settings.items() if k in OPTION_NAMES})
@@ -88,6 +88,10 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     ev.parse_measures(ev.DEFAULT_MEASURES if measures is None else measures, settings.get('rel'))
     answers = settings.get('answers')
     loaded = [c if isinstance(c, Collection) else load_collection(c) for c in collections]
+    for collection in loaded:  # every cell's collection checked before the first cell starts
+        ev.check_rel(settings.get('rel'), collection.qrels)
+        if settings.get('index') is None:
+            options.check_documents(collection.num_docs, f'collection {collection.name!r}')
     cache_dir = settings.get('cache_dir') or default_cache_dir()
     # each name of --answers resolved for each collection now (a local copy, or the published file, downloaded once)
     answers_keys = {id(c): answers_key(answer_sources(answers, c, cache_dir)) if answers is not None else None

@@ -151,6 +151,13 @@ def test_more_shards_than_documents_fail_before_any_work(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert status == 2 and '--shards 1000 is more than the 30 documents' in err and 'pass --shards 30' in err, err
     assert not list((tmp_path / 'cache').rglob('*.flex'))
+    # in a grid, a collection too small for --shards fails before the first cell (a large one) starts
+    big = _folder(tmp_path / 'big', num_docs=60, run=False)
+    status = main([str(big), str(folder), '--mode', 'retrieve', '--retriever', 'sharded', '--shards', '40',
+                   '--quiet', '--cache', str(tmp_path / 'cache'), '--out', str(tmp_path / 'grid')])
+    err = capsys.readouterr().err
+    assert status == 2 and '--shards 40 is more than the 30 documents' in err, err
+    assert not list((tmp_path / 'cache').rglob('*.flex')) and not list((tmp_path / 'grid').rglob('cell.json'))
 
 
 def test_qrels_of_queries_the_collection_lacks_are_counted_once(tmp_path, caplog):
