@@ -6,7 +6,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -172,7 +171,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         settings.update(ks=_fractions('--ks', args.ks, 'fractions in (0, 1], e.g. 0.4,0.6,0.8'),
                         masses=_fractions('--score-mass', args.score_mass, 'shares in (0, 1], e.g. 0.8'),
                         dimes=_split(args.dimes), modulators=_split(args.modulators), controls=_split(args.controls))
-        check_arguments(args, out, cache)
+        check_arguments(args)
         backend = _parallel_backend(args.workers, args.ray_address, args.retriever, args.cells)
         return _run(args, settings, out, cache, backend, start)
     except KeyboardInterrupt:
@@ -188,7 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 70
 
 
-def check_arguments(args: argparse.Namespace, out: Path, cache: Path) -> None:
+def check_arguments(args: argparse.Namespace) -> None:
     """The options that the library would only check late (or not at all), checked now; each error names the option
     and the fix. The protocol options are checked by :class:`~.options.Options`, in :func:`~.grid.plan`."""
     check_int(PROG, '--batch-size', args.batch_size, 1, hint='the number of texts encoded at once, e.g. 32')
@@ -220,25 +219,11 @@ def check_arguments(args: argparse.Namespace, out: Path, cache: Path) -> None:
                                  'pass --answers FILE (qid<TAB>answer), put an llm_answers.tsv in the collection '
                                  'folder, or generate them with --llm-generator smollm2; or add a DIME that reads no '
                                  f'answers, e.g. --dimes prf,{args.dimes}')
-    check_writable('--out', out)
-    check_writable('--cache', cache)
     check_int(PROG, '--workers', args.workers, 1)
     bound = 4 * (os.cpu_count() or 1)  # more processes than that only add memory and start-up time
     if args.workers > bound:
         raise ValueError(f'--workers {args.workers} is more than 4 x the {os.cpu_count() or 1} CPU cores ({bound}); '
                          f'pass --workers {bound} or fewer')
-
-
-def check_writable(option: str, folder: Path) -> None:
-    """Fails at once when ``folder`` cannot be created or written, rather than after the whole run."""
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f'{option} {folder}: exists and is not a folder; pass a folder path')
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
 
 
 def check_llm_generator(value: str) -> None:

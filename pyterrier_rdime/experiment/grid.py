@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import logging
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -87,12 +88,14 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     measures = settings.get('measures')
     ev.parse_measures(ev.DEFAULT_MEASURES if measures is None else measures, settings.get('rel'))
     answers = settings.get('answers')
+    cache_dir = settings.get('cache_dir') or default_cache_dir()
+    check_writable('--out', Path(out))
+    check_writable('--cache', Path(cache_dir))
     loaded = [c if isinstance(c, Collection) else load_collection(c) for c in collections]
     for collection in loaded:  # every cell's collection checked before the first cell starts
         ev.check_rel(settings.get('rel'), collection.qrels)
         if settings.get('index') is None:
             options.check_documents(collection.num_docs, f'collection {collection.name!r}')
-    cache_dir = settings.get('cache_dir') or default_cache_dir()
     # each name of --answers resolved for each collection now (a local copy, or the published file, downloaded once)
     answers_keys = {id(c): answers_key(answer_sources(answers, c, cache_dir)) if answers is not None else None
                     for c in loaded}
@@ -117,6 +120,18 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
             inputs = {**collection_inputs(collection, answers_keys[id(collection)]), 'encoder': fingerprint, **common}
             cells.append(Cell(collection, encoder, folder, inputs, collection_label, encoder_label))
     return cells
+
+
+def check_writable(option: str, folder: Path) -> None:
+    """Fails at once when ``folder`` cannot be created or written, rather than after the whole run."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f'{option} {folder}: exists and is not a folder; pass a folder path')
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
 
 
 def answers_key(sources: AnswerSources) -> str:
