@@ -1,8 +1,8 @@
 """The experiment runner (``rdime-experiment``): the paper's grid on a collection, apart from the library stages.
 
 Heavy dependencies (torch, transformers, PISA, ir_datasets, matplotlib) load only when the runner runs. Modules by
-job: inputs and caches (``fingerprint``, ``collection``, ``encoders``, ``dense_cache``, ``first_stage``,
-``indexes``); statistics (``evaluate``, ``sweep``, ``parity``); outputs (``figures``, ``report``, ``tables``);
+job: inputs and caches (``collection``, ``encoders``, ``dense_cache``, ``indexes``); statistics (``evaluate``,
+``sweep``, ``parity``); outputs (``figures``, ``report``, ``tables``);
 orchestration (``progress``, ``batched``, ``systems``, ``options``, ``runner``, ``cells``, ``grid``, ``arguments``,
 ``cli``).
 """
