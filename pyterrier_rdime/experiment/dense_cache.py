@@ -72,62 +72,56 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
     check_int('dense_index', 'batch_size (--batch-size)', batch_size, 1)
     needed = None if docnos is None else list(dict.fromkeys(str(d) for d in docnos))
     path = dense_index_path(collection, encoder_name, cache_dir)
-    with store.locked(path):
-        return _dense_index(path, collection, model, encoder_name, needed, batch_size, verbose)
-
-
-def _dense_index(path: Path, collection: Collection, model, encoder_name: str, needed: Optional[List[str]],
-                 batch_size: int, verbose: bool):
-    """:func:`dense_index` once it holds the cache entry ``path``."""
     from pyterrier_dr import FlexIndex
-    encoder = encoder_fingerprint(encoder_name)
-    cached = _cached_vectors(path, collection, encoder)
-    held = set(cached.docnos)
-    if cached.current and (cached.complete or (needed is not None and held.issuperset(needed))):
-        return cached.index
-    wanted = None if needed is None else [d for d in needed if d not in held]
-    if wanted is not None and len(held) + len(wanted) == 1:
-        wanted += _another_docno(collection, wanted + cached.docnos)
-    elif wanted is None and collection.num_docs == 1:
-        _another_docno(collection, [doc['docno'] for doc in collection.docs(None)])
-    if wanted is not None:
-        total = len(wanted)
-    else:
-        total = collection.num_docs - len(held) if collection.num_docs is not None else None
-    new_docs = collection.docs(wanted)  # a docno the corpus lacks fails here, before any encoding
-    logger.info('encoding %s documents of %s into %s', 'all the' if total is None else total, collection.name, path)
-    vectors = cached.index.payload(return_docnos=False)[0] if cached.index is not None else None
-    new_hashes: List[np.ndarray] = []
-    partial = _EncodedSoFar(path.with_name(path.name + PARTIAL_SUFFIX), encoder)
+    with store.locked(path):  # one builder at a time
+        encoder = encoder_fingerprint(encoder_name)
+        cached = _cached_vectors(path, collection, encoder)
+        held = set(cached.docnos)
+        if cached.current and (cached.complete or (needed is not None and held.issuperset(needed))):
+            return cached.index
+        wanted = None if needed is None else [d for d in needed if d not in held]
+        if wanted is not None and len(held) + len(wanted) == 1:
+            wanted += _another_docno(collection, wanted + cached.docnos)
+        elif wanted is None and collection.num_docs == 1:
+            _another_docno(collection, [doc['docno'] for doc in collection.docs(None)])
+        if wanted is not None:
+            total = len(wanted)
+        else:
+            total = collection.num_docs - len(held) if collection.num_docs is not None else None
+        new_docs = collection.docs(wanted)  # a docno the corpus lacks fails here, before any encoding
+        logger.info('encoding %s documents of %s into %s', 'all the' if total is None else total, collection.name, path)
+        vectors = cached.index.payload(return_docnos=False)[0] if cached.index is not None else None
+        new_hashes: List[np.ndarray] = []
+        partial = _EncodedSoFar(path.with_name(path.name + PARTIAL_SUFFIX), encoder)
 
-    def records() -> Iterator[dict]:
-        """Streams the reused vectors, then the new ones a batch at a time (bounded memory)."""
-        for docid, docno in zip(cached.docids, cached.docnos):
-            yield {'docno': docno, 'doc_vec': np.asarray(vectors[docid])}
-        fresh = (doc for doc in new_docs if doc['docno'] not in held)
-        with pt.tqdm(total=total, desc='encoding documents', unit='doc', disable=not verbose) as progress:
-            try:
-                for chunk in iter(lambda: list(itertools.islice(fresh, batch_size)), []):
-                    docnos, texts = [doc['docno'] for doc in chunk], [doc['text'] for doc in chunk]
-                    hashes = text_hashes(texts)
-                    new_hashes.append(hashes)
-                    for docno, vec in zip(docnos, partial.vectors(docnos, hashes, texts, model)):
-                        yield {'docno': docno, 'doc_vec': vec}
-                    progress.update(len(chunk))
-            finally:  # interrupted or done: what is pending is kept
-                partial.flush()
+        def records() -> Iterator[dict]:
+            """Streams the reused vectors, then the new ones a batch at a time (bounded memory)."""
+            for docid, docno in zip(cached.docids, cached.docnos):
+                yield {'docno': docno, 'doc_vec': np.asarray(vectors[docid])}
+            fresh = (doc for doc in new_docs if doc['docno'] not in held)
+            with pt.tqdm(total=total, desc='encoding documents', unit='doc', disable=not verbose) as progress:
+                try:
+                    for chunk in iter(lambda: list(itertools.islice(fresh, batch_size)), []):
+                        docnos, texts = [doc['docno'] for doc in chunk], [doc['text'] for doc in chunk]
+                        hashes = text_hashes(texts)
+                        new_hashes.append(hashes)
+                        for docno, vec in zip(docnos, partial.vectors(docnos, hashes, texts, model)):
+                            yield {'docno': docno, 'doc_vec': vec}
+                        progress.update(len(chunk))
+                finally:  # interrupted or done: what is pending is kept
+                    partial.flush()
 
-    start = time.time()
-    with pt.io.finalized_directory(str(path)) as tmp:
-        FlexIndex(tmp, verbose=False).indexer(mode='overwrite').index(records())
-        hashes = _ensure_lookup_round_trips(Path(tmp), np.concatenate([cached.hashes] + new_hashes))
-        np.save(Path(tmp) / TEXT_HASHES, hashes)
-        write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, encoder=encoder,
-                          encoder_name=encoder_name, complete=needed is None, num_docs=len(hashes))
-        shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
-    shutil.rmtree(partial.folder, ignore_errors=True)  # its vectors are in the index now
-    logger.info('encoded the documents in %.0f s', time.time() - start)
-    return FlexIndex(str(path), verbose=False)
+        start = time.time()
+        with pt.io.finalized_directory(str(path)) as tmp:
+            FlexIndex(tmp, verbose=False).indexer(mode='overwrite').index(records())
+            hashes = _ensure_lookup_round_trips(Path(tmp), np.concatenate([cached.hashes] + new_hashes))
+            np.save(Path(tmp) / TEXT_HASHES, hashes)
+            write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, encoder=encoder,
+                              encoder_name=encoder_name, complete=needed is None, num_docs=len(hashes))
+            shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
+        shutil.rmtree(partial.folder, ignore_errors=True)  # its vectors are in the index now
+        logger.info('encoded the documents in %.0f s', time.time() - start)
+        return FlexIndex(str(path), verbose=False)
 
 
 class _EncodedSoFar:
