@@ -51,7 +51,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_int(PROG, '--rel', args.rel, 1,
                   hint='the lowest label that counts as relevant: 1, or 2 for the TREC DL convention')
     if args.answers is not None:
-        from .collection import check_answers_spec
+        from .systems import check_answers_spec
         check_answers_spec(args.answers)
     encoders = [e.strip() for e in args.encoder.split(',') if e.strip()]
     if not encoders:

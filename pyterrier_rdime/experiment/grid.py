@@ -16,12 +16,13 @@ from .._config import check_int, default_cache_dir
 from ..store import atomic_open
 from . import evaluate as ev
 from .cells import run_cells
-from .collection import AnswerSources, Collection, answer_sources, load_collection, slug
+from .collection import Collection, load_collection, slug
 from .encoders import encoder_fingerprint
 from .options import OPTION_NAMES, Options
 from .progress import PROGRESS, SystemRecords
 from .report import ExperimentResult
 from .runner import run_experiment
+from .systems import AnswerSources, answer_sources
 from .tables import write_combined
 
 logger = logging.getLogger(__name__)

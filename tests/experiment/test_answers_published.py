@@ -11,7 +11,8 @@ from conftest import shared_collection
 
 from pyterrier_rdime import LlmAnswers
 from pyterrier_rdime.experiment.cli import main
-from pyterrier_rdime.experiment.collection import answer_sources, check_answers_spec, load_collection
+from pyterrier_rdime.experiment.collection import load_collection
+from pyterrier_rdime.experiment.systems import answer_sources, check_answers_spec
 from pyterrier_rdime.llm import published, read_answers_csv, read_answers_tsv
 from pyterrier_rdime.llm.published import CATALOGUE, Published, cached_path, fetch, published_entry
 
