@@ -201,7 +201,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_int(PROG, '--rel', args.rel, 1,
                   hint='the lowest label that counts as relevant: 1, or 2 for the TREC DL convention')
     if args.answers is not None:
-        from .answer_sources import check_answers_spec
+        from .systems import check_answers_spec
         check_answers_spec(args.answers)
     if not _split(args.encoder):
         raise ValueError(f"--encoder {args.encoder!r} names no encoder; pass 'minilm' (bundled), a model folder or a "

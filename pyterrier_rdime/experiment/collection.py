@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from .. import store
 from .._tsv import read_qid_tsv, utf8_lines
 from ..llm import read_answers_tsv
-from .fingerprint import slug
 
 REQUIRED_FILES = ('docs.jsonl', 'queries.tsv', 'qrels')
 DOCS_FORMAT = 'each line of docs.jsonl is one JSON object {"docno": "<id>", "text": "<text>"}'
@@ -25,8 +25,30 @@ QUERIES_FORMAT = 'each line of queries.tsv is qid<TAB>query'
 QRELS_FORMAT = 'each line of qrels is "qid 0 docno label" with an integer label'
 RUN_FORMAT = 'each line of a TREC run is "qid Q0 docno rank score tag" with an integer rank and a finite score'
 _INTEGER = re.compile(r'[+-]?[0-9]+')
+#: The record (:mod:`pyterrier_rdime.store`) in a cached index's folder of what it was built from.
+FINGERPRINT = 'rdime_fingerprint.json'
 
 logger = logging.getLogger(__name__)
+
+
+def slug(label: str, key: Optional[str] = None) -> str:
+    """A file-name-safe folder name: ``label`` with other characters than letters, digits and ``_.-`` as ``_``, its
+    last 60 characters, then ``-<key>`` where given. The one naming rule of the caches and cell folders."""
+    base = re.sub(r'[^A-Za-z0-9_.-]+', '_', label).strip('_')[-60:]
+    return f'{base}-{key}' if key is not None else base or '_'
+
+
+def read_fingerprint(folder: Union[str, Path]) -> Optional[dict]:
+    """The fingerprint recorded in ``folder``; ``None`` (unknown content) when there is none or it does not check."""
+    try:
+        return store.read_json(Path(folder) / FINGERPRINT, 'fingerprint')
+    except ValueError:  # store.Damaged, or not JSON
+        return None
+
+
+def write_fingerprint(folder: Union[str, Path], **fields) -> None:
+    """Records ``fields`` in ``folder``, atomically (a killed process leaves the old file or the new one)."""
+    store.write_json(Path(folder) / FINGERPRINT, 'fingerprint', fields)
 
 
 @dataclass
@@ -133,7 +155,10 @@ def _load_irds(name: str) -> Collection:
     if not (irds.has_docs() and irds.has_queries() and irds.has_qrels()):
         raise ValueError(f'{name} lacks documents, queries or qrels; pick a dataset id with all three '
                          '(for example irds:msmarco-passage/trec-dl-2019/judged)')
-    topics = _irds_topics(dataset, irds)
+    if len(irds.queries_cls()._fields) == 2:
+        topics = dataset.get_topics()[['qid', 'query']]
+    else:  # Robust04's title, description, narrative: default_text() is the title (PyTerrier gives no query column)
+        topics = pd.DataFrame([(q.query_id, q.default_text()) for q in irds.queries_iter()], columns=['qid', 'query'])
     qrels = dataset.get_qrels()
     try:
         num_docs = irds.docs_count()
@@ -150,24 +175,11 @@ def _load_irds(name: str) -> Collection:
             docnos = list(dict.fromkeys(docnos))
             _refuse_absent(absent(docnos), name)
         source = irds.docs_iter() if docnos is None else irds.docs_store().get_many_iter(docnos)
-        return ({'docno': doc.doc_id, 'text': _doc_text(doc)} for doc in source)
+        return ({'docno': doc.doc_id, 'text': doc.default_text() if hasattr(doc, 'default_text') else ' '.join(
+            str(v) for k, v in doc._asdict().items() if k != 'doc_id' and isinstance(v, str))} for doc in source)
 
     return Collection(name=name, topics=topics, qrels=qrels, docs=docs, absent=absent, fingerprint=name,
                       num_docs=num_docs)
-
-
-def _irds_topics(dataset, irds) -> pd.DataFrame:
-    """``qid, query``: a query class of several fields (Robust04's ``title, description, narrative``) gives its
-    ``default_text()`` (the title: title queries), where PyTerrier's ``get_topics()`` returns no ``query`` column."""
-    if len(irds.queries_cls()._fields) == 2:
-        return dataset.get_topics()[['qid', 'query']]
-    return pd.DataFrame([(q.query_id, q.default_text()) for q in irds.queries_iter()], columns=['qid', 'query'])
-
-
-def _doc_text(doc) -> str:
-    if hasattr(doc, 'default_text'):
-        return doc.default_text()
-    return ' '.join(str(v) for k, v in doc._asdict().items() if k != 'doc_id' and isinstance(v, str))
 
 
 def _load_folder(path: Path) -> Collection:
@@ -175,7 +187,9 @@ def _load_folder(path: Path) -> Collection:
     if missing:
         raise ValueError(f'collection folder {path} lacks {", ".join(missing)}; a collection folder holds '
                          'docs.jsonl ({"docno", "text"} per line), queries.tsv (qid<TAB>query) and qrels (TREC format)')
-    topics = _read_queries(path / 'queries.tsv')
+    topics = read_qid_tsv(path / 'queries.tsv', what='query', allow_empty=False)
+    if not topics:
+        raise ValueError(f'{path / "queries.tsv"} holds no queries; {QUERIES_FORMAT}')
     qrels = _read_qrels(path / 'qrels')
     runs = sorted(path.glob('*.run'))
     if len(runs) > 1:
@@ -184,10 +198,15 @@ def _load_folder(path: Path) -> Collection:
     run = read_trec_run(runs[0]) if runs else None
     answers = read_answers_tsv(path / 'llm_answers.tsv') if (path / 'llm_answers.tsv').is_file() else None
     documents = DocsFile(path / 'docs.jsonl')
-    if run is not None:
-        _check_run_docnos(run, runs[0], documents.absent(list(run['docno'].unique())), documents.path)
-    return Collection(name=str(path), topics=topics, qrels=qrels, docs=documents.docs, absent=documents.absent,
-                      fingerprint=documents.fingerprint, run=run, answers=answers, num_docs=len(documents.docnos))
+    unknown = run[run['docno'].isin(documents.absent(list(run['docno'].unique())))] if runs else ()
+    if len(unknown):  # a run naming a document the corpus lacks fails now, before anything is encoded
+        qid, docno = unknown.iloc[0][['qid', 'docno']]
+        raise ValueError(f'{runs[0]}: docno {docno!r} (qid {qid!r}) is not in {documents.path}, nor are '
+                         f'{unknown["docno"].nunique() - 1} other docnos of the run; the run and the corpus do not '
+                         'match: add the documents to docs.jsonl or remove them from the run')
+    return Collection(name=str(path), topics=pd.DataFrame(list(topics.items()), columns=['qid', 'query']),
+                      qrels=qrels, docs=documents.docs, absent=documents.absent, fingerprint=documents.fingerprint,
+                      run=run, answers=answers, num_docs=len(documents.docnos))
 
 
 class DocsFile:
@@ -205,7 +224,7 @@ class DocsFile:
             ends.append(tracker.end)
         if not self.docnos:
             raise ValueError(f'{path} holds no documents; {DOCS_FORMAT}')
-        self.identity = _file_identity(path)
+        self.identity = store.snapshot([path])[0]
         self.fingerprint = f'sha256:{tracker.digest.hexdigest()}'
         self.row = {docno: i for i, docno in enumerate(self.docnos)}
         self.starts = np.array(starts, dtype=np.int64)
@@ -232,7 +251,7 @@ class DocsFile:
 
     def _at(self, rows: np.ndarray) -> Iterator[Dict[str, str]]:
         with open(self.path, 'rb', buffering=0) as f:
-            if _file_identity(self.path, f) != self.identity:
+            if store.snapshot([self.path])[0] != self.identity:  # stat after opening: a file replaced since fails
                 raise self._changed()
             for row in rows:
                 f.seek(self.starts[row])
@@ -257,12 +276,6 @@ class _LineSpans:
         self.start, self.end = self.end, self.end + len(raw)
 
 
-def _file_identity(path: Path, opened=None) -> Tuple[int, int, int, int]:
-    """What changes when a file is written, replaced or touched: size, times and inode."""
-    stat = os.fstat(opened.fileno()) if opened is not None else path.stat()
-    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
-
-
 def _refuse_absent(missing: List[str], name: str, source: str = 'the documents asked for') -> None:
     """The one message for docnos that the corpus of collection ``name`` lacks (``source`` names them)."""
     if missing:
@@ -270,21 +283,6 @@ def _refuse_absent(missing: List[str], name: str, source: str = 'the documents a
         raise ValueError(f'{source} names docno {missing[0]!r}{more}, which is not in the corpus of collection '
                          f'{name!r}; the ranking and the corpus do not match: use the run made for this corpus, or '
                          'add the documents to it')
-
-
-def _check_run_docnos(run: pd.DataFrame, run_path: Path, absent: List[str], docs_path: Path) -> None:
-    """A run naming a document the corpus lacks fails at load time, before anything is encoded."""
-    unknown = run.loc[run['docno'].isin(set(absent)), ['qid', 'docno']]
-    if len(unknown):
-        qid, docno = unknown.iloc[0]
-        raise ValueError(f'{run_path}: docno {docno!r} (qid {qid!r}) is not in {docs_path}, nor are '
-                         f'{unknown["docno"].nunique() - 1} other docnos of the run; the run and the corpus do not '
-                         'match: add the documents to docs.jsonl or remove them from the run')
-
-
-def _is_token(value: str) -> bool:
-    """Whether ``value`` can be a field of a whitespace-separated TREC line (qrels, runs)."""
-    return len(value.split()) == 1 and value.split()[0] == value
 
 
 def _read_docs(path: Path, digest=None) -> Iterator[Tuple[str, str]]:
@@ -305,7 +303,7 @@ def _read_docs(path: Path, digest=None) -> Iterator[Tuple[str, str]]:
             problem = 'has no "text"' if text is None else f'has a non-string "text" ({type(text).__name__})'
             raise ValueError(f'{path}:{line_no}: document {docno!r} {problem}; give every document a "text" string '
                              '("" for an empty document)')
-        if not _is_token(docno):
+        if docno.split() != [docno]:  # qrels and runs are whitespace-separated
             raise ValueError(f'{path}:{line_no}: docno {docno!r} is empty or holds whitespace, so qrels and runs '
                              '(whitespace-separated) could never name it; use docnos without spaces')
         if docno in first_line:
@@ -313,13 +311,6 @@ def _read_docs(path: Path, digest=None) -> Iterator[Tuple[str, str]]:
                              'document its own docno, or remove the repeated one')
         first_line[docno] = line_no
         yield docno, text
-
-
-def _read_queries(path: Path) -> pd.DataFrame:
-    topics = read_qid_tsv(path, what='query', allow_empty=False)
-    if not topics:
-        raise ValueError(f'{path} holds no queries; {QUERIES_FORMAT}')
-    return pd.DataFrame(list(topics.items()), columns=['qid', 'query'])
 
 
 def _read_qrels(path: Path) -> pd.DataFrame:
@@ -347,11 +338,11 @@ def read_trec_run(path: Union[str, os.PathLike]) -> pd.DataFrame:
     """A TREC run file as ``qid, docno, score, rank`` (rank re-derived from the score, 0-based); the first bad line
     (not ``qid Q0 docno rank score tag``, or a (qid, docno) repeated) raises ``ValueError`` with its file and line."""
     path = Path(path)
-    return _parsed_run(path, _file_identity(path)).copy()
+    return _parsed_run(path, store.snapshot([path])[0]).copy()
 
 
 @functools.lru_cache(maxsize=4)
-def _parsed_run(path: Path, identity: Tuple[int, int, int, int]) -> pd.DataFrame:
+def _parsed_run(path: Path, identity: Optional[tuple]) -> pd.DataFrame:
     """:func:`read_trec_run`, parsed once per file content (``identity``)."""
     rows = []
     first_line: Dict[Tuple[str, str], int] = {}

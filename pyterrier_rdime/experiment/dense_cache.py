@@ -1,35 +1,40 @@
 """The dense index cache of a collection: a pyterrier-dr FlexIndex per (collection, encoder), keyed by content
-(the encoder's files, the collection's documents, each document's text) and checked on every use."""
+(the encoder's files, the collection's documents, each document's text hash) and checked on every use."""
 import hashlib
 import itertools
-import json
 import logging
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyterrier as pt
 
+from .. import store
 from .._config import check_int
 from ..flex_index import flex_index_problem
-from ..store import atomic_open
-from .collection import Collection, check_in_corpus
+from .collection import Collection, check_in_corpus, read_fingerprint, slug, write_fingerprint
 from .encoders import encoder_fingerprint
-from .fingerprint import (
-    TEXT_HASHES,
-    cache_entry,
-    read_fingerprint,
-    slug,
-    text_hash,
-    text_hashes,
-    write_fingerprint,
-)
 
 logger = logging.getLogger(__name__)
+
+#: A dense index's per-document text hashes (uint64, in the index's docid order).
+TEXT_HASHES = 'rdime_text_hashes.npy'
+#: Beside a dense index being encoded: the vectors encoded so far (:class:`_EncodedSoFar`).
+PARTIAL_SUFFIX = '.encoded-so-far'
+
+
+def text_hash(text: str) -> int:
+    """A 64-bit hash of a text (blake2b of its UTF-8 bytes): what a cached vector was encoded from."""
+    return int.from_bytes(hashlib.blake2b(text.encode('utf-8', 'surrogatepass'), digest_size=8).digest(), 'little')
+
+
+def text_hashes(texts: Iterable[str]) -> np.ndarray:
+    """:func:`text_hash` of each text, as uint64."""
+    return np.fromiter((text_hash(t) for t in texts), dtype=np.uint64)
 
 
 def encoder_slug(name: str) -> str:
@@ -67,70 +72,61 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
     check_int('dense_index', 'batch_size (--batch-size)', batch_size, 1)
     needed = None if docnos is None else list(dict.fromkeys(str(d) for d in docnos))
     path = dense_index_path(collection, encoder_name, cache_dir)
-    with cache_entry(path):
-        return _dense_index(path, collection, model, encoder_name, needed, batch_size, verbose)
-
-
-def _dense_index(path: Path, collection: Collection, model, encoder_name: str, needed: Optional[List[str]],
-                 batch_size: int, verbose: bool):
-    """:func:`dense_index` once it holds the cache entry ``path``."""
     from pyterrier_dr import FlexIndex
-    encoder = encoder_fingerprint(encoder_name)
-    cached = _cached_vectors(path, collection, encoder)
-    held = set(cached.docnos)
-    if cached.current and (cached.complete or (needed is not None and held.issuperset(needed))):
-        return cached.index
-    wanted = None if needed is None else [d for d in needed if d not in held]
-    if wanted is not None and len(held) + len(wanted) == 1:
-        wanted += _another_docno(collection, wanted + cached.docnos)
-    elif wanted is None and collection.num_docs == 1:
-        _another_docno(collection, [doc['docno'] for doc in collection.docs(None)])
-    if wanted is not None:
-        total = len(wanted)
-    else:
-        total = collection.num_docs - len(held) if collection.num_docs is not None else None
-    new_docs = collection.docs(wanted)  # a docno the corpus lacks fails here, before any encoding
-    logger.info('encoding %s documents of %s into %s', 'all the' if total is None else total, collection.name, path)
-    vectors = cached.index.payload(return_docnos=False)[0] if cached.index is not None else None
-    new_hashes: List[np.ndarray] = []
-    partial = _EncodedSoFar(path.with_name(path.name + PARTIAL_SUFFIX), encoder)
+    with store.locked(path):  # one builder at a time
+        encoder = encoder_fingerprint(encoder_name)
+        cached = _cached_vectors(path, collection, encoder)
+        held = set(cached.docnos)
+        if cached.current and (cached.complete or (needed is not None and held.issuperset(needed))):
+            return cached.index
+        wanted = None if needed is None else [d for d in needed if d not in held]
+        if wanted is not None and len(held) + len(wanted) == 1:
+            wanted += _another_docno(collection, wanted + cached.docnos)
+        elif wanted is None and collection.num_docs == 1:
+            _another_docno(collection, [doc['docno'] for doc in collection.docs(None)])
+        if wanted is not None:
+            total = len(wanted)
+        else:
+            total = collection.num_docs - len(held) if collection.num_docs is not None else None
+        new_docs = collection.docs(wanted)  # a docno the corpus lacks fails here, before any encoding
+        logger.info('encoding %s documents of %s into %s', 'all the' if total is None else total, collection.name, path)
+        vectors = cached.index.payload(return_docnos=False)[0] if cached.index is not None else None
+        new_hashes: List[np.ndarray] = []
+        partial = _EncodedSoFar(path.with_name(path.name + PARTIAL_SUFFIX), encoder)
 
-    def records() -> Iterator[dict]:
-        """Streams the reused vectors, then the new ones a batch at a time (bounded memory)."""
-        for docid, docno in zip(cached.docids, cached.docnos):
-            yield {'docno': docno, 'doc_vec': np.asarray(vectors[docid])}
-        fresh = (doc for doc in new_docs if doc['docno'] not in held)
-        with pt.tqdm(total=total, desc='encoding documents', unit='doc', disable=not verbose) as progress, partial:
-            for chunk in iter(lambda: list(itertools.islice(fresh, batch_size)), []):
-                docnos, texts = [doc['docno'] for doc in chunk], [doc['text'] for doc in chunk]
-                hashes = text_hashes(texts)
-                new_hashes.append(hashes)
-                for docno, vec in zip(docnos, partial.vectors(docnos, hashes, texts, model)):
-                    yield {'docno': docno, 'doc_vec': vec}
-                progress.update(len(chunk))
+        def records() -> Iterator[dict]:
+            """Streams the reused vectors, then the new ones a batch at a time (bounded memory)."""
+            for docid, docno in zip(cached.docids, cached.docnos):
+                yield {'docno': docno, 'doc_vec': np.asarray(vectors[docid])}
+            fresh = (doc for doc in new_docs if doc['docno'] not in held)
+            with pt.tqdm(total=total, desc='encoding documents', unit='doc', disable=not verbose) as progress:
+                try:
+                    for chunk in iter(lambda: list(itertools.islice(fresh, batch_size)), []):
+                        docnos, texts = [doc['docno'] for doc in chunk], [doc['text'] for doc in chunk]
+                        hashes = text_hashes(texts)
+                        new_hashes.append(hashes)
+                        for docno, vec in zip(docnos, partial.vectors(docnos, hashes, texts, model)):
+                            yield {'docno': docno, 'doc_vec': vec}
+                        progress.update(len(chunk))
+                finally:  # interrupted or done: what is pending is kept
+                    partial.flush()
 
-    start = time.time()
-    with pt.io.finalized_directory(str(path)) as tmp:
-        FlexIndex(tmp, verbose=False).indexer(mode='overwrite').index(records())
-        hashes = np.concatenate([cached.hashes] + new_hashes)
-        hashes = _ensure_lookup_round_trips(Path(tmp), hashes)
-        np.save(Path(tmp) / TEXT_HASHES, hashes)
-        write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, encoder=encoder,
-                          encoder_name=encoder_name, complete=needed is None, num_docs=len(hashes))
-        shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
-    partial.discard()
-    logger.info('encoded the documents in %.0f s', time.time() - start)
-    return FlexIndex(str(path), verbose=False)
-
-
-#: Beside a dense index being encoded: the vectors encoded so far (:class:`_EncodedSoFar`).
-PARTIAL_SUFFIX = '.encoded-so-far'
+        start = time.time()
+        with pt.io.finalized_directory(str(path)) as tmp:
+            FlexIndex(tmp, verbose=False).indexer(mode='overwrite').index(records())
+            hashes = _ensure_lookup_round_trips(Path(tmp), np.concatenate([cached.hashes] + new_hashes))
+            np.save(Path(tmp) / TEXT_HASHES, hashes)
+            write_fingerprint(tmp, collection=collection.name, docs=collection.fingerprint, encoder=encoder,
+                              encoder_name=encoder_name, complete=needed is None, num_docs=len(hashes))
+            shutil.rmtree(path, ignore_errors=True)  # os.replace cannot move a folder over a non-empty one
+        shutil.rmtree(partial.folder, ignore_errors=True)  # its vectors are in the index now
+        logger.info('encoded the documents in %.0f s', time.time() - start)
+        return FlexIndex(str(path), verbose=False)
 
 
 class _EncodedSoFar:
     """The vectors encoded for a dense index not built yet, kept in chunks beside it so that an interrupted run loses
-    at most the last :data:`FLUSH_EVERY` documents (the next run reads back those of the same encoder and text). A
-    context manager around the encoding: leaving it writes what is pending."""
+    at most the last :data:`FLUSH_EVERY` documents (the next run reads back those of the same encoder and text)."""
     FLUSH_EVERY = 4096
 
     def __init__(self, folder: Path, encoder: str):
@@ -140,13 +136,13 @@ class _EncodedSoFar:
         self.chunks = 0
         for record in sorted(folder.glob('chunk-*.json')) if folder.is_dir() else []:
             try:
-                kept = json.loads(record.read_text(encoding='utf-8'))
+                kept = store.read_json(record, 'encoded')
                 vecs = np.load(record.with_suffix('.npy'), mmap_mode='r')
                 if kept['encoder'] != encoder or not len(kept['docnos']) == len(kept['hashes']) == len(vecs):
                     continue
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # a chunk cut short by a kill, or another version's: encoded again
-            self.found.update(((d, int(h)), v) for d, h, v in zip(kept['docnos'], kept['hashes'], vecs))
+            self.found.update(zip(zip(kept['docnos'], kept['hashes']), vecs))
             self.chunks += 1
         if self.found:
             logger.info('%s: %d documents encoded by an interrupted run are read back', folder, len(self.found))
@@ -159,31 +155,22 @@ class _EncodedSoFar:
         out = {i: vec for i, vec in zip(todo, encoded)}
         self.pending.extend((*keys[i], out[i]) for i in todo)
         if len(self.pending) >= self.FLUSH_EVERY:
-            self._write()
+            self.flush()
         return [out[i] if i in out else np.asarray(self.found[key]) for i, key in enumerate(keys)]
 
-    def _write(self) -> None:
+    def flush(self) -> None:
+        """Writes the vectors pending as a chunk: its vectors, then its record (a chunk without one is ignored)."""
         if not self.pending:
             return
+        docnos, hashes, vecs = zip(*self.pending)
         self.folder.mkdir(parents=True, exist_ok=True)
         stem = self.folder / f'chunk-{self.chunks:07d}-{os.getpid()}'
-        with atomic_open(stem.with_suffix('.npy'), 'wb') as f:
-            np.save(f, np.stack([np.asarray(vec, dtype=np.float32) for _, _, vec in self.pending]))
-        with atomic_open(stem.with_suffix('.json')) as f:
-            json.dump({'encoder': self.encoder, 'docnos': [d for d, _, _ in self.pending],
-                       'hashes': [h for _, h, _ in self.pending]}, f)
+        with store.atomic_open(stem.with_suffix('.npy'), 'wb') as f:
+            np.save(f, np.stack(vecs).astype(np.float32))
+        store.write_json(stem.with_suffix('.json'), 'encoded', {'encoder': self.encoder, 'docnos': docnos,
+                                                               'hashes': hashes})
         self.chunks += 1
         self.pending = []
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._write()
-
-    def discard(self) -> None:
-        """Removes the chunks once the index holding their vectors is in place."""
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _another_docno(collection: Collection, docnos: List[str]) -> List[str]:
@@ -198,10 +185,15 @@ def _another_docno(collection: Collection, docnos: List[str]) -> List[str]:
 
 def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached:
     """What of the index cached at ``path`` is still valid for ``collection`` and the encoder ``encoder``."""
+    from pyterrier_dr import FlexIndex
     if not (path / 'pt_meta.json').is_file():
         return _Cached()
     try:
-        index, docnos, hashes = _read_cached(path)
+        if (problem := flex_index_problem(path)) is not None:  # not a whole FlexIndex
+            raise ValueError(problem)
+        index = FlexIndex(str(path), verbose=False)
+        docnos = _docnos(index)
+        hashes = np.load(path / TEXT_HASHES) if (path / TEXT_HASHES).is_file() else None
     except Exception as e:  # whatever makes a cache unreadable (truncated, edited by hand) makes it untrustworthy
         logger.warning('%s: cannot read this cached index (%s: %s); encoding again', path, type(e).__name__, e)
         return _Cached()
@@ -215,23 +207,19 @@ def _cached_vectors(path: Path, collection: Collection, encoder: str) -> _Cached
                        recorded.get('encoder'), encoder)
         return _Cached()
     if recorded.get('docs') == collection.fingerprint:
-        if not _lookup_round_trips(index, docnos):
+        round_trips = _lookup_round_trips(index, docnos)
+        if not round_trips:
             logger.warning('%s: its docno lookup gives some documents another row (an npids bug with long runs of '
                            'consecutive integer docnos); rewriting it in another order, no document encoded again',
                            path)
-            return _Cached(index, np.arange(len(docnos)), docnos, hashes, False, bool(recorded.get('complete')))
-        return _Cached(index, np.arange(len(docnos)), docnos, hashes, True, bool(recorded.get('complete')))
+        return _Cached(index, np.arange(len(docnos)), docnos, hashes, round_trips, bool(recorded.get('complete')))
     removed = set(collection.absent(docnos))
     now = {doc['docno']: text_hash(doc['text']) for doc in collection.docs([d for d in docnos if d not in removed])}
     keep = np.array([now.get(d) == int(h) for d, h in zip(docnos, hashes)], dtype=bool)
     # documents the index lacks: added since (complete index), or possibly never needed (a re-ranking's candidates)
-    others = collection.num_docs - len(now) if collection.num_docs is not None else None
-    if others is None:
-        others_note = ''
-    elif recorded.get('complete'):
-        others_note = f', {others} added'
-    else:
-        others_note = f'; the corpus holds {others} other documents that this partial index does not'
+    others = None if collection.num_docs is None else collection.num_docs - len(now)
+    others_note = '' if others is None else f', {others} added' if recorded.get('complete') else (
+        f'; the corpus holds {others} other documents that this partial index does not')
     logger.warning('%s: the documents of %s changed since this index was built (%d of its %d documents changed, %d '
                    'removed%s); keeping the %d other vectors', path, collection.name, len(now) - keep.sum(),
                    len(docnos), len(docnos) - len(now), others_note, keep.sum())
@@ -251,8 +239,7 @@ def _ensure_lookup_round_trips(folder: Path, hashes: np.ndarray) -> np.ndarray:
     and returns the text hashes in the new order; fails, naming the folder, if it still does not."""
     from pyterrier_dr import FlexIndex
     index = FlexIndex(str(folder), verbose=False)
-    lookup, vecs, _ = index.payload()
-    docnos = [str(d) for d in lookup.fwd[np.arange(len(hashes))]]
+    vecs, docnos = index.payload(return_docnos=False)[0], _docnos(index)
     if _lookup_round_trips(index, docnos):
         return hashes
     order = np.argsort([hashlib.sha1(d.encode()).hexdigest() for d in docnos], kind='stable')
@@ -260,31 +247,19 @@ def _ensure_lookup_round_trips(folder: Path, hashes: np.ndarray) -> np.ndarray:
     shutil.rmtree(rewritten, ignore_errors=True)
     FlexIndex(str(rewritten), verbose=False).indexer(mode='overwrite').index(
         {'docno': docnos[i], 'doc_vec': np.asarray(vecs[i])} for i in order)
-    del index, lookup, vecs
-    for name in os.listdir(folder):
-        target = folder / name
-        shutil.rmtree(target) if target.is_dir() else target.unlink()
-    for name in os.listdir(rewritten):
-        shutil.move(str(rewritten / name), str(folder / name))
-    rewritten.rmdir()
+    del index, vecs
+    shutil.rmtree(folder)
+    os.replace(rewritten, folder)
     if not _lookup_round_trips(FlexIndex(str(folder), verbose=False), [docnos[i] for i in order]):
         raise RuntimeError(f'{folder}: the docno lookup of this index finds documents at other rows even after '
                            'rewriting it; please report this bug')
     return hashes[order]
 
 
-def _read_cached(path: Path) -> Tuple[object, List[str], Optional[np.ndarray]]:
-    """The cached FlexIndex at ``path``, its docnos and its text hashes (``None`` when it has none); raises when it
-    is not a whole FlexIndex (:func:`~pyterrier_rdime.flex_index_problem`)."""
-    from pyterrier_dr import FlexIndex
-    problem = flex_index_problem(path)
-    if problem is not None:
-        raise ValueError(problem)
-    index = FlexIndex(str(path), verbose=False)
+def _docnos(index) -> List[str]:
+    """The docnos of a FlexIndex, in docid order."""
     lookup = index.payload(return_dvecs=False)[0]
-    docnos = [str(d) for d in lookup.fwd[np.arange(len(lookup))]]
-    hashes = np.load(path / TEXT_HASHES) if (path / TEXT_HASHES).is_file() else None
-    return index, docnos, hashes
+    return [str(d) for d in lookup.fwd[np.arange(len(lookup))]]
 
 
 def adopt_index(folder: Union[str, Path], collection: Collection, encoder_name: str,
@@ -295,8 +270,7 @@ def adopt_index(folder: Union[str, Path], collection: Collection, encoder_name: 
     folder = Path(folder)
     if not (folder / 'pt_meta.json').is_file():
         raise ValueError(f'adopt_index: {folder} is not a pyterrier-dr FlexIndex (no pt_meta.json)')
-    index = FlexIndex(str(folder), verbose=False)
-    docnos = [str(d) for d in index.payload(return_dvecs=False)[0].fwd[np.arange(len(index))]]
+    docnos = _docnos(FlexIndex(str(folder), verbose=False))
     check_in_corpus(collection, docnos, f'the index {folder}')
     texts = {doc['docno']: doc['text'] for doc in collection.docs(docnos)}
     np.save(folder / TEXT_HASHES, text_hashes(texts[d] for d in docnos))

@@ -65,24 +65,18 @@ def encoder_fingerprint(name: str) -> str:
     if not files:
         raise ValueError(f'--encoder {name!r}: {resolved} holds no model files ({", ".join(_MODEL_SUFFIXES)}); pass '
                          'a sentence-transformers model folder')
-    _check_model_files(name, resolved, files)
-    listing = tuple((f.relative_to(resolved).as_posix(), str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns)
-                    for f in files)
-    return _content_digest(listing)
-
-
-def _check_model_files(name: str, folder: Path, files) -> None:
-    """Refuses a folder that lacks the configuration, the tokenizer or the weights, before any cell's work."""
-    names = {f.name for f in files}
+    names = {f.name for f in files}  # a folder lacking a part fails now, before any cell's work
     tokenizer = bool(names & {'tokenizer.json', 'vocab.txt', 'vocab.json'}) or any(f.suffix == '.model' for f in files)
     needed = {'a configuration (config.json)': 'config.json' in names,
               'a tokenizer (tokenizer.json, vocab.txt, vocab.json or a sentencepiece .model)': tokenizer,
-              'weights (*.safetensors, *.bin, *.pt or *.pth)':
-                  any(f.suffix in _WEIGHT_SUFFIXES for f in files)}
+              'weights (*.safetensors, *.bin, *.pt or *.pth)': any(f.suffix in _WEIGHT_SUFFIXES for f in files)}
     missing = [what for what, found in needed.items() if not found]
     if missing:
-        raise ValueError(f'--encoder {name!r}: {folder} lacks {" and ".join(missing)}; pass a complete '
+        raise ValueError(f'--encoder {name!r}: {resolved} lacks {" and ".join(missing)}; pass a complete '
                          'sentence-transformers model folder')
+    listing = tuple((f.relative_to(resolved).as_posix(), str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns)
+                    for f in files)
+    return _content_digest(listing)
 
 
 @functools.lru_cache(maxsize=16)

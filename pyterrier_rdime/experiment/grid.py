@@ -18,15 +18,13 @@ import pyterrier as pt
 from .._config import check_int, default_cache_dir
 from ..store import atomic_open
 from . import evaluate as ev
-from .answer_sources import answer_sources
-from .collection import Collection, load_collection
+from .collection import Collection, load_collection, slug
 from .encoders import encoder_fingerprint
-from .fingerprint import slug
 from .options import OPTION_NAMES, Options
 from .progress import PROGRESS, SystemRecords
 from .report import ExperimentResult, write_combined
 from .runner import run_experiment
-from .systems import AnswerSources
+from .systems import AnswerSources, answer_sources
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from .. import store
-from .fingerprint import slug
+from .collection import slug
 
 logger = logging.getLogger(__name__)
 

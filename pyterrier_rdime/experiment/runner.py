@@ -13,16 +13,14 @@ from ..llm import LlmGenerator, missing_answers
 from . import evaluate as ev
 from . import parity
 from . import sweep as sw
-from .answer_sources import answer_sources
 from .collection import Collection, load_collection
 from .dense_cache import dense_index
 from .encoders import DEFAULT_ENCODER, load_encoder
-from .first_stage import first_stage_results
-from .indexes import check_docnos_in_index, check_index_matches, existing_index, retriever
+from .indexes import check_docnos_in_index, check_index_matches, existing_index, first_stage_results, retriever
 from .options import OPTION_NAMES, Options
 from .progress import SystemRecords
 from .report import SEED_COLUMNS, ExperimentResult, kept_fractions
-from .systems import NEEDS_ANSWERS, Grid, Runner, rerank_grid, retrieve_grid, thresholds
+from .systems import NEEDS_ANSWERS, Grid, Runner, answer_sources, rerank_grid, retrieve_grid, thresholds
 
 
 class Stopwatch:
@@ -72,7 +70,7 @@ def run_experiment(
         measures: ir_measures names; default ``nDCG@10, AP``, plus ``R@1000, RR@10`` in retrieve mode.
         index: an existing FlexIndex (folder or Hugging Face repository) instead of encoding the corpus.
         answers: LLM answers (default: the collection's): comma-separated files or published names, one LLM DIME
-            each (:func:`~.answer_sources.answer_sources`).
+            each (:func:`~.systems.answer_sources`).
         cache_dir: indexes and generated answers (default: ``$PYTERRIER_RDIME_CACHE``, else the XDG cache folder).
         batch_size: encoder batch size.
         llm_generator: generate the LLM answers with :class:`LlmGenerator` (``'smollm2'`` or a hub model).

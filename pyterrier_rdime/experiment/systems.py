@@ -1,8 +1,13 @@
 """The grid of systems, built from the library's stages: Baseline, and for each DIME each threshold (Top-k
-fractions, RDIME and its soft modulators), in the references' protocol."""
+fractions, RDIME and its soft modulators), in the references' protocol; and the LLM answers they read
+(``--answers``), by source: from files, a collection folder's ``llm_answers/<name>.tsv``, or the published ones."""
 import functools
+import itertools
+import os
+import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -22,10 +27,12 @@ from ..dime import (
     PrfDime,
     SwcDime,
 )
-from ..llm import LlmAnswers
+from ..llm import LlmAnswers, read_answers_csv, read_answers_tsv
+from ..llm.published import CATALOGUE, fetch, published_entry
 from ..scorer import VectorScorer
 from ..threshold import Rdime, ScoreMass, TopK
 from .batched import BATCH_QUERIES, search_together
+from .collection import Collection
 from .progress import Key, SystemRecords
 from .sweep import random_runs, topk_runs
 
@@ -38,15 +45,20 @@ NO_FEEDBACK = ('llm', 'magnitude')
 CONTROLS = SELECTIONS + ('vector-prf',)
 #: ``prefix`` (Matryoshka truncation) means something only for models trained for truncation: opt-in.
 DEFAULT_CONTROLS = ('random', 'magnitude', 'variance', 'vector-prf')
-VECTOR_PRF = ('Vector PRF', 'Average PRF')
 #: The record key of the dense Baseline (:data:`~.progress.Key`).
 BASELINE: Key = ('frames', 'Baseline')
+#: A source name as ``--answers`` takes it, and as it appears in system names (``llm@<name>``).
+_NAME = re.compile(r'[A-Za-z0-9][\w.+-]*')
+#: Suffixes of answer files: tab-separated, or the published CSV (Unveiling DIME's files end in .txt).
+_FILE_SUFFIXES = ('.tsv', '.csv', '.txt')
+#: The LLM answers of a run by source: source name -> (qid -> answer); source ``s`` makes the DIME ``llm@s``.
+AnswerSources = Dict[str, Dict[str, str]]
 
 
 def vector_prf_stages() -> Dict[str, pt.Transformer]:
     """pyterrier-dr's vector-PRF baselines with their own defaults, by system name."""
     from pyterrier_dr import AveragePrf, VectorPrf
-    return dict(zip(VECTOR_PRF, (VectorPrf(), AveragePrf())))
+    return {'Vector PRF': VectorPrf(), 'Average PRF': AveragePrf()}
 
 
 def vector_prf_queries(stage: pt.Transformer, feedback: pd.DataFrame) -> pd.DataFrame:
@@ -55,32 +67,26 @@ def vector_prf_queries(stage: pt.Transformer, feedback: pd.DataFrame) -> pd.Data
     return stage.compile()(ranked)[['qid', 'query_vec']]
 
 
-def dime_factories(qrels: pd.DataFrame, model) -> Dict[str, Tuple[str, Callable[[bool], DimeScorer]]]:
-    """name -> (row label, factory(keep_ranking) -> DIME scorer), with the reference implementations' defaults."""
-    return {
-        'prf': ('PRF (M=2)', lambda keep: PrfDime(keep_ranking=keep)),
-        'swc': ('SWC (M=10, τ=0.1)', lambda keep: SwcDime(keep_ranking=keep)),
-        'llm': ('LLM', lambda keep: LlmDime(encoder=model, keep_ranking=keep)),
-        'rank': ('Rank 1/i (M=10)', lambda keep: KernelDime(kernel='rank', num_docs=10, keep_ranking=keep)),
-        'rbf': ('RBF (M=10, τ=0.1)', lambda keep: KernelDime(kernel='rbf', num_docs=10, keep_ranking=keep)),
-        'sigmoid': ('Sigmoid (M=10, τ=0.1)', lambda keep: KernelDime(kernel='sigmoid', num_docs=10,
-                                                                      keep_ranking=keep)),
-        'eclipse': ('Eclipse (2+, 5−)', lambda keep: EclipseDime(keep_ranking=keep)),
-        'magnitude': ('Magnitude q⊙q', lambda keep: MagnitudeDime(keep_ranking=keep)),
-        'oracle': ('Oracle (qrels)', lambda keep: OracleDime(qrels=qrels, keep_ranking=keep)),
-        'llm-eclipse': ('LLM Eclipse (LLM+, 5−)', lambda keep: LlmEclipseDime(encoder=model, keep_ranking=keep)),
-        'active': ('Active (1 rel.)', lambda keep: ActiveFeedbackDime(qrels=qrels, keep_ranking=keep)),
-        'active-neg': ('Active (1 rel. − ½ non-rel.)', lambda keep: ActiveFeedbackDime(qrels=qrels, beta=0.5,
-                                                                                        keep_ranking=keep)),
-    }
-
-
-DIME_NAMES = ('prf', 'swc', 'llm', 'rank', 'rbf', 'sigmoid', 'eclipse', 'magnitude', 'oracle', 'llm-eclipse', 'active',
-              'active-neg')
+#: The grid's DIMEs: name -> (row label, estimator, its arguments), with the reference implementations' defaults.
+DIMES = {
+    'prf': ('PRF (M=2)', PrfDime, {}),
+    'swc': ('SWC (M=10, τ=0.1)', SwcDime, {}),
+    'llm': ('LLM', LlmDime, {}),
+    'rank': ('Rank 1/i (M=10)', KernelDime, {'kernel': 'rank', 'num_docs': 10}),
+    'rbf': ('RBF (M=10, τ=0.1)', KernelDime, {'kernel': 'rbf', 'num_docs': 10}),
+    'sigmoid': ('Sigmoid (M=10, τ=0.1)', KernelDime, {'kernel': 'sigmoid', 'num_docs': 10}),
+    'eclipse': ('Eclipse (2+, 5−)', EclipseDime, {}),
+    'magnitude': ('Magnitude q⊙q', MagnitudeDime, {}),
+    'oracle': ('Oracle (qrels)', OracleDime, {}),
+    'llm-eclipse': ('LLM Eclipse (LLM+, 5−)', LlmEclipseDime, {}),
+    'active': ('Active (1 rel.)', ActiveFeedbackDime, {}),
+    'active-neg': ('Active (1 rel. − ½ non-rel.)', ActiveFeedbackDime, {'beta': 0.5}),
+}
+DIME_NAMES = tuple(DIMES)
 #: DIMEs that read an LLM answer per query: skipped, with a note, where there are none.
 NEEDS_ANSWERS = ('llm', 'llm-eclipse')
-#: The LLM answers of a run by source: source name -> (qid -> answer); source ``s`` makes the DIME ``llm@s``.
-AnswerSources = Dict[str, Dict[str, str]]
+#: DIMEs that read the qrels.
+NEEDS_QRELS = ('oracle', 'active', 'active-neg')
 
 
 def expand_dimes(dimes: Sequence[str], answers: Optional[AnswerSources]) -> Dict[str, Tuple[str, str]]:
@@ -97,8 +103,11 @@ def _with_answers(frame: pd.DataFrame, source: str, answers: Optional[AnswerSour
     return LlmAnswers(answers=answers[source])(frame) if dime in NEEDS_ANSWERS else frame
 
 
-def _label(factories: dict, dime: str, source: str) -> str:
-    return f'{factories[dime][0]} ({source})' if source else factories[dime][0]
+def make_dime(name: str, qrels: pd.DataFrame, model, keep_ranking: bool) -> DimeScorer:
+    """The DIME ``name`` of :data:`DIMES`, given the qrels or the encoder (for the answers) that it reads."""
+    _, estimator, arguments = DIMES[name]
+    reads = {'qrels': qrels} if name in NEEDS_QRELS else {'encoder': model} if name in NEEDS_ANSWERS else {}
+    return estimator(**arguments, **reads, keep_ranking=keep_ranking)
 
 
 def thresholds(ks: Sequence[float], modulators: Sequence[str], masses: Sequence[float] = ()
@@ -169,8 +178,8 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
     grid = Grid({}, {}, '')
     grid.put(BASELINE, records.frame(BASELINE, lambda: dense))
     source = dense if feedback == 'dense' else candidates
-    documents = candidate_vectors(candidates) if 'variance' in controls else None
-    factories = dime_factories(qrels, model)
+    # the vectors the variance control reads: one row per candidate document, in first-seen order
+    documents = np.stack(candidates.drop_duplicates('docno')['doc_vec'].to_numpy()) if 'variance' in controls else None
     order = 'dense re-ranking (full query vector)' if feedback == 'dense' else 'first-stage order'
     notes = [f'Feedback documents: the top of the {order} of the top-{depth} candidates.']
     expanded = expand_dimes(dimes, answers)
@@ -178,7 +187,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
         if dime == 'oracle':
             scored = source.merge(oracle_importance(qrels, judged, candidates, index.vec_loader(), run), on='qid')
         else:
-            scored = run(factories[dime][1](True), _with_answers(source, answer_source, answers, dime))
+            scored = run(make_dime(dime, qrels, model, True), _with_answers(source, answer_source, answers, dime))
         columns = {('frames', f'{name}/{column}'): stage for column, stage in stages.items()}
         for key, frame in records.frames(list(columns), lambda missing: (
                 (key, run(columns[key] >> VectorScorer(), scored)) for key in missing)).items():
@@ -203,13 +212,8 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
                 VectorScorer(), candidates.drop(columns='query_vec').merge(vector_prf_queries(stage, source),
                                                                            on='qid'))))
         notes.append(f'Vector PRF and Average PRF: pyterrier-dr\'s stages with their defaults (top 3 of the {order}).')
-    notes += _oracle_notes(dimes, qrels, judged, candidates)
-    if {'eclipse', 'llm-eclipse'} & set(dimes):
-        notes.append(f'Eclipse negatives: the bottom 5 of the {order} of the top-{depth} candidates (the references: '
-                     'the bottom of a 1000-deep dense run).')
-    grid.labels = {name: _label(factories, dime, src) for name, (dime, src) in expanded.items()}
-    grid.notes = notes + _qrels_notes(dimes)
-    return grid
+    return _finished(grid, expanded, dimes, qrels, judged, candidates, notes, f'{order} of the top-{depth} candidates '
+                     '(the references: the bottom of a 1000-deep dense run)')
 
 
 def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, backend: str,
@@ -228,7 +232,6 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     baseline = grid.frames['Baseline']
     retrieved = queries.merge(baseline[['qid'] + [c for c in baseline.columns if c not in queries.columns]],
                               on='qid')
-    factories = dime_factories(qrels, model)
     notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {num_results}).']
 
     expanded = expand_dimes(dimes, answers)
@@ -240,8 +243,8 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
         if dime == 'oracle':
             return queries.merge(oracle_importance(qrels, judged, queries, index.vec_loader(), run), on='qid')
         if dime in NO_FEEDBACK:
-            return run(factories[dime][1](False), _with_answers(queries, answer_source, answers, dime))
-        return run((index.vec_loader() >> factories[dime][1](False)).compile(),
+            return run(make_dime(dime, qrels, model, False), _with_answers(queries, answer_source, answers, dime))
+        return run((index.vec_loader() >> make_dime(dime, qrels, model, False)).compile(),
                    _with_answers(retrieved, answer_source, answers, dime))
 
     def pruned(stage: pt.Transformer, source: Callable[[], pd.DataFrame]) -> Callable[[], pd.DataFrame]:
@@ -254,9 +257,11 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
         searches.update({('sweep', (name, fraction)): pruned(TopK(fraction=fraction), source) for fraction in sweep})
         searches.update({key: pruned(stage, source) for key, stage in
                          control_stages(name, stages, controls, seeds, index).items()})
-    if 'random' in controls:
-        searches.update({key: pruned(stage, lambda: queries)
-                         for key, stage in random_curve_stages(sweep, seeds).items()})
+    if 'random' in controls:  # round(fraction · p) dimensions at random: MagnitudeDime >> TopK only fixes the count
+        for seed, fraction in itertools.product(range(seeds), sweep):
+            stage = (MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction)
+                     >> SameBudget(control='random', seed=seed))
+            searches['sweep', (f'random#{seed}', fraction)] = pruned(stage, lambda: queries)
     if 'vector-prf' in controls:
         for system, stage in vector_prf_stages().items():
             searches['frames', system] = functools.partial(_vector_prf_query, stage, queries, retrieved,
@@ -264,15 +269,10 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
         notes.append("Vector PRF and Average PRF: pyterrier-dr's stages with their defaults (top 3 of the dense "
                      'ranking).')
     for key, frame in records.frames(list(searches), lambda missing: (
-            (key, _searched(key, frame)) for key, frame in search_together(
+            (key, frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame) for key, frame in search_together(
                 retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES))).items():
         grid.put(key, frame)
-    notes += _oracle_notes(dimes, qrels, judged, queries)
-    if {'eclipse', 'llm-eclipse'} & set(dimes):
-        notes.append(f'Eclipse negatives: the bottom 5 of the {num_results}-deep dense ranking.')
-    grid.labels = {name: _label(factories, dime, src) for name, (dime, src) in expanded.items()}
-    grid.notes = notes + _qrels_notes(dimes)
-    return grid
+    return _finished(grid, expanded, dimes, qrels, judged, queries, notes, f'{num_results}-deep dense ranking')
 
 
 def _vector_prf_query(stage: pt.Transformer, queries: pd.DataFrame, retrieved: pd.DataFrame,
@@ -280,17 +280,6 @@ def _vector_prf_query(stage: pt.Transformer, queries: pd.DataFrame, retrieved: p
     """The queries with the query vector of a vector-PRF ``stage`` on the top of the dense ranking."""
     top = run(vec_loader, retrieved[retrieved['rank'] < stage.k])
     return queries.drop(columns='query_vec').merge(vector_prf_queries(stage, top), on='qid')
-
-
-def _searched(key: Key, frame: pd.DataFrame) -> pd.DataFrame:
-    """A sweep run keeps ``qid, docno, score``, what the sweep's evaluation reads; a system its whole frame."""
-    return frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame
-
-
-def candidate_vectors(candidates: pd.DataFrame) -> np.ndarray:
-    """The vectors of the re-ranked candidates, one row per document (first-seen order): what the variance control
-    reads in rerank mode."""
-    return np.stack(candidates.drop_duplicates('docno')['doc_vec'].to_numpy())
 
 
 def control_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence[str], seeds: int, documents
@@ -313,26 +302,87 @@ def control_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Seque
     return systems
 
 
-def random_curve_stages(fractions: Sequence[float], seeds: int) -> Dict[Key, pt.Transformer]:
-    """``('sweep', (random#<seed>, fraction))`` -> the stage that keeps ``round(fraction · p)`` dimensions of the
-    query chosen at random, for each seed (retrieve mode). ``MagnitudeDime >> TopK`` only fixes the count."""
-    return {('sweep', (f'random#{seed}', fraction)):
-            MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction) >> SameBudget(control='random', seed=seed)
-            for seed in range(seeds) for fraction in fractions}
-
-
-def _qrels_notes(dimes: Sequence[str]) -> List[str]:
+def _finished(grid: Grid, expanded: Dict[str, Tuple[str, str]], dimes: Sequence[str], qrels: pd.DataFrame,
+              judged: Sequence[str], queries: pd.DataFrame, notes: List[str], eclipse: str) -> Grid:
+    """``grid`` with its systems' row labels and ``notes``, then what the oracle, Eclipse (negatives: the bottom 5 of
+    the ``eclipse`` ranking) and active-feedback DIMEs read."""
+    if 'oracle' in dimes:
+        mine = qrels[qrels['qid'].isin(set(queries['qid']))]
+        used = int(mine['docno'].isin(set(judged)).sum())
+        notes.append(f'Oracle DIME: correlation over every judged document of the query ({used} judgments)'
+                     + (f'; {len(mine) - used} judged documents are not in the corpus/index and were left out.'
+                        if used < len(mine) else '.'))
+    if {'eclipse', 'llm-eclipse'} & set(dimes):
+        notes.append(f'Eclipse negatives: the bottom 5 of the {eclipse}.')
     active = [d for d in dimes if d in ('active', 'active-neg')]
-    return [f'{", ".join(active)}: active feedback reads the judged documents of the ranking (the highest-labelled '
-            'one, and for active-neg the lowest-labelled one); an oracle-like upper bound, not a system a user can '
-            'run.'] if active else []
+    if active:
+        notes.append(f'{", ".join(active)}: active feedback reads the judged documents of the ranking (the '
+                     'highest-labelled one, and for active-neg the lowest-labelled one); an oracle-like upper bound, '
+                     'not a system a user can run.')
+    grid.labels = {name: f'{DIMES[dime][0]} ({source})' if source else DIMES[dime][0]
+                   for name, (dime, source) in expanded.items()}
+    grid.notes = notes
+    return grid
 
 
-def _oracle_notes(dimes: Sequence[str], qrels: pd.DataFrame, judged: Sequence[str], queries: pd.DataFrame) -> list:
-    if 'oracle' not in dimes:
-        return []
-    mine = qrels[qrels['qid'].isin(set(queries['qid']))]
-    used = int(mine['docno'].isin(set(judged)).sum())
-    return [f'Oracle DIME: correlation over every judged document of the query ({used} judgments)'
-            + (f'; {len(mine) - used} judged documents are not in the corpus/index and were left out.'
-               if used < len(mine) else '.')]
+def split_answers(spec: Optional[str]) -> List[str]:
+    """The items of ``--answers`` (comma-separated files or names), in order, without repeats."""
+    return list(dict.fromkeys(item.strip() for item in (spec or '').split(',') if item.strip()))
+
+
+def check_answers_spec(spec: str) -> None:
+    """Each item of ``--answers`` is an existing file (parsed now) or a well-formed name."""
+    items = split_answers(spec)
+    if not items:
+        raise ValueError(f'--answers {spec!r} names no answers; pass a qid<TAB>answer file, or names such as gpt-4 '
+                         '(several: comma-separated)')
+    for item in items:
+        if Path(item).expanduser().is_file():
+            _read_file(Path(item).expanduser())
+        elif Path(item).suffix.lower() in _FILE_SUFFIXES or '/' in item or os.sep in item:
+            raise ValueError(f'--answers {item}: no such file; pass a qid<TAB>answer file, a name of published '
+                             "answers (e.g. gpt-4), or leave --answers out to use the collection's llm_answers.tsv")
+        elif not _NAME.fullmatch(item):
+            raise ValueError(f'--answers {item}: no such file, nor a name of published answers (e.g. gpt-4, '
+                             'qwen2.5-3b); pass a qid<TAB>answer file or a name')
+
+
+def answer_sources(spec: Optional[str], collection: Collection,
+                   cache_dir: Union[str, Path]) -> AnswerSources:
+    """The answers of ``--answers`` for ``collection``: source name -> (qid -> answer).
+
+    Without ``spec``, the collection's own ``llm_answers.tsv`` as the source ``''``; a single file is the source
+    ``''`` too; several items are named by the file's stem or the name. A name is read from the folder's
+    ``llm_answers/<name>.tsv``, else from the published answers (:mod:`pyterrier_rdime.llm.published`).
+    """
+    if spec is None:
+        return {} if collection.answers is None else {'': collection.answers}
+    items = split_answers(spec)
+    sources: AnswerSources = {}
+    for item in items:
+        path = Path(item).expanduser()
+        if path.is_file():
+            name = '' if len(items) == 1 else re.sub(r'[^\w.+-]', '_', path.stem)
+            sources[name] = _read_file(path)
+        else:
+            sources[item] = _by_name(item, collection, Path(cache_dir))
+    return sources
+
+
+def _read_file(path: Path):
+    return read_answers_csv(path) if path.suffix.lower() in _FILE_SUFFIXES[1:] else read_answers_tsv(path)
+
+
+def _by_name(name: str, collection: Collection, cache_dir: Path):
+    if not collection.name.startswith('irds:'):
+        folder = Path(collection.name) / 'llm_answers'
+        local = folder / f'{name}.tsv'
+        if local.is_file():
+            return read_answers_tsv(local)
+        offered = sorted(p.stem for p in folder.glob('*.tsv'))
+        published = sorted({d for n, d in CATALOGUE if n == name})
+        raise ValueError(f'--answers {name}: {collection.name} has no {local.relative_to(collection.name)}'
+                         + (f' (it has {", ".join(offered)})' if offered else '')
+                         + '; put the answers there (qid<TAB>answer) or pass --answers FILE'
+                         + (f'; {name!r} is published for irds:{", irds:".join(published)}' if published else ''))
+    return read_answers_csv(fetch(published_entry(name, collection.name), cache_dir))

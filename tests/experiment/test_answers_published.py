@@ -10,9 +10,9 @@ import pytest
 from conftest import shared_collection
 
 from pyterrier_rdime import LlmAnswers
-from pyterrier_rdime.experiment.answer_sources import answer_sources, check_answers_spec
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection
+from pyterrier_rdime.experiment.systems import answer_sources, check_answers_spec
 from pyterrier_rdime.llm import published, read_answers_csv, read_answers_tsv
 from pyterrier_rdime.llm.published import CATALOGUE, Published, cached_path, fetch, published_entry
 

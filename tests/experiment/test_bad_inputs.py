@@ -17,11 +17,10 @@ import pytest
 
 from pyterrier_rdime.experiment import grid, runner
 from pyterrier_rdime.experiment.cli import main
-from pyterrier_rdime.experiment.collection import load_collection
+from pyterrier_rdime.experiment.collection import load_collection, read_fingerprint
 from pyterrier_rdime.experiment.dense_cache import dense_index, dense_index_path
 from pyterrier_rdime.experiment.encoders import load_encoder
-from pyterrier_rdime.experiment.fingerprint import read_fingerprint
-from pyterrier_rdime.experiment.first_stage import bm25
+from pyterrier_rdime.experiment.indexes import bm25
 
 TEXTS = ['dense retrieval with neural encoders', 'pruning embedding dimensions at query time',
          'bm25 is a lexical ranking function', 'the cat sat on the mat', 'query expansion with feedback',
@@ -261,7 +260,7 @@ def test_a_stale_index_is_never_used_the_issue_scenario(tmp_path, model):
 #: that a child process starts in seconds and gives the parent's vectors.
 _HASH_ENCODER = textwrap.dedent('''
     import numpy as np
-    from pyterrier_rdime.experiment.fingerprint import text_hash
+    from pyterrier_rdime.experiment.dense_cache import text_hash
 
     class HashEncoder:
         def __init__(self, on_batch=lambda texts: None):
@@ -350,7 +349,7 @@ _KILLED_BM25 = textwrap.dedent('''
     import sys, time
     from pathlib import Path
     from pyterrier_rdime.experiment.collection import load_collection
-    from pyterrier_rdime.experiment.first_stage import bm25
+    from pyterrier_rdime.experiment.indexes import bm25
     folder, cache, started = sys.argv[1:4]
     collection = load_collection(folder)
     read = collection.docs

@@ -9,11 +9,17 @@ import numpy as np
 import pytest
 
 from pyterrier_rdime.experiment import encoders
-from pyterrier_rdime.experiment.collection import load_collection
-from pyterrier_rdime.experiment.dense_cache import adopt_index, dense_index, dense_index_path, encoder_slug
+from pyterrier_rdime.experiment.collection import FINGERPRINT, load_collection, read_fingerprint
+from pyterrier_rdime.experiment.dense_cache import (
+    TEXT_HASHES,
+    adopt_index,
+    dense_index,
+    dense_index_path,
+    encoder_slug,
+    text_hashes,
+)
 from pyterrier_rdime.experiment.encoders import encoder_fingerprint, load_encoder
-from pyterrier_rdime.experiment.fingerprint import FINGERPRINT, TEXT_HASHES, read_fingerprint, text_hashes
-from pyterrier_rdime.experiment.first_stage import bm25
+from pyterrier_rdime.experiment.indexes import bm25
 
 TEXTS = ['dense retrieval with neural encoders', 'pruning embedding dimensions at query time',
          'bm25 is a lexical ranking function', 'the cat sat on the mat', 'query expansion with feedback']

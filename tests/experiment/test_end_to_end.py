@@ -10,7 +10,7 @@ import pyterrier_rdime as rdime
 from pyterrier_rdime.experiment.collection import load_collection
 from pyterrier_rdime.experiment.dense_cache import dense_index
 from pyterrier_rdime.experiment.encoders import load_encoder
-from pyterrier_rdime.experiment.first_stage import bm25
+from pyterrier_rdime.experiment.indexes import bm25
 
 pytestmark = pytest.mark.slow  # encodes a real collection with MiniLM
 
