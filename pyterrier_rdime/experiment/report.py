@@ -308,8 +308,7 @@ class ExperimentResult:
         writers = [(f'{name}.csv', lambda p, frame=frame: frame.to_csv(p, index=False))
                    for name, frame in frames.items()]
         writers += [
-            ('results.json', lambda p: p.write_text(json.dumps(self._payload(), indent=2, default=_json_default),
-                                                    encoding='utf-8')),
+            ('results.json', lambda p: p.write_text(self._json(), encoding='utf-8')),
             ('results.md', lambda p: p.write_text(self.to_markdown(), encoding='utf-8')),
             ('kept_fraction.png', self.boxplot),
             ('sweep.png', self.sweep_plot),
@@ -334,14 +333,15 @@ class ExperimentResult:
                    payload['timings'], table('sweep.csv'), pd.DataFrame(payload['cv'], columns=CV_COLUMNS),
                    table('seeds.csv'))
 
-    def _payload(self) -> dict:
-        return {'measures': self.measures, 'labels': self.labels, 'settings': self.settings, 'notes': self.notes,
-                'timings': self.timings, 'results': self.table.to_dict(orient='records'),
-                'significance': self.significance.to_dict(orient='records'),
-                'kept_fraction_mean': self.kept.groupby(['dime', 'threshold'])['kept_frac'].mean().reset_index()
-                .to_dict(orient='records'),
-                'sweep_mean': self.sweep_means().to_dict(orient='records'),
-                'cv': self.cv.to_dict(orient='records')}
+    def _json(self) -> str:
+        kept = self.kept.groupby(['dime', 'threshold'])['kept_frac'].mean().reset_index()
+        payload = {'measures': self.measures, 'labels': self.labels, 'settings': self.settings, 'notes': self.notes,
+                   'timings': self.timings, 'results': self.table.to_dict(orient='records'),
+                   'significance': self.significance.to_dict(orient='records'),
+                   'kept_fraction_mean': kept.to_dict(orient='records'),
+                   'sweep_mean': self.sweep_means().to_dict(orient='records'), 'cv': self.cv.to_dict(orient='records')}
+        numbers = (np.integer, np.floating, np.bool_)  # numpy scalars as numbers, anything else as text
+        return json.dumps(payload, indent=2, default=lambda v: v.item() if isinstance(v, numbers) else str(v))
 
     def _title(self) -> str:
         return f'{Path(str(self.settings["collection"])).name}, {Path(str(self.settings["encoder"])).name}'
@@ -388,9 +388,7 @@ def write_combined(cells: Sequence, out: Path) -> List[str]:
     that could not be written)."""
     writers = [
         ('grid.csv', lambda p: long_table(cells).to_csv(p, index=False)),
-        ('grid_parity.csv', lambda p: pd.concat([c.result.significance.assign(
-            collection=c.collection_label, encoder=c.encoder_label) for c in cells], ignore_index=True).to_csv(
-            p, index=False)),
+        ('grid_parity.csv', lambda p: _per_cell(cells, lambda r: r.significance).to_csv(p, index=False)),
         ('grid.md', lambda p: p.write_text(markdown(cells), encoding='utf-8')),
         ('grid.tex', lambda p: p.write_text(latex(cells), encoding='utf-8')),
         ('kept_fractions.png', lambda p: grid_kept_figure(
@@ -426,7 +424,7 @@ def markdown(cells: Sequence) -> str:
     """grid.md: per measure, one row per (collection, encoder, DIME): Baseline, best and CV Top-k, RDIME, Δ%, and
     the verdicts."""
     lines = ['# RDIME vs Top-k: the grid', '']
-    controls = _control_rows(cells)
+    controls = _per_cell(cells, ExperimentResult.control_rows)
     if len(controls):
         lines += ['Does the choice of dimensions matter? RDIME against each control at the same budget, in how many '
                   '(cell, measure) pairs it is better, equivalent, worse or inconclusive:', '',
@@ -442,9 +440,8 @@ def markdown(cells: Sequence) -> str:
             for dime, label in result.labels.items():
                 if f'{dime}/RDIME' not in values:
                     continue
-                mine = sig[sig['system'] == f'{dime}/RDIME']
-                verdicts = pd.Series([marked_verdict(r.verdict, r.significant, r.comparison) for r in
-                                      mine.itertuples()], index=mine['comparison'], dtype=object)
+                verdicts = {r.comparison: marked_verdict(r.verdict, r.significant, r.comparison)
+                            for r in sig[sig['system'] == f'{dime}/RDIME'].itertuples()}
                 rows.append({
                     'collection': cell.collection_label, 'encoder': cell.encoder_label, 'DIME': label,
                     'Baseline': f'{values["Baseline"]:.4f}', **result._rdime_cells(measure, dime),
@@ -463,10 +460,10 @@ def markdown(cells: Sequence) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def _control_rows(cells: Sequence) -> pd.DataFrame:
-    """Every finished cell's :meth:`ExperimentResult.control_rows`, with its collection and encoder."""
-    return pd.concat([c.result.control_rows().assign(collection=c.collection_label, encoder=c.encoder_label)
-                      for c in cells], ignore_index=True)
+def _per_cell(cells: Sequence, frame: Callable[[ExperimentResult], pd.DataFrame]) -> pd.DataFrame:
+    """Every finished cell's ``frame(result)``, with its collection and encoder."""
+    return pd.concat([frame(c.result).assign(collection=c.collection_label, encoder=c.encoder_label) for c in cells],
+                     ignore_index=True)
 
 
 def control_grid(rows: pd.DataFrame) -> pd.DataFrame:
@@ -492,12 +489,12 @@ def control_summary(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(table)
 
 
-def _verdict(verdicts: pd.Series, prefix: str) -> str:
+def _verdict(verdicts: Dict[str, str], prefix: str) -> str:
     """The verdict of the comparison whose label starts with ``prefix``."""
-    hit = verdicts[verdicts.index.str.startswith(prefix)]
-    if hit.empty and prefix == 'best Top-k' and BEST_IS_BASELINE in verdicts.index:
+    hit = [verdict for comparison, verdict in verdicts.items() if comparison.startswith(prefix)]
+    if not hit and prefix == 'best Top-k' and BEST_IS_BASELINE in verdicts:
         return f'{verdicts[BEST_IS_BASELINE]} (= Baseline)'
-    return hit.iloc[0] if len(hit) else 'n/a'
+    return hit[0] if hit else 'n/a'
 
 
 def latex(cells: Sequence) -> str:
@@ -536,7 +533,7 @@ def latex(cells: Sequence) -> str:
 def _latex_controls(cells: Sequence) -> List[str]:
     """grid.tex's controls tables, one ``table*`` per measure: RDIME and each control's value, marked with the
     outcome."""
-    rows = _control_rows(cells)
+    rows = _per_cell(cells, ExperimentResult.control_rows)
     rows = rows[rows['column'] == 'RDIME']
     collections = list(dict.fromkeys(rows['collection']))
     controls = list(dict.fromkeys(rows['control']))
@@ -739,12 +736,6 @@ def marked_verdict(verdict: str, significant: bool, comparison: str) -> str:
 
 def _markdown(frame: pd.DataFrame) -> str:
     return frame.to_markdown(index=False, disable_numparse=True)
-
-
-def _json_default(value):
-    if isinstance(value, (np.integer, np.floating, np.bool_)):
-        return value.item()
-    return str(value)
 
 
 def kept_fractions(frame: pd.DataFrame, dime: str, threshold: str) -> pd.DataFrame:
