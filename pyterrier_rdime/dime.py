@@ -349,8 +349,7 @@ class OracleDime(DimeScorer):
         row_labels = candidate_labels(inp, self.qrels, self)
         extra = {}
         if self.pad_negatives:
-            row_labels, padded = self._pad(inp, groups, row_labels)
-            extra['query_padded'] = padded
+            row_labels, extra['query_padded'] = self._pad(inp, groups, row_labels)
         feedback = select_feedback(inp, groups, len(inp), self)  # every candidate
         mask = feedback.mask & np.isfinite(row_labels[np.where(feedback.mask, feedback.rows, 0)])
         feedback = feedback._replace(mask=mask)

@@ -131,9 +131,8 @@ class ExperimentResult:
             'verdict': [marked_verdict(r.verdict, r.significant, r.comparison) for r in sig.itertuples()]})
 
     def control_rows(self) -> pd.DataFrame:
-        """The control comparisons of :attr:`significance`, each with ``label, column`` (the RDIME column),
-        ``control, value, kept`` (RDIME's), ``control_mean, control_value`` (as tables print it) and ``outcome``
-        (:data:`OUTCOMES`)."""
+        """The control comparisons of :attr:`significance` with ``label, column`` (the RDIME column), ``control,
+        value, kept`` (RDIME's), ``control_mean, control_value`` (as printed) and ``outcome`` (:data:`OUTCOMES`)."""
         sig = self.significance if 'family' in self.significance else pd.DataFrame(columns=COLUMNS)  # none loaded
         sig = sig[sig['family'] == 'controls']
         values = self.table.set_index(['system', 'measure'])['value']
@@ -187,17 +186,14 @@ class ExperimentResult:
         Baseline: :data:`~.parity.BEST_IS_BASELINE`); None without Top-k."""
         sig = self.significance
         mine = sig[(sig['measure'] == measure) & (sig['system'] == f'{dime}/RDIME')]
-        hit = mine[mine['comparison'].str.startswith('best Top-k')]
-        if hit.empty:
-            baseline = mine[mine['comparison'] == BEST_IS_BASELINE]
-            if baseline.empty:
-                return None
-            values = self.table.set_index(['system', 'measure'])['value']
-            return f'{dime}/k=1.0', float(values['Baseline', measure])
-        system = hit['other'].iloc[0]
+        hit = mine.loc[mine['comparison'].str.startswith('best Top-k'), 'other']
+        if hit.empty and not (mine['comparison'] == BEST_IS_BASELINE).any():
+            return None
+        system = hit.iloc[0] if len(hit) else 'Baseline'
         pool = pd.concat([self.table[['system', 'measure', 'value']],
                           self.sweep_means().assign(system=lambda f: f['dime'] + '/k=' + f['fraction'].astype(str))])
-        return system, float(pool.loc[(pool['system'] == system) & (pool['measure'] == measure), 'value'].iloc[0])
+        value = float(pool.loc[(pool['system'] == system) & (pool['measure'] == measure), 'value'].iloc[0])
+        return (system if len(hit) else f'{dime}/k=1.0'), value
 
     def marks(self, measure: str, dime: str, threshold: str) -> str:
         """The significance marks (:data:`MARKS`) of ``<dime>/<threshold>`` for ``measure``."""
@@ -226,8 +222,7 @@ class ExperimentResult:
             row.update({f'vs {control} ({measure})': outcomes.get((f'{dime}/RDIME', measure, control), 'n/a')
                         for control in controls for measure in self.measures})
             rows.append(row)
-        baseline = {f'{m} RDIME': f'{values["Baseline", m]:.4f}' for m in self.measures}
-        rows.append({'source': 'Baseline', **baseline})
+        rows.append({'source': 'Baseline', **{f'{m} RDIME': f'{values["Baseline", m]:.4f}' for m in self.measures}})
         return pd.DataFrame(rows).fillna('')
 
     def sources_plot(self, path: Union[str, Path], controls: Sequence[str] = ('random', 'magnitude')) -> None:
@@ -383,9 +378,8 @@ class ExperimentResult:
 
 
 def write_combined(cells: Sequence, out: Path) -> List[str]:
-    """Writes the grid's combined outputs from its finished cells into ``out``: grid.csv, grid_parity.csv (every
-    cell's significance.csv), grid.md, grid.tex and the kept-fraction Figure; returns the problems met (an output
-    that could not be written)."""
+    """Writes grid.csv, grid_parity.csv (every cell's significance.csv), grid.md, grid.tex and the kept-fraction
+    Figure of the finished ``cells`` into ``out``; returns the outputs that could not be written."""
     writers = [
         ('grid.csv', lambda p: long_table(cells).to_csv(p, index=False)),
         ('grid_parity.csv', lambda p: _per_cell(cells, lambda r: r.significance).to_csv(p, index=False)),
@@ -511,8 +505,8 @@ def latex(cells: Sequence) -> str:
         for encoder in dict.fromkeys(c.encoder_label for c in cells):
             mine = [by_name.get((c, encoder)) for c in collections]
             dimes = [d for d in labels if any(r is not None and f'{d}/RDIME' in set(r.table['system']) for r in mine)]
-            rows[encoder] = [(labels[d], [_tex_group(r, measure, d, ks, marks) for r in mine]) for d in dimes]
-            rows[encoder].append(('Baseline', [_tex_group(r, measure, None, ks, marks) for r in mine]))
+            rows[encoder] = [(labels.get(d, 'Baseline'), [_tex_group(r, measure, d, ks, marks) for r in mine])
+                             for d in [*dimes, None]]  # None: the Baseline row
         meanings = {'¶': 'CV Top-$k$', '†': 'the best Top-$k$ tuned on the test queries', '‡': 'Baseline'}
         shown = [f'$^{{{TEX_MARKS[m]}}}$ {meaning}' for m, meaning in meanings.items() if m in marks]
         test = f'{TEX_TESTS[first.settings.get("test", "t")]}, {first.settings.get("alternative", "two-sided")}'
