@@ -267,8 +267,7 @@ class LlmDime(DimeScorer):
 
     def _importance(self, inp, groups, query_vecs):
         answers, present = answer_vectors(self, self.encoder, inp, groups, query_vecs)
-        importance = query_vecs * answers
-        return self._magnitude_fallback(importance, query_vecs, ~present, inp, groups, 'no LLM answer'), {}
+        return self._magnitude_fallback(query_vecs * answers, query_vecs, ~present, inp, groups, 'no LLM answer'), {}
 
 
 class LlmEclipseDime(DimeScorer):
