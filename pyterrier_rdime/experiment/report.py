@@ -465,10 +465,9 @@ def control_grid(rows: pd.DataFrame) -> pd.DataFrame:
     table = []
     for key, group in rows.groupby(['collection', 'encoder', 'label', 'column'], sort=False):
         first = group.iloc[0]
-        row = {'collection': key[0], 'encoder': key[1], 'DIME': key[2],
-               key[3] if key[3] != 'RDIME' else 'RDIME (kept)': f'{first["value"]:.4f} ({first["kept"]:.2f})'}
-        row.update({r.control: f'{r.control_value} {r.outcome}' for r in group.itertuples()})
-        table.append(row)
+        table.append({'collection': key[0], 'encoder': key[1], 'DIME': key[2],
+                      key[3] if key[3] != 'RDIME' else 'RDIME (kept)': f'{first["value"]:.4f} ({first["kept"]:.2f})',
+                      **{r.control: f'{r.control_value} {r.outcome}' for r in group.itertuples()}})
     return pd.DataFrame(table).fillna('n/a')
 
 
