@@ -53,8 +53,8 @@ def numeric_column(frame: pd.DataFrame, column: str, stage: object, fix: str) ->
                                                                   for v in values])
     if floats is not None:
         return floats
-    for row, value in enumerate(values):
-        if not _is_number(value):
+    for row, value in enumerate(values):  # a missing value passes; numeric text is a number
+        if value is not None and value is not pd.NA and (np.ndim(value) != 0 or _float64(value) is None):
             raise ValueError(f'{stage}: column {column!r} holds {value!r} ({type(value).__name__}) at '
                              f'{_row_ids(frame, row)}, not a number; {fix}')
     raise ValueError(f'{stage}: column {column!r} cannot be read as numbers; {fix}')
@@ -63,11 +63,6 @@ def numeric_column(frame: pd.DataFrame, column: str, stage: object, fix: str) ->
 def _row_ids(frame: pd.DataFrame, row: int) -> str:
     """``qid=..., docno=...`` of a row, to name it in an error."""
     return ', '.join(f'{c}={frame[c].iloc[row]!r}' for c in ('qid', 'docno') if c in frame.columns)
-
-
-def _is_number(value: object) -> bool:
-    """What numpy reads as a real number (numeric text too), or a missing value."""
-    return value is None or value is pd.NA or np.ndim(value) == 0 and _float64(value) is not None
 
 
 def _float64(values: object) -> Optional[np.ndarray]:
