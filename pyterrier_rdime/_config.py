@@ -92,16 +92,11 @@ def check_positive(stage: str, name: str, value: object, hint: str = '') -> None
         _fail(stage, name, 'a positive number', value, hint)
 
 
-def check_nonnegative(stage: str, name: str, value: object, hint: str = '') -> None:
-    """A finite real number >= 0."""
-    if not _is_real(value) or not np.isfinite(value) or value < 0:
-        _fail(stage, name, 'a non-negative number', value, hint)
-
-
 def check_weights(stage: str, alpha: object, beta: object, positive: str, negative: str) -> None:
     """The weights of a positive and a negative feedback term (named ``positive``, ``negative``): >= 0, not both 0."""
-    check_nonnegative(stage, 'alpha', alpha)
-    check_nonnegative(stage, 'beta', beta)
+    for name, value in (('alpha', alpha), ('beta', beta)):
+        if not _is_real(value) or not np.isfinite(value) or value < 0:
+            _fail(stage, name, 'a non-negative number', value, '')
     if alpha == 0 and beta == 0:
         raise ValueError(f'{stage}: alpha and beta are both 0, so every importance would be 0 (no signal); give '
                          f'{positive} (alpha) or {negative} (beta) a positive weight')

@@ -16,12 +16,7 @@ def stack_vectors(inp: pd.DataFrame, column: str, rows: np.ndarray, stage: objec
     ids = inp[id_column].to_numpy()[rows]
     if len(values) == 0:
         return np.zeros((0, 0))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter('error', _COMPLEX_WARNING)  # complex values are an error, not silently cut
-            arr = np.array(list(values), dtype=np.float64)  # raises on ragged rows
-    except (ValueError, TypeError, _COMPLEX_WARNING):
-        arr = None
+    arr = _float64(list(values))  # None for ragged rows
     if arr is None or arr.ndim != 2 or arr.shape[1] == 0:  # find the offending row, off the hot path
         _raise_irregular(values, ids, column, stage, id_column)
     finite = np.isfinite(arr).all(axis=1)
@@ -54,16 +49,12 @@ def numeric_column(frame: pd.DataFrame, column: str, stage: object, fix: str) ->
     """``frame[column]`` as float64 (NaN where missing); a value that is no real number is a ValueError naming
     ``stage``, the column, the row's qid and docno, and ``fix``."""
     values = frame[column].to_numpy()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter('error', _COMPLEX_WARNING)
-            if values.dtype.kind in 'biuf':
-                return values.astype(np.float64)
-            return np.array([np.nan if v is None or v is pd.NA else v for v in values], dtype=np.float64)
-    except (ValueError, TypeError, _COMPLEX_WARNING):
-        pass
-    for row, value in enumerate(values):
-        if not _is_number(value):
+    floats = _float64(values if values.dtype.kind in 'biuf' else [np.nan if v is None or v is pd.NA else v
+                                                                  for v in values])
+    if floats is not None:
+        return floats
+    for row, value in enumerate(values):  # a missing value passes; numeric text is a number
+        if value is not None and value is not pd.NA and (np.ndim(value) != 0 or _float64(value) is None):
             raise ValueError(f'{stage}: column {column!r} holds {value!r} ({type(value).__name__}) at '
                              f'{_row_ids(frame, row)}, not a number; {fix}')
     raise ValueError(f'{stage}: column {column!r} cannot be read as numbers; {fix}')
@@ -74,19 +65,14 @@ def _row_ids(frame: pd.DataFrame, row: int) -> str:
     return ', '.join(f'{c}={frame[c].iloc[row]!r}' for c in ('qid', 'docno') if c in frame.columns)
 
 
-def _is_number(value: object) -> bool:
-    """What ``np.float64`` reads as a real number (numeric text too), or a missing value."""
-    if value is None or value is pd.NA:
-        return True
-    if np.ndim(value) != 0:
-        return False
+def _float64(values: object) -> Optional[np.ndarray]:
+    """``values`` as a float64 array; None where numpy cannot read them so (complex values are not silently cut)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter('error', _COMPLEX_WARNING)
-            np.float64(value)
-        return True
+            return np.array(values, dtype=np.float64)
     except (ValueError, TypeError, _COMPLEX_WARNING):
-        return False
+        return None
 
 
 def per_row(vectors: np.ndarray, codes: np.ndarray) -> np.ndarray:

@@ -267,8 +267,7 @@ class LlmDime(DimeScorer):
 
     def _importance(self, inp, groups, query_vecs):
         answers, present = answer_vectors(self, self.encoder, inp, groups, query_vecs)
-        importance = query_vecs * answers
-        return self._magnitude_fallback(importance, query_vecs, ~present, inp, groups, 'no LLM answer'), {}
+        return self._magnitude_fallback(query_vecs * answers, query_vecs, ~present, inp, groups, 'no LLM answer'), {}
 
 
 class LlmEclipseDime(DimeScorer):
@@ -349,8 +348,7 @@ class OracleDime(DimeScorer):
         row_labels = candidate_labels(inp, self.qrels, self)
         extra = {}
         if self.pad_negatives:
-            row_labels, padded = self._pad(inp, groups, row_labels)
-            extra['query_padded'] = padded
+            row_labels, extra['query_padded'] = self._pad(inp, groups, row_labels)
         feedback = select_feedback(inp, groups, len(inp), self)  # every candidate
         mask = feedback.mask & np.isfinite(row_labels[np.where(feedback.mask, feedback.rows, 0)])
         feedback = feedback._replace(mask=mask)

@@ -113,12 +113,10 @@ def fingerprint(source: Path) -> dict:
     digest = hashlib.sha256()
     buffer = bytearray(HASH_CHUNK)
     with open(source, 'rb') as f:
-        offset = 0
         while read := f.readinto(buffer):
             digest.update(memoryview(buffer)[:read])
             if hasattr(os, 'posix_fadvise'):  # a full read must not evict what the searches read
-                os.posix_fadvise(f.fileno(), offset, read, os.POSIX_FADV_DONTNEED)
-            offset += read
+                os.posix_fadvise(f.fileno(), f.tell() - read, read, os.POSIX_FADV_DONTNEED)
     _HASHED[key] = {**fields, 'sha256': digest.hexdigest()}
     return dict(_HASHED[key])
 

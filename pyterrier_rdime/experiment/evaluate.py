@@ -48,7 +48,6 @@ def evaluate(frames: Dict[str, pd.DataFrame], topics: pd.DataFrame, qrels: pd.Da
     """``(aggregate, perquery)`` of one per-query ``pt.Experiment`` over the systems' result frames:
     ``system, measure, value`` (the mean over the queries) and ``system, qid, measure, value``."""
     perquery = pt.Experiment(list(frames.values()), topics, qrels, measures, names=list(frames), perquery=True,
-                             verbose=False)
-    perquery = perquery.rename(columns={'name': 'system'})
+                             verbose=False).rename(columns={'name': 'system'})
     aggregate = perquery.groupby(['system', 'measure'], sort=False)['value'].mean().reset_index()
     return aggregate, perquery

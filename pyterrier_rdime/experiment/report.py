@@ -131,9 +131,8 @@ class ExperimentResult:
             'verdict': [marked_verdict(r.verdict, r.significant, r.comparison) for r in sig.itertuples()]})
 
     def control_rows(self) -> pd.DataFrame:
-        """The control comparisons of :attr:`significance`, each with ``label, column`` (the RDIME column),
-        ``control, value, kept`` (RDIME's), ``control_mean, control_value`` (as tables print it) and ``outcome``
-        (:data:`OUTCOMES`)."""
+        """The control comparisons of :attr:`significance` with ``label, column`` (the RDIME column), ``control,
+        value, kept`` (RDIME's), ``control_mean, control_value`` (as printed) and ``outcome`` (:data:`OUTCOMES`)."""
         sig = self.significance if 'family' in self.significance else pd.DataFrame(columns=COLUMNS)  # none loaded
         sig = sig[sig['family'] == 'controls']
         values = self.table.set_index(['system', 'measure'])['value']
@@ -187,17 +186,14 @@ class ExperimentResult:
         Baseline: :data:`~.parity.BEST_IS_BASELINE`); None without Top-k."""
         sig = self.significance
         mine = sig[(sig['measure'] == measure) & (sig['system'] == f'{dime}/RDIME')]
-        hit = mine[mine['comparison'].str.startswith('best Top-k')]
-        if hit.empty:
-            baseline = mine[mine['comparison'] == BEST_IS_BASELINE]
-            if baseline.empty:
-                return None
-            values = self.table.set_index(['system', 'measure'])['value']
-            return f'{dime}/k=1.0', float(values['Baseline', measure])
-        system = hit['other'].iloc[0]
+        hit = mine.loc[mine['comparison'].str.startswith('best Top-k'), 'other']
+        if hit.empty and not (mine['comparison'] == BEST_IS_BASELINE).any():
+            return None
+        system = hit.iloc[0] if len(hit) else 'Baseline'
         pool = pd.concat([self.table[['system', 'measure', 'value']],
                           self.sweep_means().assign(system=lambda f: f['dime'] + '/k=' + f['fraction'].astype(str))])
-        return system, float(pool.loc[(pool['system'] == system) & (pool['measure'] == measure), 'value'].iloc[0])
+        value = float(pool.loc[(pool['system'] == system) & (pool['measure'] == measure), 'value'].iloc[0])
+        return (system if len(hit) else f'{dime}/k=1.0'), value
 
     def marks(self, measure: str, dime: str, threshold: str) -> str:
         """The significance marks (:data:`MARKS`) of ``<dime>/<threshold>`` for ``measure``."""
@@ -226,8 +222,7 @@ class ExperimentResult:
             row.update({f'vs {control} ({measure})': outcomes.get((f'{dime}/RDIME', measure, control), 'n/a')
                         for control in controls for measure in self.measures})
             rows.append(row)
-        baseline = {f'{m} RDIME': f'{values["Baseline", m]:.4f}' for m in self.measures}
-        rows.append({'source': 'Baseline', **baseline})
+        rows.append({'source': 'Baseline', **{f'{m} RDIME': f'{values["Baseline", m]:.4f}' for m in self.measures}})
         return pd.DataFrame(rows).fillna('')
 
     def sources_plot(self, path: Union[str, Path], controls: Sequence[str] = ('random', 'magnitude')) -> None:
@@ -308,8 +303,7 @@ class ExperimentResult:
         writers = [(f'{name}.csv', lambda p, frame=frame: frame.to_csv(p, index=False))
                    for name, frame in frames.items()]
         writers += [
-            ('results.json', lambda p: p.write_text(json.dumps(self._payload(), indent=2, default=_json_default),
-                                                    encoding='utf-8')),
+            ('results.json', lambda p: p.write_text(self._json(), encoding='utf-8')),
             ('results.md', lambda p: p.write_text(self.to_markdown(), encoding='utf-8')),
             ('kept_fraction.png', self.boxplot),
             ('sweep.png', self.sweep_plot),
@@ -334,14 +328,15 @@ class ExperimentResult:
                    payload['timings'], table('sweep.csv'), pd.DataFrame(payload['cv'], columns=CV_COLUMNS),
                    table('seeds.csv'))
 
-    def _payload(self) -> dict:
-        return {'measures': self.measures, 'labels': self.labels, 'settings': self.settings, 'notes': self.notes,
-                'timings': self.timings, 'results': self.table.to_dict(orient='records'),
-                'significance': self.significance.to_dict(orient='records'),
-                'kept_fraction_mean': self.kept.groupby(['dime', 'threshold'])['kept_frac'].mean().reset_index()
-                .to_dict(orient='records'),
-                'sweep_mean': self.sweep_means().to_dict(orient='records'),
-                'cv': self.cv.to_dict(orient='records')}
+    def _json(self) -> str:
+        kept = self.kept.groupby(['dime', 'threshold'])['kept_frac'].mean().reset_index()
+        payload = {'measures': self.measures, 'labels': self.labels, 'settings': self.settings, 'notes': self.notes,
+                   'timings': self.timings, 'results': self.table.to_dict(orient='records'),
+                   'significance': self.significance.to_dict(orient='records'),
+                   'kept_fraction_mean': kept.to_dict(orient='records'),
+                   'sweep_mean': self.sweep_means().to_dict(orient='records'), 'cv': self.cv.to_dict(orient='records')}
+        numbers = (np.integer, np.floating, np.bool_)  # numpy scalars as numbers, anything else as text
+        return json.dumps(payload, indent=2, default=lambda v: v.item() if isinstance(v, numbers) else str(v))
 
     def _title(self) -> str:
         return f'{Path(str(self.settings["collection"])).name}, {Path(str(self.settings["encoder"])).name}'
@@ -383,14 +378,11 @@ class ExperimentResult:
 
 
 def write_combined(cells: Sequence, out: Path) -> List[str]:
-    """Writes the grid's combined outputs from its finished cells into ``out``: grid.csv, grid_parity.csv (every
-    cell's significance.csv), grid.md, grid.tex and the kept-fraction Figure; returns the problems met (an output
-    that could not be written)."""
+    """Writes grid.csv, grid_parity.csv (every cell's significance.csv), grid.md, grid.tex and the kept-fraction
+    Figure of the finished ``cells`` into ``out``; returns the outputs that could not be written."""
     writers = [
         ('grid.csv', lambda p: long_table(cells).to_csv(p, index=False)),
-        ('grid_parity.csv', lambda p: pd.concat([c.result.significance.assign(
-            collection=c.collection_label, encoder=c.encoder_label) for c in cells], ignore_index=True).to_csv(
-            p, index=False)),
+        ('grid_parity.csv', lambda p: _per_cell(cells, lambda r: r.significance).to_csv(p, index=False)),
         ('grid.md', lambda p: p.write_text(markdown(cells), encoding='utf-8')),
         ('grid.tex', lambda p: p.write_text(latex(cells), encoding='utf-8')),
         ('kept_fractions.png', lambda p: grid_kept_figure(
@@ -426,7 +418,7 @@ def markdown(cells: Sequence) -> str:
     """grid.md: per measure, one row per (collection, encoder, DIME): Baseline, best and CV Top-k, RDIME, Δ%, and
     the verdicts."""
     lines = ['# RDIME vs Top-k: the grid', '']
-    controls = _control_rows(cells)
+    controls = _per_cell(cells, ExperimentResult.control_rows)
     if len(controls):
         lines += ['Does the choice of dimensions matter? RDIME against each control at the same budget, in how many '
                   '(cell, measure) pairs it is better, equivalent, worse or inconclusive:', '',
@@ -442,9 +434,8 @@ def markdown(cells: Sequence) -> str:
             for dime, label in result.labels.items():
                 if f'{dime}/RDIME' not in values:
                     continue
-                mine = sig[sig['system'] == f'{dime}/RDIME']
-                verdicts = pd.Series([marked_verdict(r.verdict, r.significant, r.comparison) for r in
-                                      mine.itertuples()], index=mine['comparison'], dtype=object)
+                verdicts = {r.comparison: marked_verdict(r.verdict, r.significant, r.comparison)
+                            for r in sig[sig['system'] == f'{dime}/RDIME'].itertuples()}
                 rows.append({
                     'collection': cell.collection_label, 'encoder': cell.encoder_label, 'DIME': label,
                     'Baseline': f'{values["Baseline"]:.4f}', **result._rdime_cells(measure, dime),
@@ -463,10 +454,10 @@ def markdown(cells: Sequence) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def _control_rows(cells: Sequence) -> pd.DataFrame:
-    """Every finished cell's :meth:`ExperimentResult.control_rows`, with its collection and encoder."""
-    return pd.concat([c.result.control_rows().assign(collection=c.collection_label, encoder=c.encoder_label)
-                      for c in cells], ignore_index=True)
+def _per_cell(cells: Sequence, frame: Callable[[ExperimentResult], pd.DataFrame]) -> pd.DataFrame:
+    """Every finished cell's ``frame(result)``, with its collection and encoder."""
+    return pd.concat([frame(c.result).assign(collection=c.collection_label, encoder=c.encoder_label) for c in cells],
+                     ignore_index=True)
 
 
 def control_grid(rows: pd.DataFrame) -> pd.DataFrame:
@@ -474,10 +465,9 @@ def control_grid(rows: pd.DataFrame) -> pd.DataFrame:
     table = []
     for key, group in rows.groupby(['collection', 'encoder', 'label', 'column'], sort=False):
         first = group.iloc[0]
-        row = {'collection': key[0], 'encoder': key[1], 'DIME': key[2],
-               key[3] if key[3] != 'RDIME' else 'RDIME (kept)': f'{first["value"]:.4f} ({first["kept"]:.2f})'}
-        row.update({r.control: f'{r.control_value} {r.outcome}' for r in group.itertuples()})
-        table.append(row)
+        table.append({'collection': key[0], 'encoder': key[1], 'DIME': key[2],
+                      key[3] if key[3] != 'RDIME' else 'RDIME (kept)': f'{first["value"]:.4f} ({first["kept"]:.2f})',
+                      **{r.control: f'{r.control_value} {r.outcome}' for r in group.itertuples()}})
     return pd.DataFrame(table).fillna('n/a')
 
 
@@ -492,12 +482,12 @@ def control_summary(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(table)
 
 
-def _verdict(verdicts: pd.Series, prefix: str) -> str:
+def _verdict(verdicts: Dict[str, str], prefix: str) -> str:
     """The verdict of the comparison whose label starts with ``prefix``."""
-    hit = verdicts[verdicts.index.str.startswith(prefix)]
-    if hit.empty and prefix == 'best Top-k' and BEST_IS_BASELINE in verdicts.index:
+    hit = [verdict for comparison, verdict in verdicts.items() if comparison.startswith(prefix)]
+    if not hit and prefix == 'best Top-k' and BEST_IS_BASELINE in verdicts:
         return f'{verdicts[BEST_IS_BASELINE]} (= Baseline)'
-    return hit.iloc[0] if len(hit) else 'n/a'
+    return hit[0] if hit else 'n/a'
 
 
 def latex(cells: Sequence) -> str:
@@ -514,8 +504,8 @@ def latex(cells: Sequence) -> str:
         for encoder in dict.fromkeys(c.encoder_label for c in cells):
             mine = [by_name.get((c, encoder)) for c in collections]
             dimes = [d for d in labels if any(r is not None and f'{d}/RDIME' in set(r.table['system']) for r in mine)]
-            rows[encoder] = [(labels[d], [_tex_group(r, measure, d, ks, marks) for r in mine]) for d in dimes]
-            rows[encoder].append(('Baseline', [_tex_group(r, measure, None, ks, marks) for r in mine]))
+            rows[encoder] = [(labels.get(d, 'Baseline'), [_tex_group(r, measure, d, ks, marks) for r in mine])
+                             for d in [*dimes, None]]  # None: the Baseline row
         meanings = {'¶': 'CV Top-$k$', '†': 'the best Top-$k$ tuned on the test queries', '‡': 'Baseline'}
         shown = [f'$^{{{TEX_MARKS[m]}}}$ {meaning}' for m, meaning in meanings.items() if m in marks]
         test = f'{TEX_TESTS[first.settings.get("test", "t")]}, {first.settings.get("alternative", "two-sided")}'
@@ -536,7 +526,7 @@ def latex(cells: Sequence) -> str:
 def _latex_controls(cells: Sequence) -> List[str]:
     """grid.tex's controls tables, one ``table*`` per measure: RDIME and each control's value, marked with the
     outcome."""
-    rows = _control_rows(cells)
+    rows = _per_cell(cells, ExperimentResult.control_rows)
     rows = rows[rows['column'] == 'RDIME']
     collections = list(dict.fromkeys(rows['collection']))
     controls = list(dict.fromkeys(rows['control']))
@@ -739,12 +729,6 @@ def marked_verdict(verdict: str, significant: bool, comparison: str) -> str:
 
 def _markdown(frame: pd.DataFrame) -> str:
     return frame.to_markdown(index=False, disable_numparse=True)
-
-
-def _json_default(value):
-    if isinstance(value, (np.integer, np.floating, np.bool_)):
-        return value.item()
-    return str(value)
 
 
 def kept_fractions(frame: pd.DataFrame, dime: str, threshold: str) -> pd.DataFrame:

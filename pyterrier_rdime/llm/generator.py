@@ -289,11 +289,8 @@ def _load_model_uncached(folder: str, gguf_file: Optional[str], device: str) -> 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
     extra = {'gguf_file': gguf_file} if gguf_file else {}
     started = time.perf_counter()
-    if gguf_file:
-        # reading a GGUF header costs as much as loading the model: try causal first, the usual GGUF architecture
-        seq2seq = False
-    else:
-        seq2seq = bool(getattr(AutoConfig.from_pretrained(folder), 'is_encoder_decoder', False))
+    # reading a GGUF header costs as much as loading the model: try causal first, the usual GGUF architecture
+    seq2seq = not gguf_file and bool(getattr(AutoConfig.from_pretrained(folder), 'is_encoder_decoder', False))
     tokenizer = AutoTokenizer.from_pretrained(folder, **extra)
     try:
         model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(folder, **extra)
