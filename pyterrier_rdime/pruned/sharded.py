@@ -14,13 +14,12 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
-import pyterrier as pt
 
-from .._config import ConfigTransformer, check_bool, check_int, check_positive
+from .._config import check_bool, check_int, check_positive
 from . import calibration, kept, planner
 from .layout import docno_hashes
 from .planner import Choice, CostModel, MeasuredChoice, Plan
-from .stage import PrunedRetriever, ranked_frame
+from .stage import ExactRetriever, PrunedRetriever
 from .topk import best_k
 
 #: Seconds between two checks that a late shard's actor still answers (a call answered sooner pays no check).
@@ -102,20 +101,16 @@ class ShardServer:
 
 
 class _Actors:
-    """The running actors of a retriever and its ``% k`` variants, with what the plan and the merge need."""
+    """The actors of a retriever and its ``% k`` variants (``handles`` None until started) with the shards they
+    serve; once started, :meth:`ShardedPrunedRetriever._start` adds what the plan and the merge need (``docs``,
+    ``offsets``, ``dims``, ``abs_max``, ``compiled``, ``float32_ready``)."""
 
-    def __init__(self):
+    def __init__(self, handles: Optional[list] = None, served: Sequence[int] = (), retrievers: Sequence = ()):
         self.lock = threading.Lock()
-        self.handles: Optional[list] = None
-        self.retrievers: list = []  # each actor's retriever in the object store, held so that a restart can read it
-        self.served: List[int] = []
-        self.nodes: List[Tuple[str, str]] = []
-        self.offsets = np.zeros(0, dtype=np.int64)
-        self.docs = np.zeros(0, dtype=np.int64)
-        self.dims = 0
-        self.abs_max = np.zeros(0)
-        self.compiled = False
-        self.float32_ready = False
+        self.handles = handles
+        self.served = list(served)
+        self.retrievers = list(retrievers)  # each actor's retriever in the object store, for a restart to read
+        self.nodes: List[Tuple[str, str]] = [('', '')] * len(self.served)
         self.model: Optional[CostModel] = None
 
 
@@ -126,7 +121,7 @@ def _queued_requests(ray) -> List[Dict[str, float]]:
             if d.num_ready_requests_queued or d.num_infeasible_requests_queued or d.backlog_size]
 
 
-class ShardedPrunedRetriever(ConfigTransformer):
+class ShardedPrunedRetriever(ExactRetriever):
     """:class:`~pyterrier_rdime.PrunedRetriever` over an index split into shards, one Ray actor per shard: the same
     output as one ``PrunedRetriever`` over the whole collection (a document's ``docid`` is its position in the shards'
     order), for an index larger than one machine. A batch is checked and planned once, on the driver (under ``'auto'``
@@ -152,6 +147,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 >> Rdime() >> retriever
     """
     schematic = {'label': 'ShardedPruned'}
+    _shared = ('_retrievers', '_actors', '_measured')
 
     def __init__(self, *, shards: Sequence[object], num_results: int = 1000, docnos: Optional[Sequence[str]] = None,
                  strategy: str = 'auto', batch_size: int = 64, drop_query_vec: bool = False,
@@ -242,19 +238,6 @@ class ShardedPrunedRetriever(ConfigTransformer):
         self._retrievers = self._shard_retrievers()
         self._actors = _Actors()
 
-    def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
-        """``% k`` with ``k < num_results``: the retriever with ``num_results=k``, sharing this one's actors."""
-        if k >= self.num_results:
-            return None
-        fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
-        fused._retrievers = self._retrievers
-        fused._actors = self._actors
-        fused._measured = self._measured
-        return fused
-
-    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        return ranked_frame(self, inp, self._rank)
-
     def _rank(self, inp: pd.DataFrame) -> tuple:
         ray, actors = self._start()
         query_vecs = PrunedRetriever.stack_queries(inp, actors.dims, actors.abs_max, type(self).__name__)
@@ -334,28 +317,26 @@ class ShardedPrunedRetriever(ConfigTransformer):
                                           resources=dict(self.resources[i]) if self.resources else None,
                                           ).remote(ref, threads)
                            for i, ref in zip(served, retrievers)]
-                starting = _Actors()
-                starting.handles, starting.served, starting.retrievers = handles, served, retrievers
-                starting.nodes = [('', '')] * len(served)
+                starting = _Actors(handles, served, retrievers)
                 try:
                     self._wait_placed(ray, starting)
-                    infos = self._gather(ray, starting, lambda handle: handle.info.remote(), 'open')
-                    self._check_dims(served, [abs_max for _, _, abs_max, _, _ in infos])
+                    nodes, docs, abs_maxes, compiled, ready = zip(*self._gather(
+                        ray, starting, lambda handle: handle.info.remote(), 'open'))
+                    self._check_dims(served, abs_maxes)
                     self._refuse_shared_docnos(ray, starting)
                 except BaseException:
                     for handle in handles:  # a retriever that failed to start holds nothing
                         ray.kill(handle, no_restart=True)
                     raise
                 sizes = np.array([len(s) if r is None else 0 for s, r in zip(self.shards, self._retrievers)])
-                sizes[served] = [docs for _, docs, _, _, _ in infos]
+                sizes[served] = docs
                 actors.docs = sizes[served]
                 actors.offsets = (np.cumsum(sizes) - sizes)[served]
-                actors.dims = len(infos[0][2])
-                actors.abs_max = np.max([abs_max for _, _, abs_max, _, _ in infos], axis=0)
-                actors.compiled = all(compiled for _, _, _, compiled, _ in infos)
-                actors.float32_ready = all(ready for _, _, _, _, ready in infos)
-                actors.served, actors.retrievers = served, retrievers
-                actors.nodes = [node for node, _, _, _, _ in infos]
+                actors.dims = len(abs_maxes[0])
+                actors.abs_max = np.max(abs_maxes, axis=0)
+                actors.compiled = all(compiled)
+                actors.float32_ready = all(ready)
+                actors.served, actors.retrievers, actors.nodes = served, retrievers, list(nodes)
                 actors.handles = handles
         return ray, actors
 
