@@ -248,9 +248,9 @@ class ShardedPrunedRetriever(ExactRetriever):
                 actors.served, actors.docs, actors.offsets, replies)):
             actors.nodes[position] = node  # where it answered from: another node after a restart
             if now != docs:
-                raise RuntimeError(f'{type(self).__name__}: shard {shard} ({self._where(shard)}) now holds {now} '
-                                   f'documents, {docs} when it started (its actor restarted on a changed index): '
-                                   'the global docids no longer hold; build a new retriever')
+                raise RuntimeError(f'{type(self).__name__}: {self._shard(shard)} now holds {now} documents, {docs} '
+                                   'when it started (its actor restarted on a changed index): the global docids no '
+                                   'longer hold; build a new retriever')
             bounds = np.concatenate([[0], np.cumsum(counts)])
             per_shard.append((bounds, scores, docids + offset, docnos))
         scores, docids, docnos = merge_shards(per_shard, len(query_vecs), self.num_results)
@@ -369,7 +369,7 @@ class ShardedPrunedRetriever(ExactRetriever):
                 nodes = len(self._offering(ray, shard))
                 offered = (f'{nodes} live node(s) offer them, all reserved by other actors or tasks (a retriever not '
                            'yet closed holds its num_cpus)' if nodes else 'no live node offers them')
-                raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) found no '
+                raise RuntimeError(f'{type(self).__name__}: the actor of {self._shard(shard)} found no '
                                    f'node with {self._wanted(shard)} free in timeout={self.timeout} s ({offered}; '
                                    f'the cluster has {ray.available_resources()} free): lower num_cpus, start nodes '
                                    "with those resources (ray start --resources='{...}'), close() the retrievers that "
@@ -399,9 +399,9 @@ class ShardedPrunedRetriever(ExactRetriever):
         """Fail unless every FlexIndex shard has one dimensionality."""
         if len({len(a) for a in abs_maxes}) > 1:
             first, other = served[0], next(i for i, a in zip(served, abs_maxes) if len(a) != len(abs_maxes[0]))
-            raise ValueError(f'{type(self).__name__}: shard {first} ({self._where(first)}) holds {len(abs_maxes[0])}-'
-                             f'dimensional vectors but shard {other} ({self._where(other)}) holds '
-                             f'{len(abs_maxes[served.index(other)])}; every shard needs vectors of the same model')
+            raise ValueError(f'{type(self).__name__}: {self._shard(first)} holds {len(abs_maxes[0])}-dimensional '
+                             f'vectors but {self._shard(other)} holds {len(abs_maxes[served.index(other)])}; every '
+                             'shard needs vectors of the same model')
 
     def _refuse_shared_docnos(self, ray, actors: _Actors) -> None:
         """Fail naming a docno that two shards hold; only docnos whose hashes two shards share are fetched."""
@@ -415,10 +415,9 @@ class ShardedPrunedRetriever(ExactRetriever):
                 for docno in names:
                     if docno in first:
                         raise ValueError(
-                            f'{type(self).__name__}: docno {docno!r} is in shard {first[docno]} '
-                            f'({self._where(first[docno])}) and in shard {shard} ({self._where(shard)}), so a '
-                            'ranking could hold it twice; put each document in one shard only (split_flex_index '
-                            'cuts one index into shards that share none)')
+                            f'{type(self).__name__}: docno {docno!r} is in {self._shard(first[docno])} and in '
+                            f'{self._shard(shard)}, so a ranking could hold it twice; put each document in one '
+                            'shard only (split_flex_index cuts one index into shards that share none)')
                     first[docno] = shard
 
     def _gather(self, ray, actors: _Actors, send: Callable[[object], object], what: str,
@@ -481,13 +480,12 @@ class ShardedPrunedRetriever(ExactRetriever):
         except ray.exceptions.RayTaskError as e:
             cause = e.cause if isinstance(e.cause, Exception) else e
             kind = ValueError if isinstance(cause, ValueError) else RuntimeError
-            raise kind(f'{type(self).__name__}: shard {shard} ({self._where(shard)}) failed to {what}: '
-                       f'{cause}') from e
+            raise kind(f'{type(self).__name__}: {self._shard(shard)} failed to {what}: {cause}') from e
         except ray.exceptions.ActorUnavailableError:
             raise
         except ray.exceptions.RayError as e:
-            raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) died '
-                               f'and could not be recovered (max_restarts={self.max_restarts}): {e}') from e
+            raise RuntimeError(f'{type(self).__name__}: the actor of {self._shard(shard)} died and could not be '
+                               f'recovered (max_restarts={self.max_restarts}): {e}') from e
 
     def _no_node(self, ray, actors: _Actors, position: int, starting: bool = False) -> None:
         """Fail for a shard whose actor had no node for ``timeout`` (``starting``: silent for ``start_timeout``)."""
@@ -501,21 +499,21 @@ class ShardedPrunedRetriever(ExactRetriever):
         silent = (f'has not answered for start_timeout={self.start_timeout} s, though no node was missing (Ray was '
                   'starting it, or it hangs)' if starting else f'has had no node for timeout={self.timeout} s')
         raise RuntimeError(
-            f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) {silent}; it was last on '
-            f'{last}, which is {state}, and '
-            f'{"some" if offered else "no"} live node offers {wanted}. Start a node that offers them (ray start '
-            f"--address=HEAD:PORT --resources='{{...}}') with the shard's files, or put the shard on a file system "
-            'every node reads and leave its resources out; then call again (or build a new retriever)')
+            f'{type(self).__name__}: the actor of {self._shard(shard)} {silent}; it was last on {last}, which is '
+            f'{state}, and {"some" if offered else "no"} live node offers {wanted}. Start a node that offers them '
+            f"(ray start --address=HEAD:PORT --resources='{{...}}') with the shard's files, or put the shard on a file "
+            'system every node reads and leave its resources out; then call again (or build a new retriever)')
 
     def _wanted(self, shard: int) -> dict:
         """What the actor of ``shard`` asks of a node."""
         return {'CPU': self.num_cpus or 0, **(self.resources[shard] if self.resources else {})}
 
-    def _where(self, shard: int) -> str:
+    def _shard(self, shard: int) -> str:
+        """``shard`` and where it is, for an error message."""
         index = self.shards[shard]
         if isinstance(index, np.ndarray):
-            return f'an array of {index.shape[0]} x {index.shape[1]}'
-        return str(index.index_path)
+            return f'shard {shard} (an array of {index.shape[0]} x {index.shape[1]})'
+        return f'shard {shard} ({index.index_path})'
 
 
 def check_ray_address(address: Optional[str], timeout: float, option: str) -> None:
@@ -546,25 +544,19 @@ def check_ray_address(address: Optional[str], timeout: float, option: str) -> No
     with conn:
         if resolved.startswith('ray://') or os.environ.get('RAY_USE_TLS', '0').lower() not in ('0', 'false'):
             return  # Ray Client's protocol, or a GCS behind TLS: the connection is what can be checked here
-        reply = _first_reply(conn, HTTP2_PREFACE, 4, time.monotonic() + timeout)
+        reply, deadline = b'', time.monotonic() + timeout
+        with contextlib.suppress(OSError):  # a timeout, or a reset: what came so far is the answer
+            conn.sendall(HTTP2_PREFACE)
+            while len(reply) < 4 and time.monotonic() < deadline:
+                conn.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = conn.recv(64)
+                if not chunk:
+                    break
+                reply += chunk
     if len(reply) < 4 or reply[3] != SETTINGS_FRAME:
         said = f'it answered {reply[:40]!r}' if reply else f'it sent nothing back within timeout={timeout} s'
         raise ConnectionError(f'{option}: the service at {where} accepts connections but is not a Ray cluster (a '
                               f"Ray cluster's GCS answers gRPC; {said}): {fix}")
-
-
-def _first_reply(conn: socket.socket, message: bytes, size: int, deadline: float) -> bytes:
-    """What ``conn`` answers to ``message`` by ``deadline``: up to ``size`` bytes or more, fewer if it stops."""
-    reply = b''
-    with contextlib.suppress(OSError):  # a timeout, or a reset: what came so far is the answer
-        conn.sendall(message)
-        while len(reply) < size and time.monotonic() < deadline:
-            conn.settimeout(max(0.01, deadline - time.monotonic()))
-            chunk = conn.recv(64)
-            if not chunk:
-                break
-            reply += chunk
-    return reply
 
 
 def connect(address: Optional[str], timeout: float, option: str) -> None:
