@@ -17,7 +17,7 @@ import pandas as pd
 
 from .._config import check_bool, check_int, check_positive
 from . import calibration, kept, planner
-from .layout import docno_hashes
+from .layout import docno_hashes, shared_hashes
 from .planner import Choice, CostModel, MeasuredChoice, Plan
 from .stage import ExactRetriever, PrunedRetriever
 from .topk import best_k
@@ -568,12 +568,6 @@ def connect(address: Optional[str], timeout: float, option: str) -> None:
             ray.init(address=address)
         except ConnectionError as e:
             raise ConnectionError(f'{option}: could not connect to the Ray cluster at {address!r}: {e}') from e
-
-
-def shared_hashes(per_shard: List[np.ndarray]) -> np.ndarray:
-    """The values that occur more than once in the shards' sorted hash arrays together."""
-    merged = np.sort(np.concatenate(per_shard), kind='stable')
-    return np.unique(merged[1:][merged[1:] == merged[:-1]])
 
 
 def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], queries: int,
