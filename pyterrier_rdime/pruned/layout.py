@@ -9,7 +9,7 @@ import dataclasses
 import os
 import threading
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -296,12 +296,9 @@ def check_unique_docnos(lookup: Callable[[np.ndarray], np.ndarray], count: int, 
     """Raise a ValueError naming a docno that two of the ``count`` documents share, by :func:`docno_hashes` (~24
     bytes per document)."""
     hashes = docno_hashes(lookup, count)
-    order = np.argsort(hashes, kind='stable')
-    ordered = hashes[order]
-    equal = ordered[1:] == ordered[:-1]
-    if not equal.any():
+    candidates = np.flatnonzero(np.isin(hashes, shared_hashes([hashes])))
+    if not len(candidates):
         return
-    candidates = np.unique(np.concatenate([order[1:][equal], order[:-1][equal]]))
     docnos = pd.Series(np.asarray(lookup(candidates), dtype=object), index=candidates)
     repeated = docnos[docnos.duplicated(keep=False)]
     if len(repeated):  # else only a hash collision
@@ -320,6 +317,12 @@ def docno_hashes(lookup: Callable[[np.ndarray], np.ndarray], count: int) -> np.n
         hashes[start:stop] = pd.util.hash_array(np.asarray(lookup(np.arange(start, stop)), dtype=object),
                                                 categorize=False)
     return hashes
+
+
+def shared_hashes(per_part: List[np.ndarray]) -> np.ndarray:
+    """The values that occur more than once in these hash arrays together, sorted."""
+    merged = np.sort(np.concatenate(per_part), kind='stable')
+    return np.unique(merged[1:][merged[1:] == merged[:-1]])
 
 
 def npy_problem(path: Path, shape: Tuple[int, int], dtype: np.dtype) -> Optional[str]:

@@ -14,13 +14,12 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
-import pyterrier as pt
 
-from .._config import ConfigTransformer, check_bool, check_int, check_positive
+from .._config import check_bool, check_int, check_positive
 from . import calibration, kept, planner
-from .layout import docno_hashes
+from .layout import docno_hashes, shared_hashes
 from .planner import Choice, CostModel, MeasuredChoice, Plan
-from .stage import PrunedRetriever, ranked_frame
+from .stage import ExactRetriever, PrunedRetriever
 from .topk import best_k
 
 #: Seconds between two checks that a late shard's actor still answers (a call answered sooner pays no check).
@@ -102,20 +101,16 @@ class ShardServer:
 
 
 class _Actors:
-    """The running actors of a retriever and its ``% k`` variants, with what the plan and the merge need."""
+    """The actors of a retriever and its ``% k`` variants (``handles`` None until started) with the shards they
+    serve; once started, :meth:`ShardedPrunedRetriever._start` adds what the plan and the merge need (``docs``,
+    ``offsets``, ``dims``, ``abs_max``, ``compiled``, ``float32_ready``)."""
 
-    def __init__(self):
+    def __init__(self, handles: Optional[list] = None, served: Sequence[int] = (), retrievers: Sequence = ()):
         self.lock = threading.Lock()
-        self.handles: Optional[list] = None
-        self.retrievers: list = []  # each actor's retriever in the object store, held so that a restart can read it
-        self.served: List[int] = []
-        self.nodes: List[Tuple[str, str]] = []
-        self.offsets = np.zeros(0, dtype=np.int64)
-        self.docs = np.zeros(0, dtype=np.int64)
-        self.dims = 0
-        self.abs_max = np.zeros(0)
-        self.compiled = False
-        self.float32_ready = False
+        self.handles = handles
+        self.served = list(served)
+        self.retrievers = list(retrievers)  # each actor's retriever in the object store, for a restart to read
+        self.nodes: List[Tuple[str, str]] = [('', '')] * len(self.served)
         self.model: Optional[CostModel] = None
 
 
@@ -126,7 +121,7 @@ def _queued_requests(ray) -> List[Dict[str, float]]:
             if d.num_ready_requests_queued or d.num_infeasible_requests_queued or d.backlog_size]
 
 
-class ShardedPrunedRetriever(ConfigTransformer):
+class ShardedPrunedRetriever(ExactRetriever):
     """:class:`~pyterrier_rdime.PrunedRetriever` over an index split into shards, one Ray actor per shard: the same
     output as one ``PrunedRetriever`` over the whole collection (a document's ``docid`` is its position in the shards'
     order), for an index larger than one machine. A batch is checked and planned once, on the driver (under ``'auto'``
@@ -152,6 +147,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 >> Rdime() >> retriever
     """
     schematic = {'label': 'ShardedPruned'}
+    _shared = ('_retrievers', '_actors', '_measured')
 
     def __init__(self, *, shards: Sequence[object], num_results: int = 1000, docnos: Optional[Sequence[str]] = None,
                  strategy: str = 'auto', batch_size: int = 64, drop_query_vec: bool = False,
@@ -242,19 +238,6 @@ class ShardedPrunedRetriever(ConfigTransformer):
         self._retrievers = self._shard_retrievers()
         self._actors = _Actors()
 
-    def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
-        """``% k`` with ``k < num_results``: the retriever with ``num_results=k``, sharing this one's actors."""
-        if k >= self.num_results:
-            return None
-        fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
-        fused._retrievers = self._retrievers
-        fused._actors = self._actors
-        fused._measured = self._measured
-        return fused
-
-    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        return ranked_frame(self, inp, self._rank)
-
     def _rank(self, inp: pd.DataFrame) -> tuple:
         ray, actors = self._start()
         query_vecs = PrunedRetriever.stack_queries(inp, actors.dims, actors.abs_max, type(self).__name__)
@@ -265,9 +248,9 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 actors.served, actors.docs, actors.offsets, replies)):
             actors.nodes[position] = node  # where it answered from: another node after a restart
             if now != docs:
-                raise RuntimeError(f'{type(self).__name__}: shard {shard} ({self._where(shard)}) now holds {now} '
-                                   f'documents, {docs} when it started (its actor restarted on a changed index): '
-                                   'the global docids no longer hold; build a new retriever')
+                raise RuntimeError(f'{type(self).__name__}: {self._shard(shard)} now holds {now} documents, {docs} '
+                                   'when it started (its actor restarted on a changed index): the global docids no '
+                                   'longer hold; build a new retriever')
             bounds = np.concatenate([[0], np.cumsum(counts)])
             per_shard.append((bounds, scores, docids + offset, docnos))
         scores, docids, docnos = merge_shards(per_shard, len(query_vecs), self.num_results)
@@ -334,28 +317,26 @@ class ShardedPrunedRetriever(ConfigTransformer):
                                           resources=dict(self.resources[i]) if self.resources else None,
                                           ).remote(ref, threads)
                            for i, ref in zip(served, retrievers)]
-                starting = _Actors()
-                starting.handles, starting.served, starting.retrievers = handles, served, retrievers
-                starting.nodes = [('', '')] * len(served)
+                starting = _Actors(handles, served, retrievers)
                 try:
                     self._wait_placed(ray, starting)
-                    infos = self._gather(ray, starting, lambda handle: handle.info.remote(), 'open')
-                    self._check_dims(served, [abs_max for _, _, abs_max, _, _ in infos])
+                    nodes, docs, abs_maxes, compiled, ready = zip(*self._gather(
+                        ray, starting, lambda handle: handle.info.remote(), 'open'))
+                    self._check_dims(served, abs_maxes)
                     self._refuse_shared_docnos(ray, starting)
                 except BaseException:
                     for handle in handles:  # a retriever that failed to start holds nothing
                         ray.kill(handle, no_restart=True)
                     raise
                 sizes = np.array([len(s) if r is None else 0 for s, r in zip(self.shards, self._retrievers)])
-                sizes[served] = [docs for _, docs, _, _, _ in infos]
+                sizes[served] = docs
                 actors.docs = sizes[served]
                 actors.offsets = (np.cumsum(sizes) - sizes)[served]
-                actors.dims = len(infos[0][2])
-                actors.abs_max = np.max([abs_max for _, _, abs_max, _, _ in infos], axis=0)
-                actors.compiled = all(compiled for _, _, _, compiled, _ in infos)
-                actors.float32_ready = all(ready for _, _, _, _, ready in infos)
-                actors.served, actors.retrievers = served, retrievers
-                actors.nodes = [node for node, _, _, _, _ in infos]
+                actors.dims = len(abs_maxes[0])
+                actors.abs_max = np.max(abs_maxes, axis=0)
+                actors.compiled = all(compiled)
+                actors.float32_ready = all(ready)
+                actors.served, actors.retrievers, actors.nodes = served, retrievers, list(nodes)
                 actors.handles = handles
         return ray, actors
 
@@ -388,7 +369,7 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 nodes = len(self._offering(ray, shard))
                 offered = (f'{nodes} live node(s) offer them, all reserved by other actors or tasks (a retriever not '
                            'yet closed holds its num_cpus)' if nodes else 'no live node offers them')
-                raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) found no '
+                raise RuntimeError(f'{type(self).__name__}: the actor of {self._shard(shard)} found no '
                                    f'node with {self._wanted(shard)} free in timeout={self.timeout} s ({offered}; '
                                    f'the cluster has {ray.available_resources()} free): lower num_cpus, start nodes '
                                    "with those resources (ray start --resources='{...}'), close() the retrievers that "
@@ -418,9 +399,9 @@ class ShardedPrunedRetriever(ConfigTransformer):
         """Fail unless every FlexIndex shard has one dimensionality."""
         if len({len(a) for a in abs_maxes}) > 1:
             first, other = served[0], next(i for i, a in zip(served, abs_maxes) if len(a) != len(abs_maxes[0]))
-            raise ValueError(f'{type(self).__name__}: shard {first} ({self._where(first)}) holds {len(abs_maxes[0])}-'
-                             f'dimensional vectors but shard {other} ({self._where(other)}) holds '
-                             f'{len(abs_maxes[served.index(other)])}; every shard needs vectors of the same model')
+            raise ValueError(f'{type(self).__name__}: {self._shard(first)} holds {len(abs_maxes[0])}-dimensional '
+                             f'vectors but {self._shard(other)} holds {len(abs_maxes[served.index(other)])}; every '
+                             'shard needs vectors of the same model')
 
     def _refuse_shared_docnos(self, ray, actors: _Actors) -> None:
         """Fail naming a docno that two shards hold; only docnos whose hashes two shards share are fetched."""
@@ -434,10 +415,9 @@ class ShardedPrunedRetriever(ConfigTransformer):
                 for docno in names:
                     if docno in first:
                         raise ValueError(
-                            f'{type(self).__name__}: docno {docno!r} is in shard {first[docno]} '
-                            f'({self._where(first[docno])}) and in shard {shard} ({self._where(shard)}), so a '
-                            'ranking could hold it twice; put each document in one shard only (split_flex_index '
-                            'cuts one index into shards that share none)')
+                            f'{type(self).__name__}: docno {docno!r} is in {self._shard(first[docno])} and in '
+                            f'{self._shard(shard)}, so a ranking could hold it twice; put each document in one '
+                            'shard only (split_flex_index cuts one index into shards that share none)')
                     first[docno] = shard
 
     def _gather(self, ray, actors: _Actors, send: Callable[[object], object], what: str,
@@ -500,13 +480,12 @@ class ShardedPrunedRetriever(ConfigTransformer):
         except ray.exceptions.RayTaskError as e:
             cause = e.cause if isinstance(e.cause, Exception) else e
             kind = ValueError if isinstance(cause, ValueError) else RuntimeError
-            raise kind(f'{type(self).__name__}: shard {shard} ({self._where(shard)}) failed to {what}: '
-                       f'{cause}') from e
+            raise kind(f'{type(self).__name__}: {self._shard(shard)} failed to {what}: {cause}') from e
         except ray.exceptions.ActorUnavailableError:
             raise
         except ray.exceptions.RayError as e:
-            raise RuntimeError(f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) died '
-                               f'and could not be recovered (max_restarts={self.max_restarts}): {e}') from e
+            raise RuntimeError(f'{type(self).__name__}: the actor of {self._shard(shard)} died and could not be '
+                               f'recovered (max_restarts={self.max_restarts}): {e}') from e
 
     def _no_node(self, ray, actors: _Actors, position: int, starting: bool = False) -> None:
         """Fail for a shard whose actor had no node for ``timeout`` (``starting``: silent for ``start_timeout``)."""
@@ -520,21 +499,21 @@ class ShardedPrunedRetriever(ConfigTransformer):
         silent = (f'has not answered for start_timeout={self.start_timeout} s, though no node was missing (Ray was '
                   'starting it, or it hangs)' if starting else f'has had no node for timeout={self.timeout} s')
         raise RuntimeError(
-            f'{type(self).__name__}: the actor of shard {shard} ({self._where(shard)}) {silent}; it was last on '
-            f'{last}, which is {state}, and '
-            f'{"some" if offered else "no"} live node offers {wanted}. Start a node that offers them (ray start '
-            f"--address=HEAD:PORT --resources='{{...}}') with the shard's files, or put the shard on a file system "
-            'every node reads and leave its resources out; then call again (or build a new retriever)')
+            f'{type(self).__name__}: the actor of {self._shard(shard)} {silent}; it was last on {last}, which is '
+            f'{state}, and {"some" if offered else "no"} live node offers {wanted}. Start a node that offers them '
+            f"(ray start --address=HEAD:PORT --resources='{{...}}') with the shard's files, or put the shard on a file "
+            'system every node reads and leave its resources out; then call again (or build a new retriever)')
 
     def _wanted(self, shard: int) -> dict:
         """What the actor of ``shard`` asks of a node."""
         return {'CPU': self.num_cpus or 0, **(self.resources[shard] if self.resources else {})}
 
-    def _where(self, shard: int) -> str:
+    def _shard(self, shard: int) -> str:
+        """``shard`` and where it is, for an error message."""
         index = self.shards[shard]
         if isinstance(index, np.ndarray):
-            return f'an array of {index.shape[0]} x {index.shape[1]}'
-        return str(index.index_path)
+            return f'shard {shard} (an array of {index.shape[0]} x {index.shape[1]})'
+        return f'shard {shard} ({index.index_path})'
 
 
 def check_ray_address(address: Optional[str], timeout: float, option: str) -> None:
@@ -565,25 +544,19 @@ def check_ray_address(address: Optional[str], timeout: float, option: str) -> No
     with conn:
         if resolved.startswith('ray://') or os.environ.get('RAY_USE_TLS', '0').lower() not in ('0', 'false'):
             return  # Ray Client's protocol, or a GCS behind TLS: the connection is what can be checked here
-        reply = _first_reply(conn, HTTP2_PREFACE, 4, time.monotonic() + timeout)
+        reply, deadline = b'', time.monotonic() + timeout
+        with contextlib.suppress(OSError):  # a timeout, or a reset: what came so far is the answer
+            conn.sendall(HTTP2_PREFACE)
+            while len(reply) < 4 and time.monotonic() < deadline:
+                conn.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = conn.recv(64)
+                if not chunk:
+                    break
+                reply += chunk
     if len(reply) < 4 or reply[3] != SETTINGS_FRAME:
         said = f'it answered {reply[:40]!r}' if reply else f'it sent nothing back within timeout={timeout} s'
         raise ConnectionError(f'{option}: the service at {where} accepts connections but is not a Ray cluster (a '
                               f"Ray cluster's GCS answers gRPC; {said}): {fix}")
-
-
-def _first_reply(conn: socket.socket, message: bytes, size: int, deadline: float) -> bytes:
-    """What ``conn`` answers to ``message`` by ``deadline``: up to ``size`` bytes or more, fewer if it stops."""
-    reply = b''
-    with contextlib.suppress(OSError):  # a timeout, or a reset: what came so far is the answer
-        conn.sendall(message)
-        while len(reply) < size and time.monotonic() < deadline:
-            conn.settimeout(max(0.01, deadline - time.monotonic()))
-            chunk = conn.recv(64)
-            if not chunk:
-                break
-            reply += chunk
-    return reply
 
 
 def connect(address: Optional[str], timeout: float, option: str) -> None:
@@ -595,12 +568,6 @@ def connect(address: Optional[str], timeout: float, option: str) -> None:
             ray.init(address=address)
         except ConnectionError as e:
             raise ConnectionError(f'{option}: could not connect to the Ray cluster at {address!r}: {e}') from e
-
-
-def shared_hashes(per_shard: List[np.ndarray]) -> np.ndarray:
-    """The values that occur more than once in the shards' sorted hash arrays together."""
-    merged = np.sort(np.concatenate(per_shard), kind='stable')
-    return np.unique(merged[1:][merged[1:] == merged[:-1]])
 
 
 def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], queries: int,

@@ -3,7 +3,7 @@ import functools
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,39 @@ STRATEGIES = ('auto', 'pruned', 'dense', 'compressed')
 SCORE_LIMIT = float(np.finfo(np.float32).max) / 2
 
 
-class PrunedRetriever(ConfigTransformer):
+class ExactRetriever(ConfigTransformer):
+    """What both retrievers share: the output frame of :meth:`_rank`'s rankings, and ``% k`` variants that share the
+    attributes named in ``_shared`` (the index copies, the actors, the timings)."""
+    _shared: Tuple[str, ...] = ()
+
+    def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
+        """``% k`` with ``k < num_results``: the retriever with ``num_results=k``, sharing this one's copies."""
+        if k >= self.num_results:
+            return None
+        fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
+        for name in self._shared:
+            setattr(fused, name, getattr(self, name))
+        return fused
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        """One row per result, input columns first: ``_rank(inp)`` gives each query's ``scores`` and ``docids`` and
+        the function from docids to docnos."""
+        pt.validate.query_frame(inp, extra_columns=['query_vec'], context=self)
+        columns = [c for c in inp.columns if not (self.drop_query_vec and c == 'query_vec')]
+        columns += [c for c in ('docno', 'docid', 'score', 'rank') if c not in columns]
+        if not len(inp):
+            return empty_frame(inp, columns)
+        inp = inp.reset_index(drop=True)
+        scores, docids, docnos = self._rank(inp)
+        counts = np.array([len(d) for d in docids])
+        flat_ids = np.concatenate(docids).astype(np.int64)
+        out = inp.iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
+        out = out.assign(docno=docnos(flat_ids), docid=flat_ids, score=np.concatenate(scores).astype(np.float64),
+                         rank=np.concatenate([np.arange(c) for c in counts]))
+        return out[columns]
+
+
+class PrunedRetriever(ExactRetriever):
     """Exact inner-product retrieval of the top ``num_results`` documents for pruned queries, scoring only the kept
     dimensions of each query (the non-zero entries of ``query_vec``): the same ranking as scoring every dimension with
     the zeroed query, reading a fraction of the index. Exact ties go to the lower docid on every path.
@@ -52,6 +84,7 @@ class PrunedRetriever(ConfigTransformer):
             >> PrunedRetriever(index=index, num_results=1000)
     """
     schematic = {'label': 'PrunedRetriever'}
+    _shared = ('_layout', '_measured')
 
     def __init__(self, *, index: object, num_results: int = 1000, docnos: Optional[Sequence[str]] = None,
                  strategy: str = 'auto', batch_size: int = 64, drop_query_vec: bool = False, verbose: bool = True):
@@ -92,15 +125,6 @@ class PrunedRetriever(ConfigTransformer):
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, 'index': portable_index(self.index)}  # a FlexIndex by path, not its open vectors
-
-    def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
-        """``% k`` with ``k < num_results``: the retriever with ``num_results=k``, sharing this one's matrix."""
-        if k >= self.num_results:
-            return None
-        fused = pt.inspect.transformer_apply_attributes(self, num_results=k)
-        fused._layout = self._layout
-        fused._measured = self._measured
-        return fused
 
     def dim_major(self) -> np.ndarray:
         """The ``(dims, docs)`` float32 C-contiguous document matrix (opened or built on first use)."""
@@ -158,9 +182,6 @@ class PrunedRetriever(ConfigTransformer):
         return functools.partial(kept.search_pruned, self.dim_major(), query_vecs, self.num_results,
                                  one_pass=plan.path == 'one pass')
 
-    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        return ranked_frame(self, inp, self._rank)
-
     def _rank(self, inp: pd.DataFrame) -> tuple:
         query_vecs = self.stack_queries(inp, self.shape[0], self._layout.abs_max(), type(self).__name__)
         return (*self.search(query_vecs), self._layout.lookup_docnos)
@@ -193,20 +214,3 @@ class PrunedRetriever(ConfigTransformer):
                              'vectors (e.g. to unit length)')
         return query_vecs
 
-
-def ranked_frame(stage: pt.Transformer, inp: pd.DataFrame, rank: Callable[[pd.DataFrame], tuple]) -> pd.DataFrame:
-    """The output of ``stage`` (either retriever) for ``inp``: ``rank(inp)`` gives each query's ``scores`` and
-    ``docids`` and the function from docids to docnos; one row per result, input columns first."""
-    pt.validate.query_frame(inp, extra_columns=['query_vec'], context=stage)
-    columns = [c for c in inp.columns if not (stage.drop_query_vec and c == 'query_vec')]
-    columns += [c for c in ('docno', 'docid', 'score', 'rank') if c not in columns]
-    if not len(inp):
-        return empty_frame(inp, columns)
-    inp = inp.reset_index(drop=True)
-    scores, docids, docnos = rank(inp)
-    counts = np.array([len(d) for d in docids])
-    flat_ids = np.concatenate(docids).astype(np.int64)
-    out = inp.iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
-    out = out.assign(docno=docnos(flat_ids), docid=flat_ids, score=np.concatenate(scores).astype(np.float64),
-                     rank=np.concatenate([np.arange(c) for c in counts]))
-    return out[columns]
