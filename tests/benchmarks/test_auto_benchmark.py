@@ -43,8 +43,9 @@ def test_the_auto_benchmark_runs_every_row(tmp_path, monkeypatch, capsys, measur
     rows = [line.split(' | ') for line in out.splitlines() if line.startswith(('| 1 × ', '| 4 × '))]
     assert len(rows) == 5 + 3  # RDIME and Top-k 0.25 / 0.35 / 0.50 / 0.75 one at a time; 3 batches of 4
     took = {row[5] for row in rows}
-    if measured:  # the timed choice follows this machine's timings (a loaded one can make dense the fastest)
-        assert took <= set(planner.PATHS) and list((tmp_path / 'cache' / 'cost' / 'measured').glob('*.json'))
+    if measured:  # the timed choice follows this machine's timings: under load any path, several in one row
+        assert {path for cell in took for path in cell.split('/')} <= set(planner.PATHS), took
+        assert list((tmp_path / 'cache' / 'cost' / 'measured').glob('*.json'))
     else:
         assert took == {'dense'}
     assert all(row[8].split('/')[2] == '0' for row in rows)  # no mismatch against the dense top-100
