@@ -313,10 +313,8 @@ def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str, 
     :data:`RAY_CONNECT_TIMEOUT`) where anything needs it."""
     if ray_address is None:
         return 'joblib'
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise ImportError('--ray-address needs Ray: ' + install_extra('ray').replace('\n', ' ')) from None
+    if importlib.util.find_spec('ray') is None:
+        raise ImportError('--ray-address needs Ray: ' + install_extra('ray').replace('\n', ' '))
     if workers < 2 and retriever != 'sharded' and cells < 2:
         raise ValueError("--ray-address spreads --workers, the shards of --retriever sharded, or a grid's --cells over "
                          'the cluster; pass --workers 2 or more, --retriever sharded, or --cells 2 or more')

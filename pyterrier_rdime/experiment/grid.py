@@ -97,8 +97,8 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
         if settings.get('index') is None:
             options.check_documents(collection.num_docs, f'collection {collection.name!r}')
     # each name of --answers resolved for each collection now (a local copy, or the published file, downloaded once)
-    inputs = {id(c): collection_inputs(c, answers_key(answer_sources(answers, c, cache_dir))
-                                       if answers is not None else None) for c in loaded}
+    inputs = {id(c): collection_inputs(c, answer_sources(answers, c, cache_dir) if answers is not None else None)
+              for c in loaded}
     loaded = _once(loaded, [_digest(inputs[id(c)]) for c in loaded], 'collection', lambda c: c.name)
     encoders = _once(list(encoders), [encoder_fingerprint(e) for e in encoders], '--encoder', str)
     fingerprints = {encoder: encoder_fingerprint(encoder) for encoder in encoders}  # memoised: no second hashing
@@ -140,13 +140,14 @@ def answers_key(sources: AnswerSources) -> str:
     return _digest(sorted((name, sorted(answers.items())) for name, answers in sources.items()))
 
 
-def collection_inputs(collection: Collection, answers_key: Optional[str] = None) -> Dict[str, Optional[str]]:
-    """A fingerprint of each of a collection's files that a cell's numbers depend on."""
-    shipped = None if collection.answers is None else _digest(sorted(collection.answers.items()))
+def collection_inputs(collection: Collection, sources: Optional[AnswerSources] = None) -> Dict[str, Optional[str]]:
+    """A fingerprint of each of a collection's files that a cell's numbers depend on (``sources``: --answers')."""
+    if sources is None and collection.answers is not None:
+        sources = {'': collection.answers}
     return {'documents': collection.fingerprint, 'queries': _frame_digest(collection.topics),
             'qrels': _frame_digest(collection.qrels),
             'first-stage run': None if collection.run is None else _frame_digest(collection.run),
-            'answers': answers_key if answers_key is not None else shipped}
+            'answers': None if sources is None else answers_key(sources)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -318,7 +319,8 @@ def _finish(ray, ref, cell) -> None:
     try:
         computed, node = ray.get(ref, timeout=FETCH_TIMEOUT)
     except ray.exceptions.RayError as e:
-        _failed(cell, f'lost: {_reason(e)}; after {RETRIES} retries it is left for the next run of the same command')
+        reason = f'{type(e).__name__}: {next((line for line in str(e).splitlines() if line.strip()), "")}'.rstrip(': ')
+        _failed(cell, f'lost: {reason}; after {RETRIES} retries it is left for the next run of the same command')
         return
     cell.status, cell.error, cell.problems, cell.result = computed.status, computed.error, computed.problems, \
         computed.result
@@ -329,12 +331,6 @@ def _failed(cell: Cell, error: str) -> Cell:
     cell.status, cell.error, cell.result = 'failed', error, None
     logger.error('cell %s failed: %s', cell.name, error)
     return cell
-
-
-def _reason(error: Exception) -> str:
-    """The first line of a Ray error, with its type."""
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return f'{type(error).__name__}: {lines[0] if lines else ""}'.rstrip(': ')
 
 
 def _cpus(ray) -> float:
