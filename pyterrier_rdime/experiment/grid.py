@@ -211,12 +211,7 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     check_int('run_grid', 'cells', cells, 1, hint='the cells run at once on a Ray cluster; 1 runs them one by one')
     run_cell = run_cell or run_experiment
     planned = plan(collections, encoders, out, **settings)
-    pending = []
-    for i, cell in enumerate(planned, 1):
-        if _read_back(cell):
-            logger.info('cell %d/%d %s: finished before with the same inputs, read back', i, len(planned), cell.name)
-        else:
-            pending.append(cell)
+    pending = [cell for i, cell in enumerate(planned, 1) if not _read_back(cell, f'{i}/{len(planned)}')]
     if cells > 1 and len(planned) > 1:  # each cell's own bars would interleave: the cells' bar only
         run_cells(pending, run_cell, {**settings, 'verbose': False, 'parallel_backend': 'joblib'}, cells=cells,
                   total=len(planned), ray_address=ray_address, verbose=settings.get('verbose', True))
@@ -341,9 +336,9 @@ def _cpus(ray) -> float:
         return 0
 
 
-def _read_back(cell: Cell) -> bool:
-    """Whether ``cell`` finished before with the same inputs and reads back (then ``cell.result`` holds it); if not,
-    a warning says why, unless the record is missing."""
+def _read_back(cell: Cell, position: str) -> bool:
+    """Whether ``cell`` (``position`` in the grid) finished before with the same inputs and reads back (then
+    ``cell.result`` holds it); if not, a warning says why, unless the record is missing."""
     path = cell.folder / CELL_FILE
     if not path.exists():
         return False
@@ -364,6 +359,7 @@ def _read_back(cell: Cell) -> bool:
         return _recompute(cell, f'its results in {cell.folder} do not read back ({type(e).__name__}: {e})')
     problems = record.get('problems')
     cell.status, cell.problems = 'skipped', [str(p) for p in problems] if isinstance(problems, list) else []
+    logger.info('cell %s %s: finished before with the same inputs, read back', position, cell.name)
     return True
 
 
