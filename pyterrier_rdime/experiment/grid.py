@@ -10,7 +10,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 import pyterrier as pt
@@ -95,10 +95,9 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
         if settings.get('index') is None:
             options.check_documents(collection.num_docs, f'collection {collection.name!r}')
     # each name of --answers resolved for each collection now (a local copy, or the published file, downloaded once)
-    answers_keys = {id(c): answers_key(answer_sources(answers, c, cache_dir)) if answers is not None else None
-                    for c in loaded}
-    loaded = _once(loaded, [_digest(collection_inputs(c, answers_keys[id(c)])) for c in loaded], 'collection',
-                   lambda c: c.name)
+    inputs = {id(c): collection_inputs(c, answer_sources(answers, c, cache_dir) if answers is not None else None)
+              for c in loaded}
+    loaded = _once(loaded, [_digest(inputs[id(c)]) for c in loaded], 'collection', lambda c: c.name)
     encoders = _once(list(encoders), [encoder_fingerprint(e) for e in encoders], '--encoder', str)
     fingerprints = {encoder: encoder_fingerprint(encoder) for encoder in encoders}  # memoised: no second hashing
     if settings.get('index') is not None and len(loaded) * len(fingerprints) > 1:
@@ -115,8 +114,8 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
     for collection, collection_label in zip(loaded, collection_labels):
         for (encoder, fingerprint), encoder_label in zip(fingerprints.items(), encoder_labels):
             folder = Path(out) / slug(collection_label) / slug(encoder_label)
-            inputs = {**collection_inputs(collection, answers_keys[id(collection)]), 'encoder': fingerprint, **common}
-            cells.append(Cell(collection, encoder, folder, inputs, collection_label, encoder_label))
+            cells.append(Cell(collection, encoder, folder, {**inputs[id(collection)], 'encoder': fingerprint, **common},
+                              collection_label, encoder_label))
     return cells
 
 
@@ -139,13 +138,14 @@ def answers_key(sources: AnswerSources) -> str:
     return _digest(sorted((name, sorted(answers.items())) for name, answers in sources.items()))
 
 
-def collection_inputs(collection: Collection, answers_key: Optional[str] = None) -> Dict[str, Optional[str]]:
-    """A fingerprint of each of a collection's files that a cell's numbers depend on."""
-    shipped = None if collection.answers is None else _digest(sorted(collection.answers.items()))
+def collection_inputs(collection: Collection, sources: Optional[AnswerSources] = None) -> Dict[str, Optional[str]]:
+    """A fingerprint of each of a collection's files that a cell's numbers depend on (``sources``: --answers')."""
+    if sources is None and collection.answers is not None:
+        sources = {'': collection.answers}
     return {'documents': collection.fingerprint, 'queries': _frame_digest(collection.topics),
             'qrels': _frame_digest(collection.qrels),
             'first-stage run': None if collection.run is None else _frame_digest(collection.run),
-            'answers': answers_key if answers_key is not None else shipped}
+            'answers': None if sources is None else answers_key(sources)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -209,17 +209,10 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     check_int('run_grid', 'cells', cells, 1, hint='the cells run at once on a Ray cluster; 1 runs them one by one')
     run_cell = run_cell or run_experiment
     planned = plan(collections, encoders, out, **settings)
-    pending = []
-    for i, cell in enumerate(planned, 1):
-        if _read_back(cell):
-            logger.info('cell %d/%d %s: finished before with the same inputs, read back', i, len(planned), cell.name)
-        else:
-            pending.append(cell)
+    pending = [cell for i, cell in enumerate(planned, 1) if not _read_back(cell, f'{i}/{len(planned)}')]
     if cells > 1 and len(planned) > 1:  # each cell's own bars would interleave: the cells' bar only
-        compute = functools.partial(_compute_on_node, run_cell=run_cell,
-                                    settings={**settings, 'verbose': False, 'parallel_backend': 'joblib'})
-        run_cells(pending, compute, cells=cells, total=len(planned), ray_address=ray_address,
-                  cpus=settings.get('workers', 1), verbose=settings.get('verbose', True))
+        run_cells(pending, run_cell, {**settings, 'verbose': False, 'parallel_backend': 'joblib'}, cells=cells,
+                  total=len(planned), ray_address=ray_address, verbose=settings.get('verbose', True))
         for cell in (c for c in pending if c.status == 'done' and not (c.folder / CELL_FILE).is_file()):
             _failed(cell, f'computed on a node of the cluster, but its record is not in {cell.folder} here: --out '
                           'must be a folder every node shares, at the same path')
@@ -243,13 +236,11 @@ def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings
     except Exception as e:  # a late failure of one cell must not lose the others
         if lone:
             raise
-        _failed(cell, f'{type(e).__name__}: {e}')
-        return cell
+        return _failed(cell, f'{type(e).__name__}: {e}')
     needed = [p for p in problems if Path(p.split(':')[0]).name in ('results.json', 'perquery.csv',
                                                                      'kept_fraction.csv')]
     if needed:
-        cell.status, cell.error = 'failed', '; '.join(needed)
-        return cell
+        return _failed(cell, '; '.join(needed))
     with atomic_open(cell.folder / CELL_FILE) as f:  # a crash leaves the old record or none, never half of one
         json.dump({'key': cell.key, 'inputs': cell.inputs, 'finished': True, 'collection': cell.collection.name,
                    'encoder': cell.encoder, 'problems': problems}, f, indent=2)
@@ -258,21 +249,23 @@ def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings
     return cell
 
 
-def _compute_on_node(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict) -> Cell:
-    """:func:`compute_cell` on a node of the cluster, which must run the code the cell was keyed with."""
+def _compute_on_node(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict) -> Tuple[Cell, str]:
+    """:func:`compute_cell` on a node of the cluster, which must run the code the cell was keyed with; the computed
+    cell, and where it ran."""
+    import ray
     if code_digest() != cell.inputs['code']:
-        cell.status, cell.error = 'failed', (
-            f'this node runs other code ({code_digest()}) than the driver ({cell.inputs["code"]}): install the same '
-            'version of pyterrier-rdime and of its libraries on every node')
-        return cell
-    return compute_cell(cell, run_cell, settings)
+        _failed(cell, f'this node runs other code ({code_digest()}) than the driver ({cell.inputs["code"]}): install '
+                      'the same version of pyterrier-rdime and of its libraries on every node')
+    else:
+        compute_cell(cell, run_cell, settings)
+    return cell, ray.util.get_node_ip_address()
 
 
-def run_cells(pending: Sequence, compute: Callable, *, cells: int, total: int, ray_address: Optional[str] = None,
-              cpus: int = 1, verbose: bool = True) -> None:
-    """Runs ``compute(cell)`` for each of the ``pending`` cells as a Ray task reserving ``cpus`` CPUs, ``cells`` at
-    once, and copies each result onto the driver's cell. Bounded by :data:`RETRIES`, :data:`NO_NODE_TIMEOUT` and
-    :data:`FETCH_TIMEOUT`; interrupted, the cells in flight are cancelled."""
+def run_cells(pending: Sequence[Cell], run_cell: Callable[..., ExperimentResult], settings: dict, *, cells: int,
+              total: int, ray_address: Optional[str] = None, verbose: bool = True) -> None:
+    """Runs each of the ``pending`` cells (:func:`compute_cell` with ``settings``) as a Ray task reserving
+    ``--workers`` CPUs, ``cells`` at once, and copies each result onto the driver's cell. Bounded by :data:`RETRIES`,
+    :data:`NO_NODE_TIMEOUT` and :data:`FETCH_TIMEOUT`; interrupted, the cells in flight are cancelled."""
     if not pending:
         return
     try:
@@ -282,7 +275,8 @@ def run_cells(pending: Sequence, compute: Callable, *, cells: int, total: int, r
                           "'.[ray]')") from None
     from ..pruned.sharded import connect
     connect(ray_address, FETCH_TIMEOUT, '--ray-address')
-    task = ray.remote(_task).options(num_cpus=cpus, max_retries=RETRIES, retry_exceptions=False)
+    cpus = settings.get('workers', 1)
+    task = ray.remote(_compute_on_node).options(num_cpus=cpus, max_retries=RETRIES, retry_exceptions=False)
     queue: List = list(pending)
     running: Dict[object, object] = {}
     waiting_since = None
@@ -291,7 +285,7 @@ def run_cells(pending: Sequence, compute: Callable, *, cells: int, total: int, r
             while queue or running:
                 while queue and len(running) < cells:
                     cell = queue.pop(0)
-                    running[task.remote(compute, cell)] = cell
+                    running[task.remote(cell, run_cell, settings)] = cell
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL)
                 for ref in ready:
                     _finish(ray, ref, running.pop(ref))
@@ -313,33 +307,23 @@ def run_cells(pending: Sequence, compute: Callable, *, cells: int, total: int, r
                 ray.cancel(ref, force=True)
 
 
-def _task(compute: Callable, cell) -> tuple:
-    """On a node: the computed cell, and where it ran."""
-    import ray
-    return compute(cell), ray.util.get_node_ip_address()
-
-
 def _finish(ray, ref, cell) -> None:
     """The result of a finished task onto the driver's ``cell``; a failed task makes a failed cell."""
     try:
         computed, node = ray.get(ref, timeout=FETCH_TIMEOUT)
     except ray.exceptions.RayError as e:
-        _failed(cell, f'lost: {_reason(e)}; after {RETRIES} retries it is left for the next run of the same command')
+        reason = f'{type(e).__name__}: {next((line for line in str(e).splitlines() if line.strip()), "")}'.rstrip(': ')
+        _failed(cell, f'lost: {reason}; after {RETRIES} retries it is left for the next run of the same command')
         return
     cell.status, cell.error, cell.problems, cell.result = computed.status, computed.error, computed.problems, \
         computed.result
     logger.info('cell %s: %s on node %s', cell.name, cell.status, node)
 
 
-def _failed(cell, error: str) -> None:
+def _failed(cell: Cell, error: str) -> Cell:
     cell.status, cell.error, cell.result = 'failed', error, None
     logger.error('cell %s failed: %s', cell.name, error)
-
-
-def _reason(error: Exception) -> str:
-    """The first line of a Ray error, with its type."""
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return f'{type(error).__name__}: {lines[0] if lines else ""}'.rstrip(': ')
+    return cell
 
 
 def _cpus(ray) -> float:
@@ -350,9 +334,9 @@ def _cpus(ray) -> float:
         return 0
 
 
-def _read_back(cell: Cell) -> bool:
-    """Whether ``cell`` finished before with the same inputs and reads back (then ``cell.result`` holds it); if not,
-    a warning says why, unless the record is missing."""
+def _read_back(cell: Cell, position: str) -> bool:
+    """Whether ``cell`` (``position`` in the grid) finished before with the same inputs and reads back (then
+    ``cell.result`` holds it); if not, a warning says why, unless the record is missing."""
     path = cell.folder / CELL_FILE
     if not path.exists():
         return False
@@ -373,6 +357,7 @@ def _read_back(cell: Cell) -> bool:
         return _recompute(cell, f'its results in {cell.folder} do not read back ({type(e).__name__}: {e})')
     problems = record.get('problems')
     cell.status, cell.problems = 'skipped', [str(p) for p in problems] if isinstance(problems, list) else []
+    logger.info('cell %s %s: finished before with the same inputs, read back', position, cell.name)
     return True
 
 

@@ -42,32 +42,25 @@ class Options:
         object.__setattr__(self, 'ks', tuple(self.ks))
         for name in ('dimes', 'modulators', 'masses', 'controls'):
             object.__setattr__(self, name, tuple(dict.fromkeys(getattr(self, name))))
-        self._check()
-        for name in ('ks', 'masses'):  # checked as given (a bool is no fraction), kept as floats
-            object.__setattr__(self, name, tuple(float(value) for value in getattr(self, name)))
-
-    def _check(self) -> None:
-        for option, value, choices in (('--mode', self.mode, ('rerank', 'retrieve')),
-                                       ('--feedback', self.feedback, FEEDBACKS),
-                                       ('--retriever', self.retriever, tuple(RETRIEVERS)),
-                                       ('--test', self.test, parity.TESTS),
-                                       ('--alternative', self.alternative, parity.ALTERNATIVES)):
-            check_choice(STAGE, option, value, choices)
         if not self.dimes:
             raise ValueError(f'{STAGE}: --dimes is empty; choose among {", ".join(DIME_NAMES)}')
-        for dime in self.dimes:
-            check_choice(STAGE, '--dimes', dime, DIME_NAMES)
-        for modulator in self.modulators:
-            check_choice(STAGE, '--modulators', modulator, tuple(MODULATORS))
+        for option, values, choices in (('--mode', [self.mode], ('rerank', 'retrieve')),
+                                        ('--feedback', [self.feedback], FEEDBACKS),
+                                        ('--retriever', [self.retriever], tuple(RETRIEVERS)),
+                                        ('--test', [self.test], parity.TESTS),
+                                        ('--alternative', [self.alternative], parity.ALTERNATIVES),
+                                        ('--dimes', self.dimes, DIME_NAMES),
+                                        ('--modulators', self.modulators, tuple(MODULATORS)),
+                                        ('--controls', self.controls, CONTROLS)):
+            for value in values:
+                check_choice(STAGE, option, value, choices)
         for mass in self.masses:
             check_fraction(STAGE, '--score-mass', mass, hint='shares of the positive importance mass, e.g. 0.8')
-        for control in self.controls:
-            check_choice(STAGE, '--controls', control, CONTROLS)
-        check_int(STAGE, '--control-seeds', self.control_seeds, 1)
         for k in self.ks:
             check_fraction(STAGE, '--ks', k, hint='Top-k values are fractions of the dimensions, e.g. 0.4,0.6,0.8')
-        check_int(STAGE, '--depth', self.depth, 1)
-        check_int(STAGE, '--num-results', self.num_results, 1)
+        for option, value in (('--control-seeds', self.control_seeds), ('--depth', self.depth),
+                              ('--num-results', self.num_results), ('--shards', self.shards)):
+            check_int(STAGE, option, value, 1)
         if self.max_queries is not None:
             check_int(STAGE, '--max-queries', self.max_queries, 1)
         check_int(STAGE, '--folds', self.folds, 2, 'cross-validation needs at least 2 folds of queries')
@@ -87,9 +80,10 @@ class Options:
                              'run file')
         if self.retriever.startswith('faiss-'):
             require_faiss()
-        check_int(STAGE, '--shards', self.shards, 1)
         if self.shards != 1 and self.retriever != 'sharded':
             raise ValueError(f'{STAGE}: --shards applies to --retriever sharded; pass both, or leave --shards out')
+        for name in ('ks', 'masses'):  # checked as given (a bool is no fraction), kept as floats
+            object.__setattr__(self, name, tuple(float(value) for value in getattr(self, name)))
 
     def check_documents(self, num_docs: Optional[int], source: str) -> None:
         """``--shards`` against the ``num_docs`` of ``source`` (``None``: unknown), checked before any work."""

@@ -43,15 +43,14 @@ class SystemRecords:
     """
 
     def __init__(self, folder: Optional[Union[str, Path]] = None, key: str = ''):
-        self.root = Path(folder) if folder is not None else None
-        self.folder = self.root / key if self.root is not None else None
+        self.folder = Path(folder) / key if folder is not None else None
         self.read_back = 0  # systems read back rather than computed, for the log and the tests
-        if self.root is None:
+        if folder is None:
             return
         if not key:
             raise ValueError('SystemRecords: a recording folder needs the key of the cell it records (e.g. the '
                              "grid's Cell.key)")
-        for stale in (p for p in self.root.glob('*') if p.is_dir() and p.name != key):
+        for stale in (p for p in Path(folder).glob('*') if p.is_dir() and p.name != key):
             logger.info('removing the progress of an earlier run with other inputs: %s', stale)
             shutil.rmtree(stale, ignore_errors=True)
 
@@ -69,26 +68,22 @@ class SystemRecords:
                         self.folder)
         self.read_back += len(found)
         missing = [key for key in keys if key not in found]
-        if missing:
-            for key, frame in compute(missing):
-                if key in missing and key not in found:
-                    found[key] = self._write(key, without_vectors(frame))
-        absent = [key for key in keys if key not in found]
-        if absent:
-            raise RuntimeError(f'SystemRecords: computing {absent[0]!r} gave no frame for it (a bug in the grid)')
+        for key, frame in compute(missing) if missing else ():
+            if key in missing and key not in found:
+                found[key] = self._write(key, without_vectors(frame))
         return {key: found[key] for key in keys}
 
     def clear(self) -> None:
         """Removes every record of the cell (called once the cell's results and record are written)."""
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
+        if self.folder is not None:
+            shutil.rmtree(self.folder.parent, ignore_errors=True)
 
     def _path(self, key: Key) -> Path:
         digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
         return self.folder / f'{slug(f"{key[0]}-{key[1]}", digest)}.pkl'
 
     def _read(self, key: Key) -> Optional[pd.DataFrame]:
-        if self.root is None or not self._path(key).is_file():
+        if self.folder is None or not self._path(key).is_file():
             return None
         try:
             recorded_key, frame = pickle.loads(store.read_record(self._path(key), 'system-frame'))
@@ -101,6 +96,6 @@ class SystemRecords:
         return frame
 
     def _write(self, key: Key, frame: pd.DataFrame) -> pd.DataFrame:
-        if self.root is not None:  # a kill leaves the record whole or absent
+        if self.folder is not None:  # a kill leaves the record whole or absent
             store.write_record(self._path(key), 'system-frame', pickle.dumps((key, frame), pickle.HIGHEST_PROTOCOL))
         return frame

@@ -42,7 +42,6 @@ class Stopwatch:
 
 def run_experiment(
     collection: Union[str, Path, Collection],
-    options: Optional[Options] = None,
     *,
     encoder: str = DEFAULT_ENCODER,
     rel: Optional[int] = None,
@@ -60,8 +59,8 @@ def run_experiment(
 ) -> ExperimentResult:
     """Run the paper's grid on a collection, in the reference implementations' protocol.
 
-    The protocol options (the fields of :class:`Options`) come as an ``Options`` or by keyword; each is the
-    command's option of the same name (pt_docs/experiment.rst).
+    The protocol options (the fields of :class:`Options`) come by keyword; each is the command's option of the same
+    name (pt_docs/experiment.rst).
 
     Args:
         collection: ``irds:<id>``, a collection folder, or a loaded :class:`Collection`.
@@ -77,13 +76,10 @@ def run_experiment(
         workers, parallel_backend: processes for the query-level work (``'joblib'`` or ``'ray'``).
         progress: where each finished system is recorded for a re-run (:class:`~.progress.SystemRecords`).
     """
-    if options is not None and option_values:
-        raise TypeError(f'run_experiment: pass the options either as Options or by keyword, not both '
-                        f'({", ".join(option_values)})')
     unknown = sorted(set(option_values) - set(OPTION_NAMES))
     if unknown:
         raise TypeError(f'run_experiment: unknown argument {unknown[0]!r}; the options are {", ".join(OPTION_NAMES)}')
-    options = options if options is not None else Options(**option_values)
+    options = Options(**option_values)
     if measures is None:
         measures = ev.DEFAULT_MEASURES + (ev.DEEP_MEASURES if options.mode == 'retrieve' else ())
     measure_objects = ev.parse_measures(measures, rel)
@@ -156,10 +152,9 @@ def run_experiment(
     everything = pd.concat([perquery, pool], ignore_index=True).drop_duplicates(['system', 'qid', 'measure'])
     significance = parity.significance(_means(everything), everything, dimes, columns, options.test,
                                        options.alternative, options.margin)
-    system = aggregate['system']
-    table = aggregate.assign(dime=system.str.split('/').str[0].where(system.str.contains('/'), ''),
-                             threshold=system.str.split('/').str[-1])
-    table = table[['dime', 'threshold', 'system', 'measure', 'value']]
+    parts = aggregate['system'].str.split('/')
+    table = aggregate.assign(dime=parts.str[0].where(parts.str.len() > 1, ''), threshold=parts.str[-1])[
+        ['dime', 'threshold', 'system', 'measure', 'value']]
     kept = pd.concat([kept_fractions(frame, *name.split('/')) for name, frame in grid.frames.items() if '/' in name],
                      ignore_index=True)
     notes += grid.notes
@@ -213,32 +208,27 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
     """The first stage (rerank mode), the dense index, and every system's result frame."""
     judged = _judged_documents(collection, topics, external) if 'oracle' in options.dimes else []
     watch.lap('load')
+    needed = None
     if options.mode == 'rerank':
         first, source = first_stage_results(collection, options.first_stage, options.depth, cache_dir)
         first = first[first['qid'].isin(set(topics['qid']))]
         watch.lap('first_stage')
-        needed = list(dict.fromkeys(list(first['docno']) + list(judged)))
-    else:
-        needed = None
-    if external is not None:
-        if needed is not None:
-            check_docnos_in_index(external, needed, index_spec)
-        dense = external
-    else:
-        dense = dense_index(collection, model, encoder, cache_dir, needed, batch_size=batch_size, verbose=verbose)
+        needed = list(dict.fromkeys([*first['docno'], *judged]))
+    if external is not None and needed is not None:
+        check_docnos_in_index(external, needed, index_spec)
+    dense = external if external is not None else dense_index(collection, model, encoder, cache_dir, needed,
+                                                              batch_size=batch_size, verbose=verbose)
     watch.lap('index')
+    common = dict(sweep=options.fractions, controls=options.controls, seeds=options.control_seeds, records=records)
     if options.mode == 'rerank':
         grid = rerank_grid(first, model, dense, answers, options.dimes, stages, collection.qrels, judged,
-                           options.feedback, options.depth, run, options.fractions, options.controls,
-                           options.control_seeds, records)
+                           options.feedback, options.depth, run, **common)
         grid.source = source
         return grid
-    return retrieve_grid(topics, model, dense, retriever(dense, options.retriever, options.num_results,
-                                                         shards=options.shards, cache_dir=cache_dir,
-                                                         verbose=verbose),
-                         options.retriever, answers,
-                         options.dimes, stages, collection.qrels, judged, options.num_results, run, options.fractions,
-                         options.controls, options.control_seeds, records)
+    search = retriever(dense, options.retriever, options.num_results, shards=options.shards, cache_dir=cache_dir,
+                       verbose=verbose)
+    return retrieve_grid(topics, model, dense, search, options.retriever, answers, options.dimes, stages,
+                         collection.qrels, judged, options.num_results, run, **common)
 
 
 def _judged_documents(collection: Collection, topics: pd.DataFrame, external) -> List[str]:
