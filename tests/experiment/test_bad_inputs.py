@@ -123,6 +123,14 @@ def test_a_bad_option_is_one_line_before_any_model_loads(tmp_path, capsys, no_mo
     assert 'error: rdime-experiment:' not in err
 
 
+@pytest.mark.parametrize('options', [['--depth', '0'], ['--mode', 'retrieve', '--feedback', 'first-stage']])
+def test_a_bad_protocol_option_creates_no_folder(tmp_path, capsys, no_model, options):
+    status, err = _main(capsys, [str(_collection(tmp_path / 'coll')), '--cache', str(tmp_path / 'c'), '--out',
+                                 str(tmp_path / 'o'), '--quiet'] + options)
+    assert status == 2 and options[-2] in err, err
+    assert not (tmp_path / 'o').exists() and not (tmp_path / 'c').exists()
+
+
 @pytest.mark.parametrize('files, message', [
     ({'first.run': '1 Q0 d1 1 2.0 bm25\n1 Q0 d99 2 1.0 bm25\n'}, "first.run: docno 'd99' (qid '1') is not in"),
     ({'docs.jsonl': '{"docno": "d0", "text": "a"}\n{"docno": "d0", "text": "b"}\n'},
