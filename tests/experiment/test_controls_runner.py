@@ -18,17 +18,20 @@ from pyterrier_rdime.experiment.runner import run_experiment
 
 QIDS = ('1', '2', '3', '4', '5', '6')
 DEPTH = 8
+TEXT = 300
 
 
 @pytest.fixture(scope='module')
 def small(tmp_path_factory):
-    """Cranfield's first 6 queries re-ranking a shipped run of 8 documents each, over its first 200 documents."""
+    """Cranfield's first 6 queries re-ranking a shipped run of 8 documents each, over its first 200 documents, each
+    cut to its first TEXT characters (encoding is most of these tests' time)."""
     folder = tmp_path_factory.mktemp('controls') / 'small'
     source = shared_collection('cranfield')
     folder.mkdir()
-    lines = (source / 'docs.jsonl').read_text(encoding='utf-8').splitlines()[:200]
-    (folder / 'docs.jsonl').write_text('\n'.join(lines) + '\n', encoding='utf-8')
-    docnos = [json.loads(line)['docno'] for line in lines]
+    docs = [json.loads(line) for line in (source / 'docs.jsonl').read_text(encoding='utf-8').splitlines()[:200]]
+    (folder / 'docs.jsonl').write_text(''.join(json.dumps({**doc, 'text': doc['text'][:TEXT]}) + '\n' for doc in docs),
+                                       encoding='utf-8')
+    docnos = [doc['docno'] for doc in docs]
     queries = (source / 'queries.tsv').read_text(encoding='utf-8').splitlines()[:len(QIDS)]
     (folder / 'queries.tsv').write_text('\n'.join(queries) + '\n', encoding='utf-8')
     judged = [f.split() for f in (source / 'qrels').read_text().splitlines() if f.split()[0] in QIDS]
@@ -89,7 +92,8 @@ def test_the_sweep_carries_the_random_curve(result, tmp_path):
     assert (tmp_path / 'sweep.png').stat().st_size > 0
 
 
-def _encoded_candidates(small):
+@pytest.fixture(scope='module')
+def encoded_candidates(small):
     """The MiniLM model, the collection's BM25 run and topics, and each candidate's vector, encoded here."""
     model = load_encoder('minilm')
     run = pd.read_csv(small / 'bm25.run', sep=' ', names=['qid', 'q0', 'docno', 'rank', 'score', 'tag'],
@@ -100,10 +104,10 @@ def _encoded_candidates(small):
     return model, run, topics, dict(zip(docnos, model.encode_docs([texts[d] for d in docnos])))
 
 
-def test_vector_prf_rows_equal_pyterrier_dr_run_by_hand(small, result):
+def test_vector_prf_rows_equal_pyterrier_dr_run_by_hand(small, result, encoded_candidates):
     """pyterrier-dr's VectorPrf and AveragePrf on the dense top of the candidates, each re-scoring the candidates,
     measured with pt.Experiment, computed here without the runner."""
-    model, run, topics, doc_vecs = _encoded_candidates(small)
+    model, run, topics, doc_vecs = encoded_candidates
     queries = model.query_encoder()(topics)
     candidates = run[['qid', 'docno']].merge(queries, on='qid')
     candidates['doc_vec'] = candidates['docno'].map(doc_vecs)
@@ -170,7 +174,8 @@ def test_the_random_curve_from_vectors_equals_the_same_budget_stage():
 
 
 @pytest.mark.slow  # three runs, one of them encoding the whole (small) corpus
-def test_the_rerank_variance_control_reads_the_candidates_whatever_the_cache_holds(small, tmp_path):
+def test_the_rerank_variance_control_reads_the_candidates_whatever_the_cache_holds(small, encoded_candidates,
+                                                                                  tmp_path):
     """The same re-ranking before and after a retrieve run on the same cache (which encodes the whole corpus into
     the cached index): the variance control reads the run's candidates, so its numbers stay; and they are those of
     SameBudget over the candidates' vectors encoded here."""
@@ -192,7 +197,7 @@ def test_the_rerank_variance_control_reads_the_candidates_whatever_the_cache_hol
     pd.testing.assert_frame_equal(before.perquery[before.perquery['system'].isin(variance)].reset_index(drop=True),
                                   after.perquery[after.perquery['system'].isin(variance)].reset_index(drop=True))
     # the expectation computed here: the candidates' own vectors, ranked with SameBudget over them
-    model, run, topics, doc_vecs = _encoded_candidates(small)
+    model, run, topics, doc_vecs = encoded_candidates
     candidates = run[['qid', 'docno']].merge(model.query_encoder()(topics), on='qid')
     candidates['doc_vec'] = candidates['docno'].map(doc_vecs)
     dense = VectorScorer()(candidates)
