@@ -117,8 +117,7 @@ class LlmAnswers(ConfigTransformer):
                 raise ValueError(f'{stage}: the answer of qid {qid!r} is {text!r} ({type(text).__name__}), not '
                                  'text; give a string, or None for no answer')
         check_choice(stage, 'missing', missing, ('fallback', 'error'))
-        self.answers = answers
-        self.missing = missing
+        super().__init__(answers=answers, missing=missing)
 
     @classmethod
     def from_tsv(cls, path: Union[str, os.PathLike], *, missing: str = 'fallback') -> 'LlmAnswers':

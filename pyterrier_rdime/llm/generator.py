@@ -26,6 +26,7 @@ from .._config import (
     check_prompt,
     default_cache_dir,
     hub_offline,
+    reject,
 )
 from .._frames import check_qids
 
@@ -86,8 +87,7 @@ class LlmGenerator(ConfigTransformer):
         """
         stage = type(self).__name__
         if model is not None and not isinstance(model, (str, os.PathLike)):
-            raise ValueError(f'{stage}: model must be a hub name or a local path (or None for the default SmolLM2), '
-                             f'got {model!r}')
+            reject(stage, 'model', 'a hub name or a local path (or None for the default SmolLM2)', model)
         if model is not None and not os.fspath(model).strip():
             raise ValueError(f'{stage}: model is empty; use None for the default SmolLM2')
         check_prompt(stage, prompt)
@@ -97,30 +97,20 @@ class LlmGenerator(ConfigTransformer):
         if threads is not None:
             check_int(stage, 'threads', threads, 1, 'torch CPU threads while generating, or None for torch\'s own')
         if device is not None and not (isinstance(device, str) and device.strip()):
-            raise ValueError(f"{stage}: device must be a torch device name such as 'cpu' or 'cuda', or None, "
-                             f'got {device!r}')
+            reject(stage, 'device', "a torch device name such as 'cpu' or 'cuda', or None", device)
         if use_chat_template is not None:
             check_bool(stage, 'use_chat_template', use_chat_template, 'or None: when the tokenizer has a template')
         check_bool(stage, 'do_sample', do_sample)
         check_bool(stage, 'verbose', verbose)
         check_positive(stage, 'temperature', temperature)
         if not isinstance(cache, (bool, str, os.PathLike)) or (isinstance(cache, str) and not cache.strip()):
-            raise ValueError(f'{stage}: cache must be True (default folder), False (no cache) or a folder path, '
-                             f'got {cache!r}')
-        self.model = None if model is None else os.fspath(model)
-        self.prompt = prompt
-        self.max_new_tokens = max_new_tokens
-        self.batch_size = batch_size
-        self.device = device
-        self.use_chat_template = use_chat_template
-        self.do_sample = do_sample
-        self.temperature = temperature
-        self.seed = seed
-        self.cache = cache if isinstance(cache, bool) else os.fspath(cache)
-        self.threads = threads
-        self.verbose = verbose
+            reject(stage, 'cache', 'True (default folder), False (no cache) or a folder path', cache)
+        super().__init__(model=None if model is None else os.fspath(model), prompt=prompt,
+                         max_new_tokens=max_new_tokens, batch_size=batch_size, device=device,
+                         use_chat_template=use_chat_template, do_sample=do_sample, temperature=temperature, seed=seed,
+                         cache=cache if isinstance(cache, bool) else os.fspath(cache), threads=threads, verbose=verbose)
         if self.cache is not False:  # a cache that cannot be written fails here, not after the first batch
-            AnswerCache(self.cache_folder(), stage)
+            AnswerCache(self.cache_path(), stage)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.columns(inp, includes=['qid', 'query'], context=self)
@@ -139,8 +129,8 @@ class LlmGenerator(ConfigTransformer):
         """Answers of distinct query texts, from the cache where present, else generated (and then cached)."""
         queries = list(dict.fromkeys(queries))
         key = self.cache_key()
-        folder = self.cache_folder()
-        cache = AnswerCache(folder, str(self)) if folder is not None else None
+        path = self.cache_path()
+        cache = AnswerCache(path, str(self)) if path is not None else None
         found = {}
         if cache is not None and queries:
             found, stale, differences = cache.read(key, queries)
@@ -153,10 +143,7 @@ class LlmGenerator(ConfigTransformer):
             with pt.tqdm(total=len(todo), desc=type(self).__name__, unit='query', disable=not self.verbose) as progress:
                 for start in range(0, len(todo), self.batch_size):
                     batch = todo[start:start + self.batch_size]
-                    generated = self._generate(batch)
-                    if len(generated) != len(batch):
-                        raise RuntimeError(f'{self}: {len(batch)} prompts gave {len(generated)} answers')
-                    new = dict(zip(batch, generated))
+                    new = dict(zip(batch, self._generate(batch), strict=True))
                     if cache is not None:
                         cache.write(key, new)
                     found.update(new)
@@ -196,16 +183,11 @@ class LlmGenerator(ConfigTransformer):
         import torch
         return 'cuda' if torch.cuda.is_available() else 'cpu'
 
-    def cache_folder(self) -> Optional[Path]:
-        """The folder of the answer cache, or ``None`` with ``cache=False``."""
-        if self.cache is False:
-            return None
-        return default_cache_dir() if self.cache is True else Path(self.cache).expanduser()
-
     def cache_path(self) -> Optional[Path]:
         """The cache file, or ``None`` with ``cache=False``."""
-        folder = self.cache_folder()
-        return None if folder is None else folder / CACHE_FILE
+        if self.cache is False:
+            return None
+        return (default_cache_dir() if self.cache is True else Path(self.cache).expanduser()) / CACHE_FILE
 
     def _generate(self, queries: List[str]) -> List[str]:
         """Answers to a batch of query texts (no cache): greedy, or sampled under ``seed`` (the RNG state restored)."""
@@ -348,22 +330,21 @@ def _short(text: str) -> str:
 
 
 class AnswerCache:
-    """The answer cache file ``<folder>/llm_answers.sqlite3`` of ``stage``; opening it creates the folder and the
-    table, so that a bad folder or file fails before anything is generated."""
+    """The answer cache file ``path`` (``<folder>/llm_answers.sqlite3``) of ``stage``; opening it creates the folder
+    and the table, so that a bad folder or file fails before anything is generated."""
 
-    def __init__(self, folder: Path, stage: str):
-        self.path = Path(folder) / CACHE_FILE
+    def __init__(self, path: Path, stage: str):
+        self.path = path
         self.stage = stage
         try:
-            Path(folder).mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise OSError(f'{stage}: cannot create the answer cache folder {folder} ({e.strerror or e}); pass '
+            raise OSError(f'{stage}: cannot create the answer cache folder {path.parent} ({e.strerror or e}); pass '
                           'cache= a folder that can be created and written, or cache=False') from e
         if self.path.exists() and not self.path.is_file():
             raise OSError(f'{stage}: {self.path} is a folder (or another non-file), not the answer cache file; move it '
                           'away or pass another cache= folder')
-        with contextlib.closing(self._connect()):
-            pass
+        self._connect().close()
 
     def read(self, key: Tuple[str, str, str], queries: List[str]) -> Tuple[Dict[str, str], List[str], str]:
         """The cached answers of ``queries`` under ``key``; the queries cached only under other keys, and what differs
