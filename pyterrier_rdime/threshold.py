@@ -211,11 +211,7 @@ class SameBudget(ConfigTransformer):
         groups = group_queries(inp, self)
         full = query_vectors(inp, 'query_vec_full', groups, self)
         counts = self._budgets(inp, groups, full.shape[1])
-        if self.control == 'random':
-            qids = inp['qid'].to_numpy()[groups.first_rows]
-            keep = maths.random_ranks([(self.seed, str(qid)) for qid in qids], full.shape[1]) < counts[:, None]
-        else:
-            keep = maths.keep_counts(self._order_key(full), counts)
+        keep = maths.keep_counts(self._order_key(full, inp['qid'].to_numpy()[groups.first_rows]), counts)
         pruned = maths.modulate(full, keep).astype(np.float32)
         mean_weight = {'query_mean_weight': 1.0} if 'query_mean_weight' in inp.columns else {}
         return inp.assign(query_vec=per_row(pruned, groups.codes), **mean_weight)
@@ -233,8 +229,10 @@ class SameBudget(ConfigTransformer):
                              f'query ({fix})')
         return firsts.astype(np.int64)
 
-    def _order_key(self, full: np.ndarray) -> np.ndarray:
+    def _order_key(self, full: np.ndarray, qids: np.ndarray) -> np.ndarray:
         """What the control keeps the largest of: per query (n, p), or one global order (p,)."""
+        if self.control == 'random':  # a uniform random order of the dimensions, fixed by the seed and the qid
+            return -maths.random_ranks([(self.seed, str(qid)) for qid in qids], full.shape[1])
         if self.control == 'magnitude':
             return full * full
         if self.control == 'prefix':
