@@ -229,8 +229,8 @@ class FeedbackCutoff(ConfigTransformer):
 
 
 class _AnswerDime(DimeScorer):
-    """Base of the scorers that read each query's LLM answer (:func:`answer_vectors`), and the result columns
-    ``_feedback_columns``."""
+    """Base of the scorers that read each query's LLM answer (:func:`answer_vectors`) and, besides, the result
+    columns ``_feedback_columns``."""
     _feedback_columns: Tuple[str, ...] = ()
 
     def __init__(self, *, encoder: Optional[object] = None, keep_ranking: bool = True, **options: Any):
