@@ -1,7 +1,6 @@
 __version__ = '0.1.0'
 
 from pyterrier_rdime import maths
-from pyterrier_rdime.controls import SameBudget
 from pyterrier_rdime.dime import (
     ActiveFeedbackDime,
     DimeScorer,
@@ -18,8 +17,7 @@ from pyterrier_rdime.dime import (
 from pyterrier_rdime.flex_index import flex_index_complete, flex_index_problem
 from pyterrier_rdime.llm import LlmAnswers, LlmGenerator, read_answers_tsv, smollm2_gguf_path
 from pyterrier_rdime.pruned import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
-from pyterrier_rdime.scorer import VectorScorer
-from pyterrier_rdime.threshold import DimensionThreshold, Rdime, ScoreMass, TopK
+from pyterrier_rdime.threshold import DimensionThreshold, Rdime, SameBudget, ScoreMass, TopK, VectorScorer
 
 __all__ = [
     'maths',

@@ -18,15 +18,22 @@ class ConfigTransformer(pt.Transformer):
     repr lists the non-default ones, equal arguments make equal stages (``pt.Experiment`` shares their prefixes).
     ``verbose`` is left out of equality and the hash."""
 
+    def __init__(self, **arguments: Any):
+        """Store the (checked) constructor ``arguments`` under their own names."""
+        vars(self).update(arguments)
+
+    def _parameters(self) -> Dict[str, inspect.Parameter]:
+        params = inspect.signature(type(self).__init__).parameters.items()
+        return {name: p for name, p in params if name != 'self' and p.kind is not p.VAR_KEYWORD}
+
     def _config(self) -> Dict[str, Any]:
-        params = inspect.signature(type(self).__init__).parameters
-        return {name: getattr(self, name) for name in params if name != 'self'}
+        return {name: getattr(self, name) for name in self._parameters()}
 
     def _identity(self) -> Dict[str, Any]:
         return {name: value for name, value in self._config().items() if name != 'verbose'}
 
     def __repr__(self) -> str:
-        params = inspect.signature(type(self).__init__).parameters
+        params = self._parameters()
         shown = [f'{name}={_short_repr(value)}' for name, value in self._config().items()
                  if params[name].default is inspect.Parameter.empty or not _same(value, params[name].default)]
         return f'{type(self).__name__}({", ".join(shown)})'
@@ -83,20 +90,20 @@ def _short_repr(value: Any) -> str:
 def check_int(stage: str, name: str, value: object, minimum: int, hint: str = '') -> None:
     """An integer (not a bool) >= ``minimum``."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        _fail(stage, name, f'an integer >= {minimum}', value, hint)
+        reject(stage, name, f'an integer >= {minimum}', value, hint)
 
 
 def check_positive(stage: str, name: str, value: object, hint: str = '') -> None:
     """A finite real number > 0."""
     if not _is_real(value) or not np.isfinite(value) or value <= 0:
-        _fail(stage, name, 'a positive number', value, hint)
+        reject(stage, name, 'a positive number', value, hint)
 
 
 def check_weights(stage: str, alpha: object, beta: object, positive: str, negative: str) -> None:
     """The weights of a positive and a negative feedback term (named ``positive``, ``negative``): >= 0, not both 0."""
     for name, value in (('alpha', alpha), ('beta', beta)):
         if not _is_real(value) or not np.isfinite(value) or value < 0:
-            _fail(stage, name, 'a non-negative number', value, '')
+            reject(stage, name, 'a non-negative number', value)
     if alpha == 0 and beta == 0:
         raise ValueError(f'{stage}: alpha and beta are both 0, so every importance would be 0 (no signal); give '
                          f'{positive} (alpha) or {negative} (beta) a positive weight')
@@ -105,26 +112,27 @@ def check_weights(stage: str, alpha: object, beta: object, positive: str, negati
 def check_fraction(stage: str, name: str, value: object, hint: str = '') -> None:
     """A real number in (0, 1]."""
     if not _is_real(value) or not 0 < value <= 1:
-        _fail(stage, name, 'a fraction in (0, 1]', value, hint)
+        reject(stage, name, 'a fraction in (0, 1]', value, hint)
 
 
 def check_choice(stage: str, name: str, value: object, choices: Sequence[str], hint: str = '') -> None:
     """One of the strings ``choices``."""
     if not isinstance(value, str) or value not in choices:
-        _fail(stage, name, f'one of {", ".join(map(repr, choices))}', value, hint)
+        reject(stage, name, f'one of {", ".join(map(repr, choices))}', value, hint)
 
 
 def check_bool(stage: str, name: str, value: object, hint: str = '') -> None:
     """``True`` or ``False`` (a truthy 1 or 'yes' usually means a misplaced argument)."""
     if not isinstance(value, (bool, np.bool_)):
-        _fail(stage, name, 'True or False', value, hint)
+        reject(stage, name, 'True or False', value, hint)
 
 
 def _is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
-def _fail(stage: str, name: str, accepted: str, value: object, hint: str) -> None:
+def reject(stage: str, name: str, accepted: str, value: object, hint: str = '') -> None:
+    """Raise ``<stage>: <name> must be <accepted>, got <value>[; <hint>]``."""
     raise ValueError(f'{stage}: {name} must be {accepted}, got {value!r}' + (f'; {hint}' if hint else ''))
 
 
@@ -143,7 +151,7 @@ def check_topk(stage: str, fraction: Optional[float], count: Optional[int]) -> N
 def check_prompt(stage: str, prompt: object) -> None:
     """A ``str.format`` template with a ``{query}`` field (and no other field)."""
     if not isinstance(prompt, str):
-        raise ValueError(f'{stage}: prompt must be a string template with a {{query}} field, got {prompt!r}')
+        reject(stage, 'prompt', 'a string template with a {query} field', prompt)
     try:
         filled = prompt.format(query='\0')
     except (KeyError, IndexError, ValueError) as e:

@@ -77,10 +77,7 @@ def _float64(values: object) -> Optional[np.ndarray]:
 
 def per_row(vectors: np.ndarray, codes: np.ndarray) -> np.ndarray:
     """A column whose row ``i`` holds ``vectors[codes[i]]``: the rows of a query share one array."""
-    per_query = np.empty(len(vectors), dtype=object)
-    for i, vector in enumerate(vectors):
-        per_query[i] = vector
-    return per_query[codes]
+    return np.fromiter(vectors, dtype=object, count=len(vectors))[codes]
 
 
 def check_same_dims(stage: object, dims: int, other_dims: int, column: str, where: str = '') -> None:
@@ -175,12 +172,8 @@ def select_feedback(inp: pd.DataFrame, groups: QueryGroups, slots: int, stage: o
     sorted_codes = groups.codes[order]
     starts = np.searchsorted(sorted_codes, np.arange(groups.size))
     rank = np.arange(len(order)) - starts[sorted_codes]
-    if from_bottom:
-        slot = counts[sorted_codes] - 1 - rank
-        chosen = (slot < slots) & (rank >= skip_top)
-    else:
-        slot = rank
-        chosen = slot < slots
+    slot = counts[sorted_codes] - 1 - rank if from_bottom else rank
+    chosen = (slot < slots) & (rank >= skip_top)
     rows = np.full((groups.size, slots), -1, dtype=np.int64)
     rows[sorted_codes[chosen], slot[chosen]] = order[chosen]
     return Feedback(rows, rows >= 0)

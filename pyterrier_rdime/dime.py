@@ -1,7 +1,7 @@
 """DIME scorers: PyTerrier stages that add the per-query dimension importance ``query_dime`` (from feedback documents,
 an LLM answer or the relevance judgments), and the cutoff to their feedback documents."""
 import warnings
-from typing import Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -33,26 +33,30 @@ class DimeScorer(ConfigTransformer):
     float32 would flush it to 0). ``keep_ranking=True`` keeps every row (re-ranking); ``False`` returns one row per
     query with its query columns, for a retriever (as pyterrier-dr's ``VectorPrf``)."""
 
-    def __init__(self, *, keep_ranking: bool = True):
+    def __init__(self, *, keep_ranking: bool = True, **options: Any):
         check_bool(type(self).__name__, 'keep_ranking', keep_ranking)
-        self.keep_ranking = keep_ranking
+        super().__init__(keep_ranking=keep_ranking, **options)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         self._validate(inp)
-        if self.keep_ranking:
-            columns = list(inp.columns)
-        else:  # the query columns in the input's order (pt.model.query_columns gives a set's)
-            query_level = set(pt.model.query_columns(inp))
-            columns = [c for c in inp.columns if c in query_level]
+        carried = set(inp.columns if self.keep_ranking else pt.model.query_columns(inp))  # kept in the input's order
         added = ('query_dime',) + self._extra_columns()
-        columns = [c for c in columns if c not in added] + list(added)
+        columns = [c for c in inp.columns if c in carried and c not in added] + list(added)
         if not len(inp):
             return empty_frame(inp, columns)
         inp = inp.reset_index(drop=True)
         groups = group_queries(inp, self)
         query_vecs = query_vectors(inp, 'query_vec', groups, self)
         importance, extra = self._importance(inp, groups, query_vecs)
-        self._check_float32(importance, query_vecs, inp, groups)
+        bad = ~(np.abs(importance) <= np.finfo(np.float32).max)  # overflows float32 (or NaN): say so, not as inf later
+        if bad.any():
+            row = int(np.argmax(bad.any(axis=1)))
+            peak = np.abs(importance[row])
+            peak = f'{peak[~np.isnan(peak)].max():.3g}' if not np.isnan(peak).all() else 'NaN'
+            raise ValueError(f'{self}: query_dime of qid={inp["qid"].iloc[groups.first_rows[row]]!r} reaches '
+                             f'{peak}, beyond float32 (max {np.finfo(np.float32).max:.3g}); its query_vec has '
+                             f'values up to {np.abs(query_vecs[row]).max():.3g}. Normalise the query and document '
+                             'vectors (e.g. to unit length) before this stage')
         tiny = (importance != 0) & (np.abs(importance) < np.finfo(np.float32).tiny)  # float32 would flush them to 0
         importance = importance.astype(np.float64 if tiny.any() else np.float32)
         if self.keep_ranking:
@@ -73,19 +77,6 @@ class DimeScorer(ConfigTransformer):
         """Per-query columns a stage adds beside ``query_dime`` (e.g. which queries an option changed)."""
         return ()
 
-    def _check_float32(self, importance: np.ndarray, query_vecs: np.ndarray, inp: pd.DataFrame,
-                       groups: QueryGroups) -> None:
-        """Vectors beyond ~1e19 overflow the float32 ``query_dime``: say so here, not as an inf later."""
-        bad = ~(np.abs(importance) <= np.finfo(np.float32).max)  # NaN too
-        if bad.any():
-            row = int(np.argmax(bad.any(axis=1)))
-            peak = np.abs(importance[row])
-            peak = f'{peak[~np.isnan(peak)].max():.3g}' if not np.isnan(peak).all() else 'NaN'
-            raise ValueError(f'{self}: query_dime of qid={inp["qid"].iloc[groups.first_rows[row]]!r} reaches '
-                             f'{peak}, beyond float32 (max {np.finfo(np.float32).max:.3g}); its query_vec has '
-                             f'values up to {np.abs(query_vecs[row]).max():.3g}. Normalise the query and document '
-                             'vectors (e.g. to unit length) before this stage')
-
     def _magnitude_fallback(self, importance: np.ndarray, query_vecs: np.ndarray, missing: np.ndarray,
                             inp: pd.DataFrame, groups: QueryGroups, reason: str) -> np.ndarray:
         """Use u = q * q (as the reference code does) for the queries flagged in ``missing``, and say so."""
@@ -102,6 +93,9 @@ class MagnitudeDime(DimeScorer):
     Input columns: ``qid, query_vec`` (a query or a result frame). Output columns: the input's plus ``query_dime``.
     """
     schematic = {'label': 'Magnitude'}
+
+    def __init__(self, *, keep_ranking: bool = True):
+        super().__init__(keep_ranking=keep_ranking)
 
     def _validate(self, inp):
         pt.validate.columns(inp, includes=['qid', 'query_vec'], context=self)
@@ -135,10 +129,7 @@ class KernelDime(DimeScorer):
                          'or pass a callable kernel(query_vecs, doc_vecs) -> (n, m) similarities')
         check_int(stage, 'num_docs', num_docs, 1)
         check_positive(stage, 'tau', tau)
-        self.kernel = kernel
-        self.num_docs = num_docs
-        self.tau = tau
-        super().__init__(keep_ranking=keep_ranking)
+        super().__init__(kernel=kernel, num_docs=num_docs, tau=tau, keep_ranking=keep_ranking)
 
     def compile(self) -> pt.Transformer:
         """With ``keep_ranking=False``, cut the first ranking to the feedback documents (:class:`FeedbackCutoff`)."""
@@ -199,11 +190,7 @@ class EclipseDime(DimeScorer):
         check_int(stage, 'num_pos', num_pos, 1)
         check_int(stage, 'num_neg', num_neg, 1)
         check_weights(stage, alpha, beta, 'the positives', 'the negatives')
-        self.num_pos = num_pos
-        self.num_neg = num_neg
-        self.alpha = alpha
-        self.beta = beta
-        super().__init__(keep_ranking=keep_ranking)
+        super().__init__(num_pos=num_pos, num_neg=num_neg, alpha=alpha, beta=beta, keep_ranking=keep_ranking)
 
     def _importance(self, inp, groups, query_vecs):
         dims = query_vecs.shape[1]
@@ -225,7 +212,7 @@ class FeedbackCutoff(ConfigTransformer):
 
     def __init__(self, *, num_docs: int):
         check_int(type(self).__name__, 'num_docs', num_docs, 1)
-        self.num_docs = num_docs
+        super().__init__(num_docs=num_docs)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.result_frame(inp, extra_columns=['score'], context=self)
@@ -241,7 +228,24 @@ class FeedbackCutoff(ConfigTransformer):
         return None
 
 
-class LlmDime(DimeScorer):
+class _AnswerDime(DimeScorer):
+    """Base of the scorers that read each query's LLM answer (:func:`answer_vectors`) and, besides, the result
+    columns ``_feedback_columns``."""
+    _feedback_columns: Tuple[str, ...] = ()
+
+    def __init__(self, *, encoder: Optional[object] = None, keep_ranking: bool = True, **options: Any):
+        if encoder is not None and not callable(getattr(encoder, 'encode_docs', None)):
+            raise ValueError(f'{type(self).__name__}: encoder {encoder!r} has no encode_docs(texts) method; pass a '
+                             'pyterrier-dr BiEncoder such as pyterrier_dr.SBertBiEncoder(...)')
+        super().__init__(encoder=encoder, keep_ranking=keep_ranking, **options)
+
+    def _validate(self, inp):
+        with pt.validate.any(inp, context=self) as v:
+            v.columns(includes=['qid', 'query_vec', *self._feedback_columns, 'query_answer_vec'], mode='vector')
+            v.columns(includes=['qid', 'query_vec', *self._feedback_columns, 'query_answer'], mode='text')
+
+
+class LlmDime(_AnswerDime):
     """LLM DIME: ``u = q * a``, ``a`` the embedding of an LLM-generated answer: ``query_answer_vec``, or
     ``query_answer`` text encoded by ``encoder.encode_docs`` (the documents' pyterrier-dr bi-encoder). A query
     without an answer falls back to ``u = q * q`` with a warning; a malformed answer is an error naming the qid.
@@ -257,20 +261,14 @@ class LlmDime(DimeScorer):
     schematic = {'label': 'LLM-DIME'}
 
     def __init__(self, *, encoder: Optional[object] = None, keep_ranking: bool = True):
-        stage = type(self).__name__
-        check_encoder(stage, encoder)
-        self.encoder = encoder
-        super().__init__(keep_ranking=keep_ranking)
-
-    def _validate(self, inp):
-        validate_answers(inp, self, [])
+        super().__init__(encoder=encoder, keep_ranking=keep_ranking)
 
     def _importance(self, inp, groups, query_vecs):
         answers, present = answer_vectors(self, self.encoder, inp, groups, query_vecs)
         return self._magnitude_fallback(query_vecs * answers, query_vecs, ~present, inp, groups, 'no LLM answer'), {}
 
 
-class LlmEclipseDime(DimeScorer):
+class LlmEclipseDime(_AnswerDime):
     """Eclipse with an LLM answer as the positive: ``u = alpha * q * a - beta * q * mean(bottom-num_neg docs)``, ``a``
     the answer's embedding (read as :class:`~pyterrier_rdime.LlmDime` reads it); a query without one uses ``q`` in its
     place, with a warning. It needs the bottom of the first ranking, so ``compile()`` does not cut it.
@@ -287,21 +285,14 @@ class LlmEclipseDime(DimeScorer):
     (ICTIR 2025), Eclipse-LLM (dime-library ``filters/eclipse.py``; the Missing-Role repository's ``LLMEclipse``).
     """
     schematic = {'label': 'LLM-Eclipse'}
+    _feedback_columns = ('docno', 'doc_vec', 'score')
 
     def __init__(self, *, encoder: Optional[object] = None, num_neg: int = 5, alpha: float = 1.0, beta: float = 0.5,
                  keep_ranking: bool = True):
         stage = type(self).__name__
-        check_encoder(stage, encoder)
         check_int(stage, 'num_neg', num_neg, 1)
         check_weights(stage, alpha, beta, 'the answer', 'the negatives')
-        self.encoder = encoder
-        self.num_neg = num_neg
-        self.alpha = alpha
-        self.beta = beta
-        super().__init__(keep_ranking=keep_ranking)
-
-    def _validate(self, inp):
-        validate_answers(inp, self, ['docno', 'doc_vec', 'score'])
+        super().__init__(encoder=encoder, num_neg=num_neg, alpha=alpha, beta=beta, keep_ranking=keep_ranking)
 
     def _importance(self, inp, groups, query_vecs):
         answers, present = answer_vectors(self, self.encoder, inp, groups, query_vecs)
@@ -336,10 +327,7 @@ class OracleDime(DimeScorer):
         check_qrels(qrels, stage)
         check_bool(stage, 'pad_negatives', pad_negatives)
         check_int(stage, 'seed', seed, 0, 'the seed of the padding draws')
-        self.qrels = qrels
-        self.pad_negatives = pad_negatives
-        self.seed = seed
-        super().__init__(keep_ranking=keep_ranking)
+        super().__init__(qrels=qrels, pad_negatives=pad_negatives, seed=seed, keep_ranking=keep_ranking)
 
     def _extra_columns(self):
         return ('query_padded',) if self.pad_negatives else ()
@@ -349,12 +337,11 @@ class OracleDime(DimeScorer):
         extra = {}
         if self.pad_negatives:
             row_labels, extra['query_padded'] = self._pad(inp, groups, row_labels)
-        feedback = select_feedback(inp, groups, len(inp), self)  # every candidate
-        mask = feedback.mask & np.isfinite(row_labels[np.where(feedback.mask, feedback.rows, 0)])
-        feedback = feedback._replace(mask=mask)
-        doc_vecs = gather_vectors(inp, 'doc_vec', feedback, query_vecs.shape[1], self)
-        slot_labels = np.where(mask, row_labels[np.where(mask, feedback.rows, 0)], 0.0)
-        importance = maths.oracle_dime(query_vecs, doc_vecs, slot_labels, mask)
+        ranked = select_feedback(inp, groups, len(inp), self)  # every candidate
+        slot_labels = np.where(ranked.mask, row_labels[np.where(ranked.mask, ranked.rows, 0)], np.nan)
+        judged = ranked._replace(mask=np.isfinite(slot_labels))
+        doc_vecs = gather_vectors(inp, 'doc_vec', judged, query_vecs.shape[1], self)
+        importance = maths.oracle_dime(query_vecs, doc_vecs, slot_labels, judged.mask)
         undefined = np.isnan(importance).any(axis=1)
         importance = self._magnitude_fallback(np.nan_to_num(importance), query_vecs, undefined, inp, groups,
                                               'no oracle correlation (fewer than two judged candidates, or one '
@@ -412,10 +399,7 @@ class ActiveFeedbackDime(DimeScorer):
         stage = type(self).__name__
         check_qrels(qrels, stage)
         check_weights(stage, alpha, beta, 'the relevant document', 'the non-relevant one')
-        self.qrels = qrels
-        self.alpha = alpha
-        self.beta = beta
-        super().__init__(keep_ranking=keep_ranking)
+        super().__init__(qrels=qrels, alpha=alpha, beta=beta, keep_ranking=keep_ranking)
 
     def _importance(self, inp, groups, query_vecs):
         labels = candidate_labels(inp, self.qrels, self)
@@ -444,20 +428,6 @@ def some_queries(inp: pd.DataFrame, groups: QueryGroups, which: np.ndarray) -> s
     qids = inp['qid'].to_numpy()[groups.first_rows[which]]
     shown = ', '.join(map(repr, qids[:5])) + (' ...' if len(qids) > 5 else '')
     return f'{len(qids)} quer{"y" if len(qids) == 1 else "ies"} ({shown})'
-
-
-def check_encoder(stage: str, encoder: Optional[object]) -> None:
-    """None, or an object with ``encode_docs(texts)`` (a pyterrier-dr bi-encoder)."""
-    if encoder is not None and not callable(getattr(encoder, 'encode_docs', None)):
-        raise ValueError(f'{stage}: encoder {encoder!r} has no encode_docs(texts) method; pass a pyterrier-dr '
-                         'BiEncoder such as pyterrier_dr.SBertBiEncoder(...)')
-
-
-def validate_answers(inp: pd.DataFrame, stage: object, extra_columns: list) -> None:
-    """The input has ``qid, query_vec`` and ``extra_columns``, and ``query_answer_vec`` or ``query_answer``."""
-    with pt.validate.any(inp, context=stage) as v:
-        v.columns(includes=['qid', 'query_vec', *extra_columns, 'query_answer_vec'], mode='vector')
-        v.columns(includes=['qid', 'query_vec', *extra_columns, 'query_answer'], mode='text')
 
 
 def answer_vectors(stage: object, encoder: Optional[object], inp: pd.DataFrame, groups: QueryGroups,

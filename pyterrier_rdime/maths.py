@@ -10,7 +10,15 @@ import numpy as np
 
 from ._config import check_choice, check_topk
 
-KERNELS = ('uniform', 'softmax', 'rbf', 'sigmoid', 'rank')
+#: ``log K(q, d_i)`` (n, m) of each named kernel, from queries (n, p), documents (n, m, p), ``tau`` and ``(n, m)``.
+_LOG_KERNELS = {
+    'uniform': lambda q, d, tau, nm: np.zeros(nm),
+    'softmax': lambda q, d, tau, nm: np.einsum('np,nmp->nm', q, d) / tau,
+    'rbf': lambda q, d, tau, nm: -np.sum((d - q[:, None, :]) ** 2, axis=2) / tau,
+    'sigmoid': lambda q, d, tau, nm: -np.logaddexp(0.0, -np.einsum('np,nmp->nm', q, d) / tau),
+    'rank': lambda q, d, tau, nm: np.broadcast_to(-np.log(np.arange(1, nm[1] + 1, dtype=np.float64)), nm),
+}
+KERNELS = tuple(_LOG_KERNELS)
 
 #: A user kernel: ``kernel(query_vecs (n, p), doc_vecs (n, m, p)) -> (n, m)`` non-negative similarities.
 KernelFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -52,19 +60,9 @@ def _named_similarities(kernel: str, query_vecs: np.ndarray, doc_vecs: np.ndarra
                         tau: float) -> np.ndarray:
     """A named kernel's similarities (n, m), in log space relative to each query's maximum (no overflow)."""
     n, m = doc_mask.shape
+    check_choice('kernel_weights', 'kernel', kernel, KERNELS, 'or a callable kernel(query_vecs, doc_vecs)')
     with np.errstate(over='ignore'):  # reported below, with the fix
-        if kernel == 'uniform':
-            log_k = np.zeros((n, m))
-        elif kernel == 'softmax':
-            log_k = np.einsum('np,nmp->nm', query_vecs, doc_vecs) / tau
-        elif kernel == 'rbf':
-            log_k = -np.sum((doc_vecs - query_vecs[:, None, :]) ** 2, axis=2) / tau
-        elif kernel == 'sigmoid':
-            log_k = -np.logaddexp(0.0, -np.einsum('np,nmp->nm', query_vecs, doc_vecs) / tau)
-        elif kernel == 'rank':
-            log_k = np.broadcast_to(-np.log(np.arange(1, m + 1, dtype=np.float64)), (n, m))
-        else:
-            check_choice('kernel_weights', 'kernel', kernel, KERNELS, 'or a callable kernel(query_vecs, doc_vecs)')
+        log_k = _LOG_KERNELS[kernel](query_vecs, doc_vecs, tau, (n, m))
     # +inf/NaN, or -inf in every slot of a query, happen only when the similarities divided by tau overflow
     real = np.where(doc_mask, log_k, 0.0)
     unbounded = np.isnan(real) | (real == np.inf)

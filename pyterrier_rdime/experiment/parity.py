@@ -6,7 +6,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from ..controls import CONTROLS as SELECTIONS
+from ..threshold import CONTROLS as SELECTIONS
 
 ALPHA = 0.05
 TESTS = ('t', 'wilcoxon', 'auto')

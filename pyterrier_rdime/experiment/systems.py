@@ -13,8 +13,6 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from ..controls import CONTROLS as SELECTIONS
-from ..controls import SameBudget
 from ..dime import (
     ActiveFeedbackDime,
     DimeScorer,
@@ -29,8 +27,8 @@ from ..dime import (
 )
 from ..llm import LlmAnswers, read_answers_csv, read_answers_tsv
 from ..llm.published import CATALOGUE, fetch, published_entry
-from ..scorer import VectorScorer
-from ..threshold import Rdime, ScoreMass, TopK
+from ..threshold import CONTROLS as SELECTIONS
+from ..threshold import Rdime, SameBudget, ScoreMass, TopK, VectorScorer
 from .batched import BATCH_QUERIES, search_together
 from .collection import Collection
 from .progress import Key, SystemRecords

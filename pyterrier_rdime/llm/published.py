@@ -70,19 +70,15 @@ _UNVEILING_FOLDERS = {
 }
 
 
-def _catalogue() -> Dict[Tuple[str, str], Published]:
-    entries = [Published(name, llm, dataset, UNVEILING_DIME,
-                         f'{_UNVEILING}/{folder}/{file_name}', sha256 if dataset == DL19 else None)
-               for dataset, folder in _UNVEILING_FOLDERS.items()
-               for name, (llm, file_name, sha256) in _UNVEILING_LLMS.items() if dataset != ROBUST04 or name == 'gpt-4']
-    # one file answers the queries of every collection of the paper (it has a header row)
-    entries += [Published('gpt-4-dime', 'gpt-4', dataset, DIME, f'{_DIME}/data/gpt4_answers.csv',
-                          None) for dataset in (DL19, DL20, DL_HARD, ROBUST04)]
-    return {(e.name, e.dataset): e for e in entries}
-
-
+_ENTRIES = [Published(name, llm, dataset, UNVEILING_DIME, f'{_UNVEILING}/{folder}/{file_name}',
+                      sha256 if dataset == DL19 else None)
+            for dataset, folder in _UNVEILING_FOLDERS.items()
+            for name, (llm, file_name, sha256) in _UNVEILING_LLMS.items() if dataset != ROBUST04 or name == 'gpt-4']
+# one file answers the queries of every collection of the paper (it has a header row)
+_ENTRIES += [Published('gpt-4-dime', 'gpt-4', dataset, DIME, f'{_DIME}/data/gpt4_answers.csv', None)
+             for dataset in (DL19, DL20, DL_HARD, ROBUST04)]
 #: (name, ir_datasets id) -> :class:`Published`.
-CATALOGUE: Dict[Tuple[str, str], Published] = _catalogue()
+CATALOGUE: Dict[Tuple[str, str], Published] = {(e.name, e.dataset): e for e in _ENTRIES}
 
 
 def published_entry(name: str, dataset: str) -> Published:

@@ -32,7 +32,7 @@ from pyterrier_rdime import (
     read_answers_tsv,
 )
 from pyterrier_rdime.dime import FeedbackCutoff
-from pyterrier_rdime.llm.generator import CACHE_FILE
+from pyterrier_rdime.llm import CACHE_FILE
 
 TINY = 1e-30  # legal float32 vectors whose products (1e-60) are below float32's range
 QRELS = pd.DataFrame({'qid': ['q1', 'q1'], 'docno': ['d1', 'd2'], 'label': [1, 0]})

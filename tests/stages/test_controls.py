@@ -13,7 +13,7 @@ import pytest
 from frames import assert_vec, interleaved, one_row_per_query, vec
 from pruned_data import flex_index
 
-from pyterrier_rdime import PrfDime, Rdime, SameBudget, ScoreMass, TopK, VectorScorer, controls, maths, store
+from pyterrier_rdime import PrfDime, Rdime, SameBudget, ScoreMass, TopK, VectorScorer, maths, store, threshold
 from pyterrier_rdime import _index_files as index_files
 from pyterrier_rdime._config import default_cache_dir
 
@@ -90,7 +90,7 @@ def test_variance_keeps_the_dimensions_of_largest_document_variance():
     out = SameBudget(control='variance', index=docs).transform(frame)
     assert_vec(out['query_vec'][0], [0, 2, 0, 0])  # a tie of 8/3: the lower index
     assert_vec(out['query_vec'][1], [1, 2, 0, 4])  # then 0 and 0: the lower index again
-    np.testing.assert_allclose(controls.document_variance(docs), [0, 8 / 3, 0, 8 / 3])
+    np.testing.assert_allclose(threshold.document_variance(docs), [0, 8 / 3, 0, 8 / 3])
     out = SameBudget(control='variance', index=DOCS).transform(thresholded(TopK(count=4)))
     expected = set(np.argsort(-DOCS.astype(np.float64).var(axis=0), kind='stable')[:4])
     assert all(dims == expected for dims in kept_dims(out).values())
@@ -163,7 +163,7 @@ def test_the_variance_order_of_a_flex_index_is_cached_and_invalidated(tmp_path, 
     monkeypatch.setattr(index_files, '_stats_pass', lambda *a, **k: passes.append(1) or compute(*a, **k))
     monkeypatch.setattr(store, 'fingerprint', lambda source: hashed.append(source.name) or real_hash(source))
     index = flex_index(tmp_path / 'docs.flex', DOCS)
-    np.testing.assert_allclose(controls.document_variance(index), DOCS.astype(np.float64).var(axis=0))
+    np.testing.assert_allclose(threshold.document_variance(index), DOCS.astype(np.float64).var(axis=0))
     assert passes == [1] and hashed == ['vecs.f4'] and (tmp_path / 'docs.flex' / 'rdime.dim_major.stats.json').is_file()
     stage = SameBudget(control='variance', index=index)
     stage.transform(thresholded(TopK(count=3)))
@@ -175,7 +175,7 @@ def test_the_variance_order_of_a_flex_index_is_cached_and_invalidated(tmp_path, 
         opened.append(Path(file).name)
         return real_open(file, *args, **kwargs)
     monkeypatch.setattr('builtins.open', counting_open)
-    np.testing.assert_allclose(controls.document_variance(index), DOCS.astype(np.float64).var(axis=0))
+    np.testing.assert_allclose(threshold.document_variance(index), DOCS.astype(np.float64).var(axis=0))
     stage.transform(thresholded(TopK(count=3)))
     monkeypatch.setattr('builtins.open', real_open)
     # neither a later call nor a new process reads the vectors (no pass, no hash, vecs.f4 never opened)
@@ -190,7 +190,7 @@ def test_the_variance_order_of_a_flex_index_is_cached_and_invalidated(tmp_path, 
 
 def test_an_in_place_edit_of_the_vectors_is_seen_by_the_variance_control(tmp_path):
     index = flex_index(tmp_path / 'docs.flex', DOCS)
-    controls.document_variance(index)
+    threshold.document_variance(index)
     source = tmp_path / 'docs.flex' / 'vecs.f4'
     stat = source.stat()
     edited = DOCS.copy()
@@ -198,14 +198,14 @@ def test_an_in_place_edit_of_the_vectors_is_seen_by_the_variance_control(tmp_pat
     with open(source, 'r+b') as f:
         f.write(edited.tobytes())
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    np.testing.assert_allclose(controls.document_variance(index), edited.astype(np.float64).var(axis=0))
+    np.testing.assert_allclose(threshold.document_variance(index), edited.astype(np.float64).var(axis=0))
 
 
 def test_a_read_only_index_folder_caches_under_the_package_cache(tmp_path, monkeypatch):
     index = flex_index(tmp_path / 'docs.flex', DOCS)
     monkeypatch.setattr(os, 'access', lambda *a: False)  # as flex_layout_path sees a read-only folder
     monkeypatch.setattr(store, '_OPENED', {})
-    controls.document_variance(index)
+    threshold.document_variance(index)
     assert not (tmp_path / 'docs.flex' / 'rdime.dim_major.stats.json').exists()
     assert list((default_cache_dir() / 'layouts').glob('docs.flex-*.stats.json'))
 

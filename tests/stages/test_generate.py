@@ -13,8 +13,7 @@ import pyterrier as pt
 import pytest
 from conftest import shared_collection
 
-from pyterrier_rdime.llm import LlmGenerator, smollm2_gguf_path
-from pyterrier_rdime.llm.generator import CACHE_FILE
+from pyterrier_rdime.llm import CACHE_FILE, LlmGenerator, smollm2_gguf_path
 
 pytestmark = pytest.mark.slow  # runs the SmolLM2 generator
 
@@ -66,7 +65,7 @@ def smollm2_run(tmp_path_factory):
 @pytest.mark.parametrize('threads, inside', [(1, 1), (None, 'unchanged')])
 def test_torch_threads_hold_only_inside_the_block(threads, inside):
     torch = pytest.importorskip('torch')
-    from pyterrier_rdime.llm.generator import torch_threads
+    from pyterrier_rdime.llm import torch_threads
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from pruned_data import flex_index, full_topk, make_corpus, query_frame
 
-from pyterrier_rdime import PrunedRetriever, controls, store
+from pyterrier_rdime import PrunedRetriever, store, threshold
 from pyterrier_rdime.experiment.progress import SystemRecords
 from pyterrier_rdime.pruned import planner
 
@@ -170,6 +170,6 @@ def test_an_infinite_value_is_named_by_the_docno_of_its_document(tmp_path):
     docs[777, 3] = np.inf
     index = flex_index(tmp_path / 'inf.flex', docs, docnos=[f'doc-{i}' for i in range(1000)])
     for search in (lambda: PrunedRetriever(index=index, verbose=False)(query_frame(query_vecs[:1])),
-                   lambda: controls.document_variance(index)):
+                   lambda: threshold.document_variance(index)):
         with pytest.raises(ValueError, match=r"document 'doc-777' \(docid 777\) of .*inf.flex has NaN or infinite"):
             search()
