@@ -133,12 +133,10 @@ def _judged_only(collection: Collection) -> Collection:
         logger.warning('collection %s: the qrels judge %d queries that are not among its %d queries (e.g. qid %r); '
                        'their %d judgments are left out', collection.name, len(qids), len(topics), qids[0],
                        int(unasked.sum()))
-    run = collection.run
-    if run is not None:
-        run = run[run['qid'].isin(set(topics['qid'][judged]))]
+    if collection.run is not None:
+        collection.run = collection.run[collection.run['qid'].isin(set(topics['qid'][judged]))]
     collection.topics = topics[judged].reset_index(drop=True)
     collection.qrels = qrels[['qid', 'docno', 'label']]
-    collection.run = run
     collection.dropped_queries = tuple(topics['qid'][~judged])
     return collection
 
