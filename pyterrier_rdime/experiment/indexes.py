@@ -60,9 +60,7 @@ def existing_index(spec: str):
     check_index_spec(spec)  # before importing pyterrier-dr (and torch): an unusable spec fails in milliseconds
     from pyterrier_dr import FlexIndex
     local = Path(spec).expanduser()
-    if local.exists():
-        return FlexIndex(str(local), verbose=False)
-    return FlexIndex.from_hf(spec, verbose=False)
+    return FlexIndex(str(local), verbose=False) if local.exists() else FlexIndex.from_hf(spec, verbose=False)
 
 
 def check_index_matches(index, dims: int, encoder_name: str, spec: str) -> None:
