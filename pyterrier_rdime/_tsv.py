@@ -44,9 +44,8 @@ def read_qid_tsv(path: Union[str, os.PathLike], *, what: str, allow_empty: bool)
         if not allow_empty and not text.strip():
             raise ValueError(f'{path}:{line_no}: qid {qid!r} has an empty {what}; write its text after the tab or '
                              'remove the line')
-        if qid in first_line:
-            raise ValueError(f'{path}:{line_no}: qid {qid!r} is also on line {first_line[qid]}; give each qid one '
-                             f'{what}, or remove the repeated line')
-        first_line[qid] = line_no
+        if (earlier := first_line.setdefault(qid, line_no)) != line_no:
+            raise ValueError(f'{path}:{line_no}: qid {qid!r} is also on line {earlier}; give each qid one {what}, or '
+                             'remove the repeated line')
         rows[qid] = text
     return rows

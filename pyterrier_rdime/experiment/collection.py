@@ -133,12 +133,10 @@ def _judged_only(collection: Collection) -> Collection:
         logger.warning('collection %s: the qrels judge %d queries that are not among its %d queries (e.g. qid %r); '
                        'their %d judgments are left out', collection.name, len(qids), len(topics), qids[0],
                        int(unasked.sum()))
-    run = collection.run
-    if run is not None:
-        run = run[run['qid'].isin(set(topics['qid'][judged]))]
+    if collection.run is not None:
+        collection.run = collection.run[collection.run['qid'].isin(set(topics['qid'][judged]))]
     collection.topics = topics[judged].reset_index(drop=True)
     collection.qrels = qrels[['qid', 'docno', 'label']]
-    collection.run = run
     collection.dropped_queries = tuple(topics['qid'][~judged])
     return collection
 
@@ -216,19 +214,14 @@ class DocsFile:
     def __init__(self, path: Path):
         self.path = path
         tracker = _LineSpans()
-        self.docnos: List[str] = []
-        starts, ends = [], []
-        for docno, _ in _read_docs(path, tracker):
-            self.docnos.append(docno)
-            starts.append(tracker.start)
-            ends.append(tracker.end)
-        if not self.docnos:
+        rows = [(docno, tracker.start, tracker.end) for docno, _ in _read_docs(path, tracker)]
+        if not rows:
             raise ValueError(f'{path} holds no documents; {DOCS_FORMAT}')
         self.identity = store.snapshot([path])[0]
         self.fingerprint = f'sha256:{tracker.digest.hexdigest()}'
+        self.docnos: List[str] = [docno for docno, _, _ in rows]
         self.row = {docno: i for i, docno in enumerate(self.docnos)}
-        self.starts = np.array(starts, dtype=np.int64)
-        self.ends = np.array(ends, dtype=np.int64)
+        self.spans = np.array([span for _, *span in rows], dtype=np.int64)  # each line's start and end byte
 
     def absent(self, wanted: Sequence[str]) -> List[str]:
         """Those of ``wanted`` that the corpus does not hold (in their order)."""
@@ -254,8 +247,9 @@ class DocsFile:
             if store.snapshot([self.path])[0] != self.identity:  # stat after opening: a file replaced since fails
                 raise self._changed()
             for row in rows:
-                f.seek(self.starts[row])
-                doc = json.loads(f.read(self.ends[row] - self.starts[row]).decode('utf-8').removeprefix('\ufeff'))
+                start, end = self.spans[row]
+                f.seek(start)
+                doc = json.loads(f.read(end - start).decode('utf-8').removeprefix('\ufeff'))
                 if doc.get('docno') != self.docnos[row]:
                     raise self._changed()
                 yield {'docno': doc['docno'], 'text': doc['text']}
@@ -306,32 +300,38 @@ def _read_docs(path: Path, digest=None) -> Iterator[Tuple[str, str]]:
         if docno.split() != [docno]:  # qrels and runs are whitespace-separated
             raise ValueError(f'{path}:{line_no}: docno {docno!r} is empty or holds whitespace, so qrels and runs '
                              '(whitespace-separated) could never name it; use docnos without spaces')
-        if docno in first_line:
-            raise ValueError(f'{path}:{line_no}: docno {docno!r} is also on line {first_line[docno]}; give each '
-                             'document its own docno, or remove the repeated one')
-        first_line[docno] = line_no
+        if (earlier := first_line.setdefault(docno, line_no)) != line_no:
+            raise ValueError(f'{path}:{line_no}: docno {docno!r} is also on line {earlier}; give each document its '
+                             'own docno, or remove the repeated one')
         yield docno, text
 
 
 def _read_qrels(path: Path) -> pd.DataFrame:
-    rows = []
+    lines = _trec_lines(path, 4, QRELS_FORMAT, ('label', f'{QRELS_FORMAT} (0 or a negative label: not relevant)'),
+                        'judgments', 'qid {qid!r}, docno {docno!r} is judged again (also on line {line}); keep one '
+                        'judgment per query and document')
+    return pd.DataFrame([(qid, docno, int(label)) for _, (qid, _, docno, label) in lines],
+                        columns=['qid', 'docno', 'label'])
+
+
+def _trec_lines(path: Path, count: int, form: str, integer: Tuple[str, str], nothing: str,
+                repeated: str) -> Iterator[Tuple[int, List[str]]]:
+    """``(line number, fields)`` of a qrels or run file (``form``): ``count`` fields, the fourth an integer
+    (``integer``: its name and the fix), a (qid, docno) once (``repeated``: the message); none is an error."""
     first_line: Dict[Tuple[str, str], int] = {}
     for line_no, line in utf8_lines(path):
         fields = line.split()
-        if len(fields) != 4:
-            raise ValueError(f'{path}:{line_no}: {len(fields)} fields in {line[:80]!r}, not 4; {QRELS_FORMAT}')
-        qid, _, docno, label = fields
-        if not _INTEGER.fullmatch(label):
-            raise ValueError(f'{path}:{line_no}: label {label!r} of qid {qid!r}, docno {docno!r} is not an integer; '
-                             f'{QRELS_FORMAT} (0 or a negative label: not relevant)')
-        if (qid, docno) in first_line:
-            raise ValueError(f'{path}:{line_no}: qid {qid!r}, docno {docno!r} is judged again (also on line '
-                             f'{first_line[qid, docno]}); keep one judgment per query and document')
-        first_line[qid, docno] = line_no
-        rows.append((qid, docno, int(label)))
-    if not rows:
-        raise ValueError(f'{path} holds no judgments; {QRELS_FORMAT}')
-    return pd.DataFrame(rows, columns=['qid', 'docno', 'label'])
+        if len(fields) != count:
+            raise ValueError(f'{path}:{line_no}: {len(fields)} fields in {line[:80]!r}, not {count}; {form}')
+        qid, docno = fields[0], fields[2]
+        if not _INTEGER.fullmatch(fields[3]):
+            raise ValueError(f'{path}:{line_no}: {integer[0]} {fields[3]!r} of qid {qid!r}, docno {docno!r} is not an '
+                             f'integer; {integer[1]}')
+        yield line_no, fields
+        if (earlier := first_line.setdefault((qid, docno), line_no)) != line_no:  # after the caller's own checks
+            raise ValueError(f'{path}:{line_no}: ' + repeated.format(qid=qid, docno=docno, line=earlier))
+    if not first_line:
+        raise ValueError(f'{path} holds no {nothing}; {form}')
 
 
 def read_trec_run(path: Union[str, os.PathLike]) -> pd.DataFrame:
@@ -345,15 +345,9 @@ def read_trec_run(path: Union[str, os.PathLike]) -> pd.DataFrame:
 def _parsed_run(path: Path, identity: Optional[tuple]) -> pd.DataFrame:
     """:func:`read_trec_run`, parsed once per file content (``identity``)."""
     rows = []
-    first_line: Dict[Tuple[str, str], int] = {}
-    for line_no, line in utf8_lines(path):
-        fields = line.split()
-        if len(fields) != 6:
-            raise ValueError(f'{path}:{line_no}: {len(fields)} fields in {line[:80]!r}, not 6; {RUN_FORMAT}')
-        qid, _, docno, rank, score, _ = fields
-        if not _INTEGER.fullmatch(rank):
-            raise ValueError(f'{path}:{line_no}: rank {rank!r} of qid {qid!r}, docno {docno!r} is not an integer; '
-                             f'{RUN_FORMAT}')
+    lines = _trec_lines(path, 6, RUN_FORMAT, ('rank', RUN_FORMAT), 'ranking', 'qid {qid!r} ranks docno {docno!r} '
+                        'twice (also on line {line}); keep one line per query and document')
+    for line_no, (qid, _, docno, _, score, _) in lines:
         try:
             value = float(score)
         except ValueError:
@@ -361,13 +355,7 @@ def _parsed_run(path: Path, identity: Optional[tuple]) -> pd.DataFrame:
         if not math.isfinite(value):
             raise ValueError(f'{path}:{line_no}: score {score!r} of qid {qid!r}, docno {docno!r} is not a finite '
                              f'number; {RUN_FORMAT}')
-        if (qid, docno) in first_line:
-            raise ValueError(f'{path}:{line_no}: qid {qid!r} ranks docno {docno!r} twice (also on line '
-                             f'{first_line[qid, docno]}); keep one line per query and document')
-        first_line[qid, docno] = line_no
         rows.append((qid, docno, value))
-    if not rows:
-        raise ValueError(f'{path} holds no ranking; {RUN_FORMAT}')
     run = pd.DataFrame(rows, columns=['qid', 'docno', 'score'])
     run = run.sort_values(['qid', 'score'], ascending=[True, False], kind='stable')
     return pt.model.add_ranks(run.reset_index(drop=True))

@@ -84,10 +84,8 @@ def dense_index(collection: Collection, model, encoder_name: str, cache_dir: Uni
             wanted += _another_docno(collection, wanted + cached.docnos)
         elif wanted is None and collection.num_docs == 1:
             _another_docno(collection, [doc['docno'] for doc in collection.docs(None)])
-        if wanted is not None:
-            total = len(wanted)
-        else:
-            total = collection.num_docs - len(held) if collection.num_docs is not None else None
+        total = len(wanted) if wanted is not None else (
+            collection.num_docs - len(held) if collection.num_docs is not None else None)
         new_docs = collection.docs(wanted)  # a docno the corpus lacks fails here, before any encoding
         logger.info('encoding %s documents of %s into %s', 'all the' if total is None else total, collection.name, path)
         vectors = cached.index.payload(return_docnos=False)[0] if cached.index is not None else None
@@ -151,8 +149,7 @@ class _EncodedSoFar:
         """The vectors of a batch: read back where an earlier run encoded the same docno and text, else encoded."""
         keys = list(zip(docnos, (int(h) for h in hashes)))
         todo = [i for i, key in enumerate(keys) if key not in self.found]
-        encoded = model.encode_docs([texts[i] for i in todo]) if todo else []
-        out = {i: vec for i, vec in zip(todo, encoded)}
+        out = dict(zip(todo, model.encode_docs([texts[i] for i in todo]) if todo else []))
         self.pending.extend((*keys[i], out[i]) for i in todo)
         if len(self.pending) >= self.FLUSH_EVERY:
             self.flush()

@@ -1,5 +1,6 @@
 """Bi-encoders for experiments: the bundled MiniLM (offline), the paper's encoders by short name, any
 sentence-transformers path or hub name, and the content key under which an encoder's vectors are cached."""
+import contextlib
 import functools
 import hashlib
 from pathlib import Path
@@ -41,10 +42,8 @@ def resolve_encoder(name: str) -> str:
     if Path(hub_id).expanduser().exists():
         return str(Path(hub_id).expanduser())
     from huggingface_hub import snapshot_download
-    try:
+    with contextlib.suppress(Exception):  # not in the local cache
         return snapshot_download(hub_id, local_files_only=True)
-    except Exception:
-        pass
     if hub_offline():
         raise ConnectionError(f'--encoder {name!r} ({hub_id}) is not a local folder, not in the Hugging Face cache, '
                               'and the hub cannot be reached (offline). Use the bundled default encoder "minilm", a '

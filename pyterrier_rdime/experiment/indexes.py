@@ -60,19 +60,16 @@ def existing_index(spec: str):
     check_index_spec(spec)  # before importing pyterrier-dr (and torch): an unusable spec fails in milliseconds
     from pyterrier_dr import FlexIndex
     local = Path(spec).expanduser()
-    if local.exists():
-        return FlexIndex(str(local), verbose=False)
-    return FlexIndex.from_hf(spec, verbose=False)
+    return FlexIndex(str(local), verbose=False) if local.exists() else FlexIndex.from_hf(spec, verbose=False)
 
 
 def check_index_matches(index, dims: int, encoder_name: str, spec: str) -> None:
     """Fails when the encoder's dimensionality differs from the index's, naming the encoder the index needs."""
     meta = index.payload(return_dvecs=False, return_docnos=False)[0]
     if meta['vec_size'] != dims:
-        hint = ''
-        for short in ('tasb', 'contriever', 'ance', 'minilm', 'mpnet'):
-            if short in str(spec).lower().replace('-', '').replace('_', ''):
-                hint = f' (its name suggests --encoder {short})'
+        squeezed = str(spec).lower().replace('-', '').replace('_', '')
+        hint = next((f' (its name suggests --encoder {short})' for short in ('mpnet', 'minilm', 'ance', 'contriever',
+                                                                            'tasb') if short in squeezed), '')
         raise ValueError(f'--index {spec}: the index holds {meta["vec_size"]}-dimensional vectors but the encoder '
                          f'{encoder_name!r} gives {dims}-dimensional ones; pass the --encoder that built the '
                          f'index{hint}')
@@ -96,20 +93,17 @@ def retriever(index, backend: str, num_results: int, *, shards: int = 1,
     if backend == 'sharded':
         from ..pruned import ShardedPrunedRetriever
         return ShardedPrunedRetriever(shards=index_shards(index, shards, cache_dir), num_results=num_results)
-    if backend == 'numpy':
-        return index.np_retriever(num_results=num_results)
-    if backend == 'torch':
-        return index.torch_retriever(num_results=num_results)
     if backend == 'pruned':
         from ..pruned import PrunedRetriever
         return PrunedRetriever(index=index, num_results=num_results, verbose=verbose)
     if backend.startswith('faiss-'):
         require_faiss()
-        if backend == 'faiss-flat':
-            return index.faiss_flat_retriever() % num_results
-        if backend == 'faiss-hnsw':
-            return index.faiss_hnsw_retriever(num_results=num_results)
-        return index.faiss_ivf_retriever(num_results=num_results)
+    if backend == 'faiss-flat':  # pyterrier-dr's exact FAISS retriever takes no num_results
+        return index.faiss_flat_retriever() % num_results
+    method = {'numpy': 'np_retriever', 'torch': 'torch_retriever', 'faiss-hnsw': 'faiss_hnsw_retriever',
+              'faiss-ivf': 'faiss_ivf_retriever'}.get(backend)
+    if method is not None:
+        return getattr(index, method)(num_results=num_results)
     raise ValueError(f'--retriever {backend!r}: choose among {", ".join(RETRIEVERS)}')
 
 

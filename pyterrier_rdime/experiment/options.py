@@ -59,10 +59,9 @@ class Options:
         for k in self.ks:
             check_fraction(STAGE, '--ks', k, hint='Top-k values are fractions of the dimensions, e.g. 0.4,0.6,0.8')
         for option, value in (('--control-seeds', self.control_seeds), ('--depth', self.depth),
-                              ('--num-results', self.num_results), ('--shards', self.shards)):
+                              ('--num-results', self.num_results), ('--shards', self.shards),
+                              ('--max-queries', 1 if self.max_queries is None else self.max_queries)):
             check_int(STAGE, option, value, 1)
-        if self.max_queries is not None:
-            check_int(STAGE, '--max-queries', self.max_queries, 1)
         check_int(STAGE, '--folds', self.folds, 2, 'cross-validation needs at least 2 folds of queries')
         check_bool(STAGE, '--sweep', self.sweep)
         margin = self.margin
