@@ -9,7 +9,7 @@ import pyterrier as pt
 from . import maths
 from ._config import ConfigTransformer, check_choice, check_int
 from ._frames import QueryGroups, check_same_dims, empty_frame, group_queries, numeric_column, per_row, query_vectors
-from ._index_files import STREAM_BLOCK, vector_stats
+from .store import STREAM_BLOCK, vector_stats
 
 CONTROLS = ('random', 'magnitude', 'variance', 'prefix')
 
@@ -111,7 +111,7 @@ class SameBudget(ConfigTransformer):
 
 def document_variance(index: object, *, stage: str = 'SameBudget') -> np.ndarray:
     """The variance of each dimension over the document vectors of ``index`` (float64, (p,)); for a FlexIndex from
-    its cached statistics (:func:`pyterrier_rdime._index_files.vector_stats`)."""
+    its cached statistics (:func:`pyterrier_rdime.store.vector_stats`)."""
     if not isinstance(index, np.ndarray):
         return vector_stats(index, stage=stage)['variance']
     variance, rows = maths.column_variance(index[start:start + STREAM_BLOCK]

@@ -8,7 +8,7 @@ import threading
 import numba
 import numpy as np
 
-from .topk import Result, kept_dims, merge_heaps
+from .dense import Result, kept_dims, merge_heaps
 
 #: Documents per block of one query's scores: 64 KiB, held in L2 while every kept row adds to them.
 BLOCK_DOCS = 16384

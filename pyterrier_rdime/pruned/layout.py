@@ -16,8 +16,7 @@ import pandas as pd
 import pyterrier as pt
 
 from .. import store
-from .._index_files import SOURCES, RowFile, check_finite, flex_layout_path, portable_index, row_reader, vector_stats
-from ..flex_index import check_whole
+from ..store import RowFile, check_finite, check_whole, flex_layout_path, portable_index, row_reader
 
 #: Docnos hashed at a time when looking for a repeated one (their text is held only a block at a time).
 DOCNO_BLOCK = 2 ** 20
@@ -110,7 +109,7 @@ class Layout:
         """The largest absolute value of each dimension, float64 ``(dims,)`` (a FlexIndex's from its cached stats)."""
         if self.is_array:
             return self._array_copy()[1]
-        abs_max = vector_stats(self.index, stage=self.stage, verbose=self.verbose)['abs_max']
+        abs_max = store.vector_stats(self.index, stage=self.stage, verbose=self.verbose)['abs_max']
         check_flex_docnos(self.index, self.stage)
         return abs_max
 
@@ -227,7 +226,7 @@ def _open_copy(index: object, path: Path, kind: str, dtype: np.dtype, arrays: Di
         problem = npy_problem(path, (dims, docs), dtype)
         return None if problem is None and all(len(content[name]) == dims for name in arrays) else \
             f'{problem or "its record is of another shape"} {cause}'
-    return store.derived(path, kind, folder=Path(index.index_path), sources=SOURCES, check=check, build=build,
+    return store.derived(path, kind, folder=Path(index.index_path), sources=store.SOURCES, check=check, build=build,
                          before_build=lambda: check_whole(index, stage),
                          open_with=lambda path, content: opened(np.load(path, mmap_mode='r'), *(
                              np.asarray(content[name], dtype=array_dtype) for name, array_dtype in arrays.items())),

@@ -17,10 +17,10 @@ import pandas as pd
 
 from .._config import check_bool, check_int, check_positive
 from . import calibration, kept, planner
+from .dense import best_k
 from .layout import docno_hashes, shared_hashes
 from .planner import Choice, CostModel, MeasuredChoice, Plan
 from .stage import ExactRetriever, PrunedRetriever
-from .topk import best_k
 
 #: Seconds between two checks that a late shard's actor still answers (a call answered sooner pays no check).
 PROBE_EVERY = 1.0

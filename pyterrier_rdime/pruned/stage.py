@@ -11,12 +11,12 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool, check_int
 from .._frames import empty_frame
-from .._index_files import portable_index
+from ..store import portable_index
 from . import calibration, dense, kept, planner
 from .compressed import search_compressed
+from .dense import Result
 from .layout import Layout
 from .planner import Choice, Plan, nonzero_fractions
-from .topk import Result
 
 logger = logging.getLogger(__name__)
 
