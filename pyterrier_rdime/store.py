@@ -367,27 +367,13 @@ def row_reader(vecs: np.ndarray):
         yield lambda start, stop: np.asarray(vecs[start:stop], dtype=np.float32)
 
 
-class RowFile:
-    """The rows of a float32 memory map (a FlexIndex's ``vecs.f4``) read by ``rows[docids]`` through a map of their
-    own, advised ``MADV_RANDOM``: the kernel's read-ahead around scattered rows would read far more than them."""
-
-    def __init__(self, vecs: np.memmap):
-        self.filename, self.offset, self.shape = vecs.filename, vecs.offset, vecs.shape
-        self._rows: Optional[np.memmap] = None
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, '_rows': None}
-
-    def __getitem__(self, docids) -> np.ndarray:
-        if self._rows is None:
-            rows = np.memmap(self.filename, dtype=np.float32, mode='r', offset=self.offset, shape=self.shape)
-            if hasattr(mmap, 'MADV_RANDOM'):
-                rows._mmap.madvise(mmap.MADV_RANDOM)
-            self._rows = rows
-        return np.asarray(self._rows[np.asarray(docids, dtype=np.int64).reshape(-1)])
+def random_rows(vecs: np.memmap) -> np.memmap:
+    """The rows of a float32 memory map (a FlexIndex's ``vecs.f4``), read by ``rows[docids]``, through a map of their
+    own advised ``MADV_RANDOM``: the kernel's read-ahead around scattered rows would read far more than them."""
+    rows = np.memmap(vecs.filename, dtype=np.float32, mode='r', offset=vecs.offset, shape=vecs.shape)
+    if hasattr(mmap, 'MADV_RANDOM'):
+        rows._mmap.madvise(mmap.MADV_RANDOM)
+    return rows
 
 
 def vector_stats(index: object, *, stage: str, verbose: bool = False) -> Dict[str, np.ndarray]:

@@ -16,7 +16,7 @@ import pandas as pd
 import pyterrier as pt
 
 from .. import store
-from ..store import RowFile, check_finite, check_whole, flex_layout_path, portable_index, row_reader
+from ..store import check_finite, check_whole, flex_layout_path, portable_index, random_rows, row_reader
 
 #: Docnos hashed at a time when looking for a repeated one (their text is held only a block at a time).
 DOCNO_BLOCK = 2 ** 20
@@ -59,7 +59,7 @@ class Layout:
         self._codes: Optional[Codes] = None  # an array index's int8 copy
         self._docno_array: Optional[np.ndarray] = None
         self._whole = False  # a FlexIndex found whole
-        self._row_file: Optional[Tuple[tuple, RowFile]] = None  # and the identity of its vecs.f4
+        self._row_file: Optional[Tuple[tuple, np.memmap]] = None  # and the identity of its vecs.f4
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, 'index': portable_index(self.index), '_lock': None, '_in_memory': None,
@@ -136,7 +136,7 @@ class Layout:
             return self.doc_rows()
         now = store.snapshot([Path(self.index.index_path) / 'vecs.f4'])
         if self._row_file is None or self._row_file[0] != now:
-            self._row_file = (now, RowFile(self.doc_rows()))
+            self._row_file = (now, random_rows(self.doc_rows()))
         return self._row_file[1]
 
     def lookup_docnos(self, docids: np.ndarray) -> np.ndarray:
