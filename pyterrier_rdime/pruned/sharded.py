@@ -185,19 +185,7 @@ class ShardedPrunedRetriever(ExactRetriever):
         if docnos is not None and len(docnos) != sum(len(a) for a in arrays):
             raise ValueError(f'{name}: docnos has {len(docnos)} entries but the shards hold '
                              f'{sum(len(a) for a in arrays)} rows')
-        self.shards = shards
-        self.num_results = num_results
-        self.docnos = docnos
-        self.strategy = strategy
-        self.batch_size = batch_size
-        self.drop_query_vec = drop_query_vec
-        self.ray_address = ray_address
-        self.num_cpus = num_cpus
-        self.resources = resources
-        self.max_restarts = max_restarts
-        self.timeout = timeout
-        self.start_timeout = start_timeout
-        self.verbose = verbose
+        self._keep_arguments(locals())
         self._retrievers = self._shard_retrievers()
         self._actors = _Actors()
         self._measured = MeasuredChoice(None)  # the driver's timings of its calls, in memory (see .planner)
