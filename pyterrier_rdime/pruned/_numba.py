@@ -1,5 +1,6 @@
 """The compiled pruned path (numba), imported only when it first runs: a fused parallel kernel that reads only the
-kept rows of a dimension-major ``(dims, docs)`` float32 matrix and keeps a running top-k per chunk of documents."""
+kept rows of a dimension-major ``(dims, docs)`` float32 matrix (or its int8 copy, for the compressed path's first
+pass) and keeps a running top-k per chunk of documents."""
 import contextlib
 import math
 import os
