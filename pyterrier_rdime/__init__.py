@@ -14,9 +14,9 @@ from pyterrier_rdime.dime import (
     PrfDime,
     SwcDime,
 )
-from pyterrier_rdime.flex_index import flex_index_complete, flex_index_problem
 from pyterrier_rdime.llm import LlmAnswers, LlmGenerator, read_answers_tsv, smollm2_gguf_path
 from pyterrier_rdime.pruned import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
+from pyterrier_rdime.store import flex_index_complete, flex_index_problem
 from pyterrier_rdime.threshold import DimensionThreshold, Rdime, SameBudget, ScoreMass, TopK, VectorScorer
 
 __all__ = [

@@ -1,10 +1,12 @@
-"""The one store of the files this package derives and keeps, after pyterrier-alpha's ``Artifact``: atomic writes
-(:func:`atomic_open`), checksummed records (:func:`write_record`), file identity by ``stat`` including the ctime
-(:func:`stat_fields`, :func:`fingerprint`), one builder at a time (:func:`locked`), and check on every use, rebuild
-with a warning when stale or damaged (:func:`derived`)."""
+"""The files this package derives and keeps, after pyterrier-alpha's ``Artifact``: atomic writes (:func:`atomic_open`),
+checksummed records (:func:`write_record`), file identity by ``stat`` including the ctime (:func:`stat_fields`,
+:func:`fingerprint`), one builder at a time (:func:`locked`), and check on every use, rebuild with a warning when stale
+or damaged (:func:`derived`); whether a pyterrier-dr FlexIndex is whole (:func:`flex_index_problem`), and the files kept
+beside it: where they go (:func:`flex_layout_path`), how its vectors are streamed and read, :func:`vector_stats`."""
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import secrets
 import shutil
@@ -12,6 +14,11 @@ import threading
 import warnings
 from pathlib import Path
 from typing import IO, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import maths
+from ._config import default_cache_dir
 
 try:
     import fcntl
@@ -24,6 +31,14 @@ STAT_FIELDS = ('size', 'mtime_ns', 'ctime_ns', 'inode')
 HASH_CHUNK = 2 ** 22
 #: The first word of every record's header line.
 MAGIC = b'rdime-record'
+#: The files of a FlexIndex, in the order pyterrier-dr's indexer finishes them (``pt_meta.json`` last).
+FLEX_FILES = ('vecs.f4', 'docnos.npids', 'pt_meta.json')
+#: The float32 dimension-major layout's file name in an index folder; the other derived files take its stem.
+LAYOUT_NAME = 'rdime.dim_major.npy'
+#: The files of a FlexIndex that derived files are made from: the vectors, and the docnos (checked for repeats).
+SOURCES = ('vecs.f4', 'docnos.npids')
+#: Documents per block of a streaming pass over the vectors (``block x dims x 4`` bytes).
+STREAM_BLOCK = 32768
 
 
 class Damaged(ValueError):
@@ -248,3 +263,150 @@ def _current(path: Path, record: Path, kind: str, folder: Path, names: Sequence[
         with contextlib.suppress(OSError):  # a read-only folder: the next use hashes again
             write_json(record, kind, {**held, 'sources': {**sources, **refreshed}})
     return content, None
+
+
+def flex_index_problem(index: Union[object, str, os.PathLike]) -> Optional[str]:
+    """Why ``index`` (a ``FlexIndex`` or its folder) is not a whole index, in words, or ``None`` when it is."""
+    folder = Path(getattr(index, 'index_path', index))
+    if not folder.is_dir():
+        return f'{folder} does not exist'
+    missing = [name for name in FLEX_FILES if not (folder / name).is_file()]
+    if len(missing) == len(FLEX_FILES):
+        return f'{folder} holds none of its files ({", ".join(FLEX_FILES)})'
+    if missing:
+        return f'{folder} lacks {", ".join(missing)} (an indexing run stopped before the end)'
+    try:
+        meta = json.loads((folder / 'pt_meta.json').read_text())
+        expected = int(meta['doc_count']) * int(meta['vec_size']) * 4
+    except (ValueError, KeyError, TypeError) as e:
+        return f'{folder / "pt_meta.json"} does not read as a FlexIndex record ({e})'
+    size = (folder / 'vecs.f4').stat().st_size
+    if size != expected:
+        return (f'{folder / "vecs.f4"} holds {size} bytes, not the {expected} of the {meta["doc_count"]} '
+                f'{meta["vec_size"]}-dimensional vectors pt_meta.json records')
+    from npids import Lookup  # pyterrier-dr's docno store
+    try:
+        count = len(Lookup(folder / 'docnos.npids'))
+    except Exception as e:  # whatever makes it unreadable
+        return f'{folder / "docnos.npids"} does not read as a docno lookup ({type(e).__name__}: {e})'
+    if count != int(meta['doc_count']):
+        return f'{folder / "docnos.npids"} holds {count} docnos, not the {meta["doc_count"]} pt_meta.json records'
+    return None
+
+
+def flex_index_complete(index: Union[object, str, os.PathLike]) -> bool:
+    """Whether ``index`` (a ``FlexIndex`` or its folder) holds a whole index; use it instead of ``FlexIndex.built()``,
+    which is ``True`` as soon as the folder exists.
+
+    Example::
+
+        index = pyterrier_dr.FlexIndex('vaswani.minilm.flex')
+        if not flex_index_complete(index):
+            (model >> index.indexer(mode='overwrite')).index(dataset.get_corpus_iter())
+    """
+    return flex_index_problem(index) is None
+
+
+def check_whole(index: object, stage: str) -> None:
+    """Fails, naming ``stage``, with the fix, when ``index`` is not a whole FlexIndex (:func:`flex_index_problem`)."""
+    problem = flex_index_problem(index)
+    if problem is not None:
+        raise ValueError(f'{stage}: {index!r} is not built ({problem}); index the documents first, e.g. (encoder '
+                         ">> index.indexer(mode='overwrite')).index(docs), which also replaces a folder an interrupted "
+                         'run left half written')
+
+
+def portable_index(index: object) -> object:
+    """The index as it should travel to another process: a FlexIndex by path (not its open vectors)."""
+    if isinstance(index, np.ndarray) or not hasattr(index, 'index_path'):
+        return index
+    return type(index)(str(index.index_path), sim_fn=index.sim_fn, verbose=index.verbose)
+
+
+def flex_layout_path(index: object) -> Path:
+    """Where a FlexIndex's layout, and beside it every derived file, is stored: the index folder if writable, else
+    ``default_cache_dir()/layouts``."""
+    folder = Path(index.index_path)
+    beside, source = os.path.join(folder, LAYOUT_NAME), os.path.join(folder, 'vecs.f4')
+    if os.path.exists(beside) or os.access(folder, os.W_OK) or not os.path.isfile(source):  # not built: no write
+        return Path(beside)
+    key = hashlib.sha1(f'{folder.resolve()}:{os.stat(source).st_size}'.encode()).hexdigest()[:16]
+    return default_cache_dir() / 'layouts' / f'{folder.name}-{key}.npy'
+
+
+def check_finite(rows: np.ndarray, start: int, docnos: Optional[object], stage: str, source: str) -> None:
+    """Fails, naming the first document (docno and docid) with a NaN or infinite value (it would score NaN)."""
+    finite = np.isfinite(rows).all(axis=1)
+    if not finite.all():
+        docid = start + int(np.argmin(finite))
+        docno = str(docid) if docnos is None else str(docnos[docid])
+        raise ValueError(f'{stage}: document {docno!r} (docid {docid}) of {source} has NaN or infinite values in its '
+                         'vector: it would score NaN, which cannot be ranked against real scores; re-encode it or '
+                         'rebuild the index without it')
+
+
+@contextlib.contextmanager
+def row_reader(vecs: np.ndarray):
+    """``read(start, stop) -> (stop - start, dims) float32`` rows of ``vecs``; a memory map is read with plain file
+    reads, each block then dropped from the page cache, so a streaming pass does not evict what the searches need."""
+    filename = getattr(vecs, 'filename', None)
+    if isinstance(vecs, np.memmap) and filename and vecs.dtype == np.float32 and vecs.flags.c_contiguous:
+        row_bytes = vecs.shape[1] * 4
+        with open(filename, 'rb') as f:
+            def read(start: int, stop: int) -> np.ndarray:
+                rows = np.empty((stop - start, vecs.shape[1]), dtype=np.float32)
+                f.seek(vecs.offset + start * row_bytes)
+                if f.readinto(memoryview(rows).cast('B')) != rows.nbytes:
+                    raise OSError(f'{filename} ended before document {stop}: the index is truncated')
+                if hasattr(os, 'posix_fadvise'):
+                    os.posix_fadvise(f.fileno(), vecs.offset + start * row_bytes, rows.nbytes,
+                                     os.POSIX_FADV_DONTNEED)
+                return rows
+            yield read
+    else:
+        yield lambda start, stop: np.asarray(vecs[start:stop], dtype=np.float32)
+
+
+def random_rows(vecs: np.memmap) -> np.memmap:
+    """The rows of a float32 memory map (a FlexIndex's ``vecs.f4``), read by ``rows[docids]``, through a map of their
+    own advised ``MADV_RANDOM``: the kernel's read-ahead around scattered rows would read far more than them."""
+    rows = np.memmap(vecs.filename, dtype=np.float32, mode='r', offset=vecs.offset, shape=vecs.shape)
+    if hasattr(mmap, 'MADV_RANDOM'):
+        rows._mmap.madvise(mmap.MADV_RANDOM)
+    return rows
+
+
+def vector_stats(index: object, *, stage: str, verbose: bool = False) -> Dict[str, np.ndarray]:
+    """``{'abs_max', 'variance'}`` of each dimension over a FlexIndex's vectors (float64), from one streaming pass,
+    kept in ``rdime.dim_major.stats.json``; later calls only ``stat`` the vectors."""
+    folder = Path(index.index_path)
+
+    def build(path: Path) -> Dict[str, list]:
+        docnos, vectors, _ = portable_index(index).payload()  # a fresh map of the current file
+        return _stats_pass(vectors, docnos.fwd, stage, str(folder), verbose)
+    return derived(
+        flex_layout_path(index).with_suffix('.stats.json'), 'vector-stats', folder=folder, sources=('vecs.f4',),
+        data=False, before_build=lambda: check_whole(index, stage), build=build, what='the vector statistics',
+        stage=stage, check=lambda path, content: None if len(content['abs_max']) == len(content['variance']) else
+        'its record is unreadable',
+        open_with=lambda path, content: {name: np.asarray(content[name], dtype=np.float64)
+                                         for name in ('abs_max', 'variance')})
+
+
+def _stats_pass(vectors: np.ndarray, docnos: object, stage: str, source: str, verbose: bool) -> Dict[str, list]:
+    docs, dims = vectors.shape
+    if not docs:
+        raise ValueError(f'{stage}: {source} holds no documents')
+    abs_max = np.zeros(dims)
+    from tqdm.auto import tqdm
+    with row_reader(vectors) as read, tqdm(total=docs, desc=f'{stage}: vector statistics', unit='doc',
+                                           disable=not verbose) as progress:
+        def blocks():
+            for start in range(0, docs, STREAM_BLOCK):
+                rows = read(start, min(docs, start + STREAM_BLOCK))
+                check_finite(rows, start, docnos, stage, source)
+                np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
+                progress.update(len(rows))
+                yield rows
+        variance, _ = maths.column_variance(blocks())
+    return {'abs_max': abs_max.tolist(), 'variance': variance.tolist()}

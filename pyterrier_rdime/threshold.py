@@ -19,7 +19,7 @@ from ._frames import (
     query_vectors,
     stack_vectors,
 )
-from ._index_files import STREAM_BLOCK, vector_stats
+from .store import STREAM_BLOCK, vector_stats
 
 FALLBACKS = ('full', 'top1')
 CONTROLS = ('random', 'magnitude', 'variance', 'prefix')
@@ -247,7 +247,7 @@ class SameBudget(ConfigTransformer):
 
 def document_variance(index: object, *, stage: str = 'SameBudget') -> np.ndarray:
     """The variance of each dimension over the document vectors of ``index`` (float64, (p,)); for a FlexIndex from
-    its cached statistics (:func:`pyterrier_rdime._index_files.vector_stats`)."""
+    its cached statistics (:func:`pyterrier_rdime.store.vector_stats`)."""
     if not isinstance(index, np.ndarray):
         return vector_stats(index, stage=stage)['variance']
     variance, rows = maths.column_variance(index[start:start + STREAM_BLOCK]

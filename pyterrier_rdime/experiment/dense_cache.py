@@ -15,7 +15,7 @@ import pyterrier as pt
 
 from .. import store
 from .._config import check_int
-from ..flex_index import flex_index_problem
+from ..store import flex_index_problem
 from .collection import Collection, check_in_corpus, read_fingerprint, slug, write_fingerprint
 from .encoders import encoder_fingerprint
 

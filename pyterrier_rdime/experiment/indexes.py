@@ -18,7 +18,7 @@ import pyterrier as pt
 
 from .. import store
 from .._config import hub_offline
-from ..flex_index import FLEX_FILES, flex_index_problem
+from ..store import FLEX_FILES, flex_index_problem
 from .collection import Collection, check_in_corpus, read_fingerprint, read_trec_run, slug, write_fingerprint
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,6 @@
 """The compiled pruned path (numba), imported only when it first runs: a fused parallel kernel that reads only the
-kept rows of a dimension-major ``(dims, docs)`` float32 matrix and keeps a running top-k per chunk of documents."""
+kept rows of a dimension-major ``(dims, docs)`` float32 matrix (or its int8 copy, for the compressed path's first
+pass) and keeps a running top-k per chunk of documents."""
 import contextlib
 import math
 import os
@@ -8,7 +9,7 @@ import threading
 import numba
 import numpy as np
 
-from .topk import Result, kept_dims, merge_heaps
+from .dense import Result, kept_dims, merge_heaps
 
 #: Documents per block of one query's scores: 64 KiB, held in L2 while every kept row adds to them.
 BLOCK_DOCS = 16384
@@ -43,10 +44,23 @@ def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pa
     if len(query_vecs) > 1 and not one_pass:
         results = [fused_top_k(dim_major, query_vec[None], k, one_pass=True) for query_vec in query_vecs]
         return [r[0][0] for r in results], [r[1][0] for r in results]
-    n_dims, n_docs = dim_major.shape
+    return _fused(dim_major, *kept_dims(query_vecs), k, np.empty(0, dtype=np.float32))
+
+
+def approximate_top_k(codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, k: int):
+    """The compressed path's first pass for one query: ``(approx, docids)``, the float32 score ``sum_r weights[r] *
+    codes[dims[r], d]`` of every document and the ``k`` best docids."""
+    approx = np.empty(codes.shape[1], dtype=np.float32)
+    return approx, _fused(codes, dims, weights, np.array([0, len(dims)], dtype=np.int64), k, approx)[1][0]
+
+
+def _fused(matrix: np.ndarray, dims: np.ndarray, weights: np.ndarray, starts: np.ndarray, k: int,
+           approx: np.ndarray) -> Result:
+    """:func:`_fused_kernel` of the queries whose kept ``dims`` and ``weights`` start at ``starts``, on as many
+    chunks as the threads balance; one query's scores are also written to ``approx`` unless it is empty."""
+    n_dims, n_docs = matrix.shape
     k = min(k, n_docs)
-    n_queries = len(query_vecs)
-    dims, weights, starts = kept_dims(query_vecs)
+    n_queries = len(starts) - 1
     block = BLOCK_DOCS
     while n_queries > 1 and block > 1024 and block * (TILE_DIMS + n_queries) > BATCH_CACHE_FLOATS:
         block //= 2
@@ -54,21 +68,8 @@ def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pa
     kernel, threads = _runnable(_fused_kernel)
     chunks = max(1, min(math.ceil(n_docs / block), CHUNKS_PER_THREAD * threads))
     with _running():
-        heap_s, heap_i = kernel(dim_major, dims, weights, starts, k, block, tile, chunks)
+        heap_s, heap_i = kernel(matrix, dims, weights, starts, k, block, tile, chunks, approx)
     return merge_heaps(heap_s, heap_i, k)
-
-
-def approximate_top_k(codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, k: int):
-    """The compressed path's first pass for one query: ``(approx, docids)``, the float32 score ``sum_r weights[r] *
-    codes[dims[r], d]`` of every document and the ``k`` best docids."""
-    n_docs = codes.shape[1]
-    k = min(k, n_docs)
-    approx = np.empty(n_docs, dtype=np.float32)
-    kernel, threads = _runnable(_approx_kernel)
-    chunks = max(1, min(math.ceil(n_docs / BLOCK_DOCS), CHUNKS_PER_THREAD * threads))
-    with _running():
-        heap_s, heap_i = kernel(codes, dims, weights, k, BLOCK_DOCS, chunks, approx)
-    return approx, merge_heaps(heap_s, heap_i, k)[1][0]
 
 
 #: Candidates buffered per result by :func:`integer_candidates` (at least ``MIN_CANDIDATES``).
@@ -182,7 +183,7 @@ def _add_rows(acc, matrix, dims, weights, j, stop, b0, n):
 
 
 @_parallel_jit
-def _fused_kernel(matrix, dims, weights, starts, k, block, tile, chunks):
+def _fused_kernel(matrix, dims, weights, starts, k, block, tile, chunks, approx):
     n_dims, n_docs = matrix.shape
     n_queries = starts.shape[0] - 1
     heap_s = np.full((chunks, n_queries, k), -np.inf, dtype=np.float32)
@@ -206,28 +207,10 @@ def _fused_kernel(matrix, dims, weights, starts, k, block, tile, chunks):
                         stop += 1
                     _add_rows(acc[q], matrix, dims, weights, j, stop, b0, n)
                     cursor[q] = stop
+            if approx.shape[0]:
+                approx[b0:b0 + n] = acc[0, :n]
             for q in range(n_queries):
                 _push_block(heap_s[c, q], heap_i[c, q], acc[q], n, b0)
-    return heap_s, heap_i
-
-
-@_parallel_jit
-def _approx_kernel(codes, dims, weights, k, block, chunks, approx):
-    n_docs = codes.shape[1]
-    heap_s = np.full((chunks, 1, k), -np.inf, dtype=np.float32)
-    heap_i = np.full((chunks, 1, k), -1, dtype=np.int64)
-    per_chunk = (n_docs + chunks - 1) // chunks
-    per_chunk = (per_chunk + block - 1) // block * block
-    for c in _prange(chunks):
-        acc = np.empty(block, dtype=np.float32)
-        lo = c * per_chunk
-        hi = min(n_docs, lo + per_chunk)
-        for b0 in range(lo, hi, block):
-            n = min(hi, b0 + block) - b0
-            acc[:n] = 0.0
-            _add_rows(acc, codes, dims, weights, 0, dims.shape[0], b0, n)
-            approx[b0:b0 + n] = acc[:n]
-            _push_block(heap_s[c, 0], heap_i[c, 0], acc, n, b0)
     return heap_s, heap_i
 
 

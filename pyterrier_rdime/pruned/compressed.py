@@ -15,8 +15,8 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
+from .dense import Result, best_k, kept_dims, top_k
 from .layout import CODE_MAX, Codes
-from .topk import Result, best_k, kept_dims, top_k
 
 #: Unit roundoff of float32: each float32 operation is exact to within this relative error.
 UNIT_ROUNDOFF = 2.0 ** -24

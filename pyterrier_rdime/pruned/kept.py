@@ -5,7 +5,7 @@ from typing import Optional
 
 import numpy as np
 
-from .topk import Result, ranked, top_k
+from .dense import Result, ranked, top_k
 
 #: Whether the compiled kernel can run (tests set it to False); found without importing numba (~0.5 s).
 NUMBA_AVAILABLE = importlib.util.find_spec('numba') is not None

@@ -16,8 +16,7 @@ import pandas as pd
 import pyterrier as pt
 
 from .. import store
-from .._index_files import SOURCES, RowFile, check_finite, flex_layout_path, portable_index, row_reader, vector_stats
-from ..flex_index import check_whole
+from ..store import check_finite, check_whole, flex_layout_path, portable_index, random_rows, row_reader
 
 #: Docnos hashed at a time when looking for a repeated one (their text is held only a block at a time).
 DOCNO_BLOCK = 2 ** 20
@@ -60,7 +59,7 @@ class Layout:
         self._codes: Optional[Codes] = None  # an array index's int8 copy
         self._docno_array: Optional[np.ndarray] = None
         self._whole = False  # a FlexIndex found whole
-        self._row_file: Optional[Tuple[tuple, RowFile]] = None  # and the identity of its vecs.f4
+        self._row_file: Optional[Tuple[tuple, np.memmap]] = None  # and the identity of its vecs.f4
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, 'index': portable_index(self.index), '_lock': None, '_in_memory': None,
@@ -110,7 +109,7 @@ class Layout:
         """The largest absolute value of each dimension, float64 ``(dims,)`` (a FlexIndex's from its cached stats)."""
         if self.is_array:
             return self._array_copy()[1]
-        abs_max = vector_stats(self.index, stage=self.stage, verbose=self.verbose)['abs_max']
+        abs_max = store.vector_stats(self.index, stage=self.stage, verbose=self.verbose)['abs_max']
         check_flex_docnos(self.index, self.stage)
         return abs_max
 
@@ -137,7 +136,7 @@ class Layout:
             return self.doc_rows()
         now = store.snapshot([Path(self.index.index_path) / 'vecs.f4'])
         if self._row_file is None or self._row_file[0] != now:
-            self._row_file = (now, RowFile(self.doc_rows()))
+            self._row_file = (now, random_rows(self.doc_rows()))
         return self._row_file[1]
 
     def lookup_docnos(self, docids: np.ndarray) -> np.ndarray:
@@ -227,7 +226,7 @@ def _open_copy(index: object, path: Path, kind: str, dtype: np.dtype, arrays: Di
         problem = npy_problem(path, (dims, docs), dtype)
         return None if problem is None and all(len(content[name]) == dims for name in arrays) else \
             f'{problem or "its record is of another shape"} {cause}'
-    return store.derived(path, kind, folder=Path(index.index_path), sources=SOURCES, check=check, build=build,
+    return store.derived(path, kind, folder=Path(index.index_path), sources=store.SOURCES, check=check, build=build,
                          before_build=lambda: check_whole(index, stage),
                          open_with=lambda path, content: opened(np.load(path, mmap_mode='r'), *(
                              np.asarray(content[name], dtype=array_dtype) for name, array_dtype in arrays.items())),

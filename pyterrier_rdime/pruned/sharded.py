@@ -17,10 +17,10 @@ import pandas as pd
 
 from .._config import check_bool, check_int, check_positive
 from . import calibration, kept, planner
+from .dense import best_k
 from .layout import docno_hashes, shared_hashes
 from .planner import Choice, CostModel, MeasuredChoice, Plan
 from .stage import ExactRetriever, PrunedRetriever
-from .topk import best_k
 
 #: Seconds between two checks that a late shard's actor still answers (a call answered sooner pays no check).
 PROBE_EVERY = 1.0
@@ -185,19 +185,7 @@ class ShardedPrunedRetriever(ExactRetriever):
         if docnos is not None and len(docnos) != sum(len(a) for a in arrays):
             raise ValueError(f'{name}: docnos has {len(docnos)} entries but the shards hold '
                              f'{sum(len(a) for a in arrays)} rows')
-        self.shards = shards
-        self.num_results = num_results
-        self.docnos = docnos
-        self.strategy = strategy
-        self.batch_size = batch_size
-        self.drop_query_vec = drop_query_vec
-        self.ray_address = ray_address
-        self.num_cpus = num_cpus
-        self.resources = resources
-        self.max_restarts = max_restarts
-        self.timeout = timeout
-        self.start_timeout = start_timeout
-        self.verbose = verbose
+        self._keep_arguments(locals())
         self._retrievers = self._shard_retrievers()
         self._actors = _Actors()
         self._measured = MeasuredChoice(None)  # the driver's timings of its calls, in memory (see .planner)

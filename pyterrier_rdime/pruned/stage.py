@@ -1,5 +1,6 @@
 """The PrunedRetriever transformer: exact dense retrieval that scores only the dimensions a pruned query keeps."""
 import functools
+import inspect
 import logging
 import time
 from pathlib import Path
@@ -11,12 +12,12 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool, check_int
 from .._frames import empty_frame
-from .._index_files import portable_index
+from ..store import portable_index
 from . import calibration, dense, kept, planner
 from .compressed import search_compressed
+from .dense import Result
 from .layout import Layout
 from .planner import Choice, Plan, nonzero_fractions
-from .topk import Result
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,12 @@ class ExactRetriever(ConfigTransformer):
         for name in self._shared:
             setattr(fused, name, getattr(self, name))
         return fused
+
+    def _keep_arguments(self, arguments: dict) -> None:
+        """Stores the checked constructor ``arguments`` (its ``locals()``) under their own names, where
+        ``ConfigTransformer`` reads them."""
+        params = inspect.signature(type(self).__init__).parameters
+        vars(self).update((name, arguments[name]) for name in params if name != 'self')
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """One row per result, input columns first: ``_rank(inp)`` gives each query's ``scores`` and ``docids`` and
@@ -111,13 +118,7 @@ class PrunedRetriever(ExactRetriever):
         else:
             raise ValueError(f'{name}: index must be a pyterrier_dr.FlexIndex or a (docs, dims) numpy array, got '
                              f'{type(index).__name__}')
-        self.index = index
-        self.num_results = num_results
-        self.docnos = docnos
-        self.strategy = strategy
-        self.batch_size = batch_size
-        self.drop_query_vec = drop_query_vec
-        self.verbose = verbose
+        self._keep_arguments(locals())
         self._layout = Layout(index, docnos=docnos, stage=name, verbose=verbose)
         self._measured = planner.MeasuredChoice(
             None if isinstance(index, np.ndarray)

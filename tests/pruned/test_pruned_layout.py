@@ -19,7 +19,6 @@ import pytest
 from pruned_data import DIMS, DOCS, K, flex_index, full_topk, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, store
-from pyterrier_rdime import _index_files as index_files
 from pyterrier_rdime.pruned import layout
 
 
@@ -48,7 +47,7 @@ def test_one_layout_per_flex_index(corpus, tmp_path, count_builds):
     b = PrunedRetriever(index=FlexIndex(str(tmp_path / 'docs.flex')), num_results=50, strategy='pruned')
     fused = (a % 5).compile()
     matrix = a.dim_major()
-    path = tmp_path / 'docs.flex' / index_files.LAYOUT_NAME
+    path = tmp_path / 'docs.flex' / store.LAYOUT_NAME
     assert isinstance(matrix, np.memmap) and os.path.samefile(matrix.filename, path)
     assert matrix.shape == (DIMS, DOCS) and not matrix.flags.writeable
     np.testing.assert_array_equal(matrix, docs.T)
@@ -128,7 +127,7 @@ def test_same_content_with_new_times_is_hashed_once_and_not_rebuilt(corpus, tmp_
     hashed = []
     real = store.fingerprint
     monkeypatch.setattr(store, 'fingerprint', lambda source: hashed.append(source.name) or real(source))
-    record = (tmp_path / 't.flex' / index_files.LAYOUT_NAME).with_suffix('.json')
+    record = (tmp_path / 't.flex' / store.LAYOUT_NAME).with_suffix('.json')
     before = store.read_json(record, 'layout')['sources']
     source = tmp_path / 't.flex' / 'vecs.f4'
     os.chmod(source, 0o444)  # a new ctime; touch, cp -a or mv give new times or a new inode the same way
@@ -148,7 +147,7 @@ def test_the_docnos_are_checked_when_the_layout_is_built(corpus, tmp_path, monke
                                          r'.*dup.flex \(docids 1 and 4\)'):
         PrunedRetriever(index=flex_index(tmp_path / 'dup.flex', docs[:5], docnos=['d0', 'd1', 'd2', 'd3', 'd1'])
                         ).dim_major()
-    assert not (tmp_path / 'dup.flex' / index_files.LAYOUT_NAME).exists() and count_builds == []
+    assert not (tmp_path / 'dup.flex' / store.LAYOUT_NAME).exists() and count_builds == []
     checks = []
     real = layout.check_unique_docnos
     monkeypatch.setattr(layout, 'check_unique_docnos', lambda *a, **k: checks.append(a[1]) or real(*a, **k))
@@ -193,7 +192,7 @@ def test_layout_of_a_read_only_index_goes_to_the_cache(corpus, tmp_path, monkeyp
     assert os.path.dirname(matrix.filename) == str(tmp_path / 'cache' / 'layouts')
     assert os.path.basename(matrix.filename).startswith('ro.flex-')
     assert layout.Path(matrix.filename).with_suffix('.json').is_file()
-    assert not (tmp_path / 'ro.flex' / index_files.LAYOUT_NAME).exists()
+    assert not (tmp_path / 'ro.flex' / store.LAYOUT_NAME).exists()
     np.testing.assert_array_equal(matrix, docs[:300].T)
 
 
@@ -205,14 +204,14 @@ def test_interrupted_or_partial_layouts_are_not_trusted(corpus, tmp_path, monkey
     monkeypatch.setattr(layout, 'BUILD_BLOCK', 64)  # the NaN document is in the third block: two were written
     with pytest.raises(ValueError, match=r"PrunedRetriever: document 'doc-170' \(docid 170\) of .*nan.flex has NaN"):
         PrunedRetriever(index=index).dim_major()
-    assert not (tmp_path / 'nan.flex' / index_files.LAYOUT_NAME).exists()
+    assert not (tmp_path / 'nan.flex' / store.LAYOUT_NAME).exists()
     assert not list((tmp_path / 'nan.flex').glob('.*.tmp'))
     # a build killed mid-way leaves a temporary file (never opened, removed by the next build) or, written by
     # something else, a truncated layout: both are rebuilt
     index = flex_index(tmp_path / 'ok.flex', docs[:300])
     folder = tmp_path / 'ok.flex'
-    (folder / f'.{index_files.LAYOUT_NAME}.killed.tmp').write_bytes(b'partial')
-    with open(folder / index_files.LAYOUT_NAME, 'wb') as f:
+    (folder / f'.{store.LAYOUT_NAME}.killed.tmp').write_bytes(b'partial')
+    with open(folder / store.LAYOUT_NAME, 'wb') as f:
         np.lib.format.write_array_header_1_0(f, {'descr': '<f4', 'fortran_order': False, 'shape': (DIMS, 300)})
         f.write(b'\0' * 100)
     with pytest.warns(UserWarning, match='record rdime.dim_major.json is missing'):
@@ -221,7 +220,7 @@ def test_interrupted_or_partial_layouts_are_not_trusted(corpus, tmp_path, monkey
     assert not list(folder.glob('.*.tmp')) and len(count_builds) == 2
     # killed after the layout was renamed into place but before its record was: a complete-looking layout whose
     # content was never vouched for
-    path = folder / index_files.LAYOUT_NAME
+    path = folder / store.LAYOUT_NAME
     path.with_suffix('.json').unlink()
     store._OPENED.clear()
     with pytest.warns(UserWarning, match='record rdime.dim_major.json is missing'):
@@ -272,7 +271,7 @@ def test_a_build_killed_with_sigkill_leaves_nothing_used(corpus, tmp_path, count
         child.wait()
     assert child.returncode == -signal.SIGKILL
     folder = tmp_path / 'kill.flex'
-    assert list(folder.glob('.*.tmp')) and not (folder / index_files.LAYOUT_NAME).exists()  # only the partial file
+    assert list(folder.glob('.*.tmp')) and not (folder / store.LAYOUT_NAME).exists()  # only the partial file
     matrix = PrunedRetriever(index=index).dim_major()
     np.testing.assert_array_equal(matrix, docs[:1000].T)
     assert not list(folder.glob('.*.tmp')) and len(count_builds) == 1

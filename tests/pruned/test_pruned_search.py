@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pruned_data import DIMS, K, full_topk, make_corpus
 
-from pyterrier_rdime.pruned import dense, kept, topk
+from pyterrier_rdime.pruned import dense, kept
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -35,17 +35,17 @@ def fused(dim_major, query_vecs, k, path):
 
 
 def test_kept_dims_and_best_k():
-    dims, weights, starts = topk.kept_dims(np.array([[0, 2, 0], [1, 0, 3], [0, 0, 0]], dtype=np.float32))
+    dims, weights, starts = dense.kept_dims(np.array([[0, 2, 0], [1, 0, 3], [0, 0, 0]], dtype=np.float32))
     assert dims.tolist() == [1, 0, 2] and weights.tolist() == [2, 1, 3] and starts.tolist() == [0, 1, 3, 3]
     scores = np.array([1, 3, 3, 2], dtype=np.float32)
-    assert topk.best_k(scores, np.array([0, 1, 2, 3]), 2).tolist() == [1, 2]
-    assert topk.best_k(scores, np.array([9, 8, 7, 6]), 2).tolist() == [2, 1]  # the tie goes to the lower docid
-    assert topk.best_k(scores, np.array([9, 8, 7, 6]), 3).tolist() == [2, 1, 3]
-    assert topk.top_k(scores, 9)[1].tolist() == [1, 2, 3, 0]
+    assert dense.best_k(scores, np.array([0, 1, 2, 3]), 2).tolist() == [1, 2]
+    assert dense.best_k(scores, np.array([9, 8, 7, 6]), 2).tolist() == [2, 1]  # the tie goes to the lower docid
+    assert dense.best_k(scores, np.array([9, 8, 7, 6]), 3).tolist() == [2, 1, 3]
+    assert dense.top_k(scores, 9)[1].tolist() == [1, 2, 3, 0]
     # two chunks' heaps of two slots for one query, one slot unfilled (docid -1)
     heap_s = np.array([[[5, 1]], [[5, 0]]], dtype=np.float32)
     heap_i = np.array([[[7, 2]], [[3, -1]]])
-    scores, docids = topk.merge_heaps(heap_s, heap_i, 2)
+    scores, docids = dense.merge_heaps(heap_s, heap_i, 2)
     assert scores[0].tolist() == [5, 5] and docids[0].tolist() == [3, 7]
 
 

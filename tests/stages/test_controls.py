@@ -14,7 +14,6 @@ from frames import assert_vec, interleaved, one_row_per_query, vec
 from pruned_data import flex_index
 
 from pyterrier_rdime import PrfDime, Rdime, SameBudget, ScoreMass, TopK, VectorScorer, maths, store, threshold
-from pyterrier_rdime import _index_files as index_files
 from pyterrier_rdime._config import default_cache_dir
 
 P = 12
@@ -159,8 +158,8 @@ def test_in_a_pipeline_before_the_scorer():
 
 def test_the_variance_order_of_a_flex_index_is_cached_and_invalidated(tmp_path, monkeypatch):
     passes, hashed = [], []
-    compute, real_hash = index_files._stats_pass, store.fingerprint
-    monkeypatch.setattr(index_files, '_stats_pass', lambda *a, **k: passes.append(1) or compute(*a, **k))
+    compute, real_hash = store._stats_pass, store.fingerprint
+    monkeypatch.setattr(store, '_stats_pass', lambda *a, **k: passes.append(1) or compute(*a, **k))
     monkeypatch.setattr(store, 'fingerprint', lambda source: hashed.append(source.name) or real_hash(source))
     index = flex_index(tmp_path / 'docs.flex', DOCS)
     np.testing.assert_allclose(threshold.document_variance(index), DOCS.astype(np.float64).var(axis=0))

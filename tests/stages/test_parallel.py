@@ -22,8 +22,8 @@ from pyterrier_rdime import (
     SwcDime,
     TopK,
     VectorScorer,
+    store,
 )
-from pyterrier_rdime import _index_files as index_files
 
 QUERIES, CANDIDATES, DIMS = 4, 8, 8
 QIDS = [f'q{i}' for i in range(QUERIES)]
@@ -135,7 +135,7 @@ def test_pruned_retriever_in_parallel(flex, backend, request):
     backend_fixture(request, backend)
     retriever = PrunedRetriever(index=flex, num_results=20, strategy='pruned')
     serial = retriever(query_frame())
-    built = flex.index_path / index_files.LAYOUT_NAME
+    built = flex.index_path / store.LAYOUT_NAME
     mtime = built.stat().st_mtime_ns
     assert len(pickle.dumps(retriever)) < 4096  # by path: neither the vectors nor the layout travel
     assert_same(serial, retriever.parallel(2, backend=backend)(query_frame()))
