@@ -207,9 +207,11 @@ def derived(path: Path, kind: str, *, folder: Path, sources: Sequence[str], buil
 
     def opened(now: tuple, content: dict) -> object:
         value = open_with(path, content)
-        with _REGISTRY_LOCK:
-            _OPENED[path] = (now, value)
-        return value
+        with _REGISTRY_LOCK:  # a thread that opened the same file meanwhile came first: every caller gets its value
+            first = _OPENED.get(path)
+            if first is None or first[0] != now:
+                first = _OPENED[path] = (now, value)
+        return first[1]
 
     now = snapshot(watched)
     if (value := held(now)) is not None:

@@ -173,3 +173,32 @@ def test_an_infinite_value_is_named_by_the_docno_of_its_document(tmp_path):
                    lambda: threshold.document_variance(index)):
         with pytest.raises(ValueError, match=r"document 'doc-777' \(docid 777\) of .*inf.flex has NaN or infinite"):
             search()
+
+
+def test_threads_opening_a_file_built_meanwhile_share_one_opened_value(tmp_path):
+    """One thread builds the file; another comes once its record is written, before the builder has opened it: both
+    must get the one opened value (the first registered), not one each."""
+    import threading
+    (tmp_path / 'source').write_bytes(b'vectors')
+    builder_opening, other_done = threading.Event(), threading.Event()
+
+    def build(path):
+        path.write_bytes(b'derived')
+        return {'built': True}
+
+    def open_with(path, content):
+        if threading.current_thread() is builder:
+            builder_opening.set()
+            assert other_done.wait(60)
+        return object()
+    args = dict(folder=tmp_path, sources=['source'], build=build, open_with=open_with, what='test file', stage='test')
+    got = {}
+    builder = threading.Thread(target=lambda: got.setdefault('builder', store.derived(tmp_path / 'file', 'test',
+                                                                                      **args)))
+    builder.start()
+    assert builder_opening.wait(60)
+    got['other'] = store.derived(tmp_path / 'file', 'test', **args)
+    other_done.set()
+    builder.join(60)
+    assert got['builder'] is got['other']
+    assert store.derived(tmp_path / 'file', 'test', **args) is got['other']
