@@ -17,13 +17,12 @@ import pyterrier as pt
 
 from .._config import check_int, default_cache_dir
 from ..store import atomic_open
-from . import evaluate as ev
 from .collection import Collection, load_collection, slug
 from .encoders import encoder_fingerprint
 from .options import OPTION_NAMES, Options
 from .progress import PROGRESS, SystemRecords
 from .report import ExperimentResult, write_combined
-from .runner import run_experiment
+from .runner import DEFAULT_MEASURES, check_rel, parse_measures, run_experiment
 from .systems import AnswerSources, answer_sources
 
 logger = logging.getLogger(__name__)
@@ -84,14 +83,14 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
         raise ValueError('the grid needs at least one collection and one --encoder')
     options = Options(**{k: v for k, v in settings.items() if k in OPTION_NAMES})
     measures = settings.get('measures')
-    ev.parse_measures(ev.DEFAULT_MEASURES if measures is None else measures, settings.get('rel'))
+    parse_measures(DEFAULT_MEASURES if measures is None else measures, settings.get('rel'))
     answers = settings.get('answers')
     cache_dir = settings.get('cache_dir') or default_cache_dir()
     check_writable('--out', Path(out))
     check_writable('--cache', Path(cache_dir))
     loaded = [c if isinstance(c, Collection) else load_collection(c) for c in collections]
     for collection in loaded:  # every cell's collection checked before the first cell starts
-        ev.check_rel(settings.get('rel'), collection.qrels)
+        check_rel(settings.get('rel'), collection.qrels)
         if settings.get('index') is None:
             options.check_documents(collection.num_docs, f'collection {collection.name!r}')
     # each name of --answers resolved for each collection now (a local copy, or the published file, downloaded once)
@@ -152,17 +151,14 @@ def collection_inputs(collection: Collection, sources: Optional[AnswerSources] =
 def code_digest() -> str:
     """The content of this package's modules and the libraries' versions: other code recomputes a cell."""
     import importlib.metadata
-    digest = hashlib.sha256()
-    package = Path(__file__).resolve().parents[1]
-    for module in sorted(package.rglob('*.py')):
-        digest.update(module.relative_to(package).as_posix().encode() + b'\0' + module.read_bytes() + b'\0')
+    versions = {}
     for library in ('python-terrier', 'pyterrier-dr', 'pyterrier-pisa', 'ir-measures', 'numpy', 'scipy',
                     'statsmodels', 'sentence-transformers', 'torch'):
         try:
-            digest.update(f'{library}=={importlib.metadata.version(library)}'.encode())
+            versions[library] = importlib.metadata.version(library)
         except importlib.metadata.PackageNotFoundError:
-            digest.update(f'{library} absent'.encode())
-    return digest.hexdigest()[:16]
+            versions[library] = None
+    return _digest([_file_digest(Path(__file__).resolve().parents[1], '*.py'), versions])
 
 
 def distinct_labels(names: Sequence[str]) -> List[str]:
@@ -377,13 +373,13 @@ def _frame_digest(frame: pd.DataFrame) -> str:
     return digest.hexdigest()[:16]
 
 
-def _file_digest(option: Optional[str]) -> Optional[str]:
-    """The content of the file or folder an option names; None for an option that names no local path."""
+def _file_digest(option: Optional[Union[str, Path]], pattern: str = '*') -> Optional[str]:
+    """The content of the file or folder (its ``pattern`` files) an option names; None if it names no local path."""
     path = Path(option).expanduser() if option is not None else None
     if path is None or not path.exists():
         return None
     digest = hashlib.sha256()
-    for file in sorted(p for p in ([path] if path.is_file() else path.rglob('*')) if p.is_file()):
+    for file in sorted(p for p in ([path] if path.is_file() else path.rglob(pattern)) if p.is_file()):
         digest.update(file.relative_to(path).as_posix().encode() + b'\0' if file != path else b'\0')
         with open(file, 'rb') as f:
             for chunk in iter(lambda: f.read(1 << 22), b''):

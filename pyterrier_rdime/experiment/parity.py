@@ -81,16 +81,10 @@ def _holm(p_values: pd.Series) -> np.ndarray:
         gc.unfreeze()
 
 
-def controls(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str]]:
-    """(label, system) of the controls of ``<dime>/<column>`` present: the same-budget ones, then vector PRF."""
-    present = [f'{dime}/{column}:{selection}' for selection in SELECTIONS]
-    pairs = [(s.split(':')[-1] + SAME_BUDGET, s) for s in present if s in means.index]
-    return pairs + [(s, s) for s in ('Vector PRF', 'Average PRF') if s in means.index]
-
-
-def comparators(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str]]:
-    """(label, system) of the comparisons of ``<dime>/<column>``: CV Top-k, the best Top-k tuned on the test
-    queries, Baseline (once, as :data:`BEST_IS_BASELINE`, when the best Top-k is k=1.0), and RDIME for a soft one."""
+def comparisons(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str, str]]:
+    """(family, label, system) of the comparisons of ``<dime>/<column>``: the comparators (CV Top-k, the best Top-k
+    tuned on the test queries, Baseline (once, as :data:`BEST_IS_BASELINE`, when the best Top-k is k=1.0), and RDIME
+    for a soft one), then the controls present (the same-budget ones, then vector PRF)."""
     topks = [s for s in means.index if s.startswith(f'{dime}/k=')]
     pairs = [('CV Top-k', f'{dime}/CV Top-k')] if f'{dime}/CV Top-k' in means.index else []
     best = max(topks, key=lambda s: (means[s], -float(s.split('=')[1]))) if topks else None
@@ -100,12 +94,15 @@ def comparators(means: pd.Series, dime: str, column: str) -> List[Tuple[str, str
     pairs.append((BEST_IS_BASELINE if best_is_baseline else 'Baseline', 'Baseline'))
     if column != 'RDIME':
         pairs.append(('RDIME', f'{dime}/RDIME'))
-    return pairs
+    present = [f'{dime}/{column}:{selection}' for selection in SELECTIONS]
+    controls = [(s.split(':')[-1] + SAME_BUDGET, s) for s in present if s in means.index]
+    controls += [(s, s) for s in ('Vector PRF', 'Average PRF') if s in means.index]
+    return [('comparators', *pair) for pair in pairs] + [('controls', *pair) for pair in controls]
 
 
 def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequence[str], columns: Sequence[str],
                  test: str = 't', alternative: str = 'two-sided', margin: float = DEFAULT_MARGIN) -> pd.DataFrame:
-    """:data:`COLUMNS`: each RDIME column of each DIME against its :func:`comparators` and :func:`controls`, per
+    """:data:`COLUMNS`: each RDIME column of each DIME against its :func:`comparisons`, per
     measure, from ``aggregate`` (``system, measure, value``) and ``perquery`` (``system, qid, measure, value``).
     p-values are Holm-corrected per measure and family (``comparators``, ``controls``: adding controls leaves the
     comparators as they are); the margin is ``margin`` times the Baseline's mean."""
@@ -119,9 +116,7 @@ def significance(aggregate: pd.DataFrame, perquery: pd.DataFrame, dimes: Sequenc
         for dime in dimes:
             for column in columns:
                 system = f'{dime}/{column}'
-                compared = [('comparators', pair) for pair in comparators(means, dime, column)] + \
-                    [('controls', pair) for pair in controls(means, dime, column)]
-                for family, (label, other) in compared:
+                for family, label, other in comparisons(means, dime, column):
                     pair = scores[[system, other]].dropna()
                     a, b = pair[system].to_numpy(), pair[other].to_numpy()
                     chosen = choose_test(a - b, test)
