@@ -13,7 +13,6 @@ import pyterrier as pt
 from .._config import default_cache_dir
 from ..llm import LlmGenerator, missing_answers
 from . import parity
-from . import sweep as sw
 from .collection import Collection, load_collection
 from .dense_cache import dense_index
 from .encoders import DEFAULT_ENCODER, load_encoder
@@ -141,14 +140,14 @@ def run_experiment(
     perquery = evaluate(grid.frames, topics, collection.qrels, measure_objects)
     perquery, seeds = _seeded(perquery, grid, topics, collection.qrels, measure_objects)
     # the queries run only, as pt.Experiment (ir_measures scores a query of the qrels missing from a run as 0)
-    swept = _random_curve(sw.evaluate_runs(grid.sweep, collection.qrels[collection.qrels['qid'].isin(
+    swept = _random_curve(parity.evaluate_runs(grid.sweep, collection.qrels[collection.qrels['qid'].isin(
         set(topics['qid']))], measure_objects))
     # one pool of Top-k points: the table's columns as pt.Experiment measured them, and the sweep's other fractions
     pool = pd.concat([perquery[perquery['system'].str.contains('/k=', regex=False)],
                       swept.loc[~swept['system'].isin(set(perquery['system'])), list(perquery.columns)]],
                      ignore_index=True)
     dimes = list(grid.labels)  # each LLM DIME once per answer source
-    cv_perquery, cv = sw.cv_systems(pool, dimes, options.folds, sw.CV_SEED)
+    cv_perquery, cv = parity.cv_systems(pool, dimes, options.folds, parity.CV_SEED)
     if pool.empty:
         notes.append("No Top-k column and no sweep (--ks '' --no-sweep): RDIME is compared with Baseline only.")
     elif cv.empty:
@@ -173,13 +172,11 @@ def run_experiment(
     settings = {'collection': collection.name, 'encoder': encoder, **options.settings(),
                 'first_stage': grid.source, 'feedback': options.feedback if options.mode == 'rerank' else 'dense',
                 'depth': depth, 'retriever': options.retriever if options.mode == 'retrieve' else None,
-                'sweep': options.fractions, 'cv_seed': sw.CV_SEED, 'num_queries': int(topics['qid'].nunique()),
+                'sweep': options.fractions, 'cv_seed': parity.CV_SEED, 'num_queries': int(topics['qid'].nunique()),
                 'measures': measure_names}
-    result = ExperimentResult(measure_names, table, perquery, kept, significance, grid.labels, settings, notes, {},
-                              swept, cv, seeds)
     watch.lap('evaluation')
-    result.timings = watch.total()
-    return result
+    return ExperimentResult(measure_names, table, perquery, kept, significance, grid.labels, settings, notes,
+                            watch.total(), swept, cv, seeds)
 
 
 def parse_measures(names: Sequence[str], rel: Optional[int] = None) -> list:
