@@ -141,9 +141,9 @@ def collection_inputs(collection: Collection, sources: Optional[AnswerSources] =
     """A fingerprint of each of a collection's files that a cell's numbers depend on (``sources``: --answers')."""
     if sources is None and collection.answers is not None:
         sources = {'': collection.answers}
-    return {'documents': collection.fingerprint, 'queries': _frame_digest(collection.topics),
-            'qrels': _frame_digest(collection.qrels),
-            'first-stage run': None if collection.run is None else _frame_digest(collection.run),
+    return {'documents': collection.fingerprint, 'queries': _digest(collection.topics),
+            'qrels': _digest(collection.qrels),
+            'first-stage run': None if collection.run is None else _digest(collection.run),
             'answers': None if sources is None else answers_key(sources)}
 
 
@@ -363,13 +363,11 @@ def _recompute(cell: Cell, why: str) -> bool:
 
 
 def _digest(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _frame_digest(frame: pd.DataFrame) -> str:
-    """The content of a frame (column names, values and row order)."""
-    digest = hashlib.sha256(json.dumps(list(map(str, frame.columns))).encode())
-    digest.update(pd.util.hash_pandas_object(frame.astype(str), index=False).to_numpy().tobytes())
+    """The content of a JSON value, or of a frame (column names, values and row order)."""
+    if not isinstance(value, pd.DataFrame):
+        return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps(list(map(str, value.columns))).encode())
+    digest.update(pd.util.hash_pandas_object(value.astype(str), index=False).to_numpy().tobytes())
     return digest.hexdigest()[:16]
 
 

@@ -34,16 +34,12 @@ class Stopwatch:
 
     def __init__(self):
         self.timings: Dict[str, float] = {}
-        self._start = self._last = time.perf_counter()
+        self._last = time.perf_counter()
 
     def lap(self, phase: str) -> None:
         now = time.perf_counter()
         self.timings[phase] = self.timings.get(phase, 0.0) + now - self._last
         self._last = now
-
-    def total(self) -> Dict[str, float]:
-        """The phases and their ``total``: the time from the start to the last lap."""
-        return {**self.timings, 'total': self._last - self._start}
 
 
 def run_experiment(
@@ -176,7 +172,7 @@ def run_experiment(
                 'measures': measure_names}
     watch.lap('evaluation')
     return ExperimentResult(measure_names, table, perquery, kept, significance, grid.labels, settings, notes,
-                            watch.total(), swept, cv, seeds)
+                            {**watch.timings, 'total': sum(watch.timings.values())}, swept, cv, seeds)
 
 
 def parse_measures(names: Sequence[str], rel: Optional[int] = None) -> list:
