@@ -132,9 +132,8 @@ def check_writable(option: str, folder: Path) -> None:
 
 def answers_key(sources: AnswerSources) -> str:
     """The content key of a run's answer sources: each source's name and answers."""
-    if list(sources) == ['']:
-        return _digest(sorted(sources[''].items()))
-    return _digest(sorted((name, sorted(answers.items())) for name, answers in sources.items()))
+    return _digest(sorted(sources[''].items()) if list(sources) == [''] else
+                   sorted((name, sorted(answers.items())) for name, answers in sources.items()))
 
 
 def collection_inputs(collection: Collection, sources: Optional[AnswerSources] = None) -> Dict[str, Optional[str]]:
@@ -286,11 +285,9 @@ def run_cells(pending: Sequence[Cell], run_cell: Callable[..., ExperimentResult]
                 for ref in ready:
                     _finish(ray, ref, running.pop(ref))
                     bar.update()
-                if ready or _cpus(ray) >= cpus:
-                    waiting_since = None
-                    continue
-                waiting_since = waiting_since or time.monotonic()
-                if time.monotonic() - waiting_since > NO_NODE_TIMEOUT:  # the cells left fail, for the next run
+                waiting_since = None if ready or _cpus(ray) >= cpus else waiting_since or time.monotonic()
+                if waiting_since is not None and time.monotonic() - waiting_since > NO_NODE_TIMEOUT:
+                    # the cells left fail, for the next run
                     error = (f'no live node of the cluster offered the {cpus} CPU(s) a cell needs for '
                              f'{NO_NODE_TIMEOUT} s (the largest offers {_cpus(ray):g}): start nodes with '
                              f'--num-cpus={cpus} or more (ray start --address=HEAD:PORT), or lower --workers, then '

@@ -76,8 +76,9 @@ def _rescored(candidates: pd.DataFrame, fractions: Sequence[float], names: Seque
 
 
 def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFrame, measures: list) -> pd.DataFrame:
-    """Per-query measures of ``(dime, fraction) -> run``: ``dime, fraction, system, qid, measure, value``. Every
-    query of ``qrels`` is scored (0 where a run has none): pass the qrels of the queries run."""
+    """Per-query measures of ``(dime, fraction) -> run``: ``dime, fraction, system, qid, measure, value``, the
+    ``random#<seed>`` rows replaced by their mean over the seeds (dime ``random``). Every query of ``qrels`` is scored
+    (0 where a run has none): pass the qrels of the queries run."""
     evaluator = ir_measures.evaluator(measures, qrels.rename(columns={'qid': 'query_id', 'docno': 'doc_id',
                                                                       'label': 'relevance'}))
     names = {measure: str(measure) for measure in measures}
@@ -87,7 +88,13 @@ def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFra
         rows = [(m.query_id, names[m.measure], m.value) for m in evaluator.iter_calc(run)]
         frame = pd.DataFrame(rows, columns=['qid', 'measure', 'value'])
         frames.append(frame.assign(dime=dime, fraction=fraction, system=f'{dime}/k={fraction}'))
-    return pd.concat(frames, ignore_index=True)[SWEEP_COLUMNS] if frames else pd.DataFrame(columns=SWEEP_COLUMNS)
+    swept = pd.concat(frames, ignore_index=True)[SWEEP_COLUMNS] if frames else pd.DataFrame(columns=SWEEP_COLUMNS)
+    seeded = swept['dime'].str.startswith('random#')
+    if not seeded.any():
+        return swept
+    mean = swept[seeded].groupby(['fraction', 'qid', 'measure'], sort=False)['value'].mean().reset_index()
+    mean = mean.assign(dime='random', system='random/k=' + mean['fraction'].astype(str))
+    return pd.concat([swept[~seeded], mean[swept.columns]], ignore_index=True)
 
 
 def fold_of(qids: Sequence[str], folds: int = CV_FOLDS, seed: int = CV_SEED) -> pd.Series:
@@ -182,11 +189,8 @@ def paired(a: np.ndarray, b: np.ndarray, test: str, alternative: str, margin_abs
 def verdict(differences: np.ndarray, tost_p_holm: float, p_holm: float, margin_abs: float) -> str:
     """``equivalent`` when TOST rejects a difference beyond ``±margin_abs`` (or every difference is one value inside
     it), else ``different`` when the significance test rejects equality, else ``inconclusive``."""
-    if tost_p_holm < ALPHA or len(differences) and np.ptp(differences) == 0 and abs(differences[0]) < margin_abs:
-        return 'equivalent'
-    if p_holm < ALPHA:
-        return 'different'
-    return 'inconclusive'
+    one_inside = len(differences) and np.ptp(differences) == 0 and abs(differences[0]) < margin_abs
+    return 'equivalent' if tost_p_holm < ALPHA or one_inside else 'different' if p_holm < ALPHA else 'inconclusive'
 
 
 def _holm(p_values: pd.Series) -> np.ndarray:

@@ -136,8 +136,8 @@ def run_experiment(
     perquery = evaluate(grid.frames, topics, collection.qrels, measure_objects)
     perquery, seeds = _seeded(perquery, grid, topics, collection.qrels, measure_objects)
     # the queries run only, as pt.Experiment (ir_measures scores a query of the qrels missing from a run as 0)
-    swept = _random_curve(parity.evaluate_runs(grid.sweep, collection.qrels[collection.qrels['qid'].isin(
-        set(topics['qid']))], measure_objects))
+    swept = parity.evaluate_runs(grid.sweep, collection.qrels[collection.qrels['qid'].isin(set(topics['qid']))],
+                                 measure_objects)
     # one pool of Top-k points: the table's columns as pt.Experiment measured them, and the sweep's other fractions
     pool = pd.concat([perquery[perquery['system'].str.contains('/k=', regex=False)],
                       swept.loc[~swept['system'].isin(set(perquery['system'])), list(perquery.columns)]],
@@ -224,16 +224,6 @@ def _seeded(perquery: pd.DataFrame, grid: Grid, topics: pd.DataFrame, qrels: pd.
     return pd.concat([perquery, mean], ignore_index=True), seeds.astype({'seed': int})[SEED_COLUMNS]
 
 
-def _random_curve(swept: pd.DataFrame) -> pd.DataFrame:
-    """The sweep with its ``random#<seed>`` rows replaced by their mean over the seeds, as dime ``random``."""
-    seeded = swept['dime'].str.startswith('random#')
-    if not seeded.any():
-        return swept
-    mean = swept[seeded].groupby(['fraction', 'qid', 'measure'], sort=False)['value'].mean().reset_index()
-    mean = mean.assign(dime='random', system='random/k=' + mean['fraction'].astype(str))
-    return pd.concat([swept[~seeded], mean[swept.columns]], ignore_index=True)
-
-
 def _means(perquery: pd.DataFrame) -> pd.DataFrame:
     """``system, measure, value``: each system's mean over the queries, in order of appearance."""
     return perquery.groupby(['system', 'measure'], sort=False)['value'].mean().reset_index()
@@ -291,12 +281,8 @@ def _measure_notes(measures: list, rel: Optional[int], depth: int) -> List[str]:
 
 def _unanswered_notes(sources: Dict[str, Dict[str, str]], topics: pd.DataFrame) -> List[str]:
     """A note per answer source that leaves queries of the run unanswered: how many, and which."""
-    notes = []
-    for source, answers in sources.items():
-        missing = missing_answers(answers, topics['qid'])
-        if missing:
-            shown = ', '.join(missing[:10]) + (' …' if len(missing) > 10 else '')
-            notes.append(f'LLM answers{f" {source}" if source else ""}: no answer for {len(missing)} of '
-                         f'{topics["qid"].nunique()} queries ({shown}); LLM DIME used q ⊙ q for them.')
-    return notes
+    missing = {source: missing_answers(answers, topics['qid']) for source, answers in sources.items()}
+    return [f'LLM answers{f" {source}" if source else ""}: no answer for {len(qids)} of {topics["qid"].nunique()} '
+            f'queries ({", ".join(qids[:10]) + (" …" if len(qids) > 10 else "")}); LLM DIME used q ⊙ q for them.'
+            for source, qids in missing.items() if qids]
 
