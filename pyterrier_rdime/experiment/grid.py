@@ -109,13 +109,10 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
                                                           if k not in (*OPTION_NAMES, *NEUTRAL, 'answers')}})}
     collection_labels = distinct_labels([_identity(c.name) for c in loaded])
     encoder_labels = distinct_labels([_identity(e) for e in fingerprints])
-    cells = []
-    for collection, collection_label in zip(loaded, collection_labels):
-        for (encoder, fingerprint), encoder_label in zip(fingerprints.items(), encoder_labels):
-            folder = Path(out) / slug(collection_label) / slug(encoder_label)
-            cells.append(Cell(collection, encoder, folder, {**inputs[id(collection)], 'encoder': fingerprint, **common},
-                              collection_label, encoder_label))
-    return cells
+    return [Cell(collection, encoder, Path(out) / slug(collection_label) / slug(encoder_label),
+                 {**inputs[id(collection)], 'encoder': fingerprint, **common}, collection_label, encoder_label)
+            for collection, collection_label in zip(loaded, collection_labels)
+            for (encoder, fingerprint), encoder_label in zip(fingerprints.items(), encoder_labels)]
 
 
 def check_writable(option: str, folder: Path) -> None:
@@ -124,8 +121,7 @@ def check_writable(option: str, folder: Path) -> None:
         raise ValueError(f'{option} {folder}: exists and is not a folder; pass a folder path')
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
+        tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
 
