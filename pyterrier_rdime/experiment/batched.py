@@ -38,9 +38,8 @@ def _search(retriever: pt.Transformer, run: Callable, chunk: List[Tuple[Hashable
         yield key, run(retriever, frame)
         return
     offsets = np.cumsum([0] + [len(frame) for _, frame in chunk])
-    vectors = [frame['query_vec'].to_numpy(dtype=object) for _, frame in chunk]
-    batch = pd.DataFrame({'qid': np.arange(offsets[-1]).astype(str),
-                          'query_vec': np.concatenate(vectors)})
+    vectors = np.concatenate([frame['query_vec'].to_numpy(dtype=object) for _, frame in chunk])
+    batch = pd.DataFrame({'qid': np.arange(offsets[-1]).astype(str), 'query_vec': vectors})
     result = run(retriever, batch)
     batch_row = result['qid'].astype(np.int64).to_numpy()
     order = np.argsort(batch_row, kind='stable')  # the batch's row order: a no-op for a retriever that keeps it

@@ -48,8 +48,7 @@ def missing_runner_packages() -> List[str]:
 def _parser() -> argparse.ArgumentParser:
     from .indexes import RETRIEVERS
     from .options import Options
-    from .parity import ALTERNATIVES, DEFAULT_MARGIN
-    from .sweep import CV_FOLDS, CV_SEED
+    from .parity import ALTERNATIVES, CV_FOLDS, CV_SEED, DEFAULT_MARGIN
     from .systems import CONTROLS, DEFAULT_CONTROLS, DIME_NAMES, MODULATORS
     p = argparse.ArgumentParser(
         prog='rdime-experiment',

@@ -17,13 +17,12 @@ import pyterrier as pt
 
 from .._config import check_int, default_cache_dir
 from ..store import atomic_open
-from . import evaluate as ev
 from .collection import Collection, load_collection, slug
 from .encoders import encoder_fingerprint
 from .options import OPTION_NAMES, Options
 from .progress import PROGRESS, SystemRecords
 from .report import ExperimentResult, write_combined
-from .runner import run_experiment
+from .runner import DEFAULT_MEASURES, check_rel, parse_measures, run_experiment
 from .systems import AnswerSources, answer_sources
 
 logger = logging.getLogger(__name__)
@@ -84,14 +83,14 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
         raise ValueError('the grid needs at least one collection and one --encoder')
     options = Options(**{k: v for k, v in settings.items() if k in OPTION_NAMES})
     measures = settings.get('measures')
-    ev.parse_measures(ev.DEFAULT_MEASURES if measures is None else measures, settings.get('rel'))
+    parse_measures(DEFAULT_MEASURES if measures is None else measures, settings.get('rel'))
     answers = settings.get('answers')
     cache_dir = settings.get('cache_dir') or default_cache_dir()
     check_writable('--out', Path(out))
     check_writable('--cache', Path(cache_dir))
     loaded = [c if isinstance(c, Collection) else load_collection(c) for c in collections]
     for collection in loaded:  # every cell's collection checked before the first cell starts
-        ev.check_rel(settings.get('rel'), collection.qrels)
+        check_rel(settings.get('rel'), collection.qrels)
         if settings.get('index') is None:
             options.check_documents(collection.num_docs, f'collection {collection.name!r}')
     # each name of --answers resolved for each collection now (a local copy, or the published file, downloaded once)
@@ -110,13 +109,10 @@ def plan(collections: Sequence[Union[str, Collection]], encoders: Sequence[str],
                                                           if k not in (*OPTION_NAMES, *NEUTRAL, 'answers')}})}
     collection_labels = distinct_labels([_identity(c.name) for c in loaded])
     encoder_labels = distinct_labels([_identity(e) for e in fingerprints])
-    cells = []
-    for collection, collection_label in zip(loaded, collection_labels):
-        for (encoder, fingerprint), encoder_label in zip(fingerprints.items(), encoder_labels):
-            folder = Path(out) / slug(collection_label) / slug(encoder_label)
-            cells.append(Cell(collection, encoder, folder, {**inputs[id(collection)], 'encoder': fingerprint, **common},
-                              collection_label, encoder_label))
-    return cells
+    return [Cell(collection, encoder, Path(out) / slug(collection_label) / slug(encoder_label),
+                 {**inputs[id(collection)], 'encoder': fingerprint, **common}, collection_label, encoder_label)
+            for collection, collection_label in zip(loaded, collection_labels)
+            for (encoder, fingerprint), encoder_label in zip(fingerprints.items(), encoder_labels)]
 
 
 def check_writable(option: str, folder: Path) -> None:
@@ -125,26 +121,24 @@ def check_writable(option: str, folder: Path) -> None:
         raise ValueError(f'{option} {folder}: exists and is not a folder; pass a folder path')
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
+        tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
 
 
 def answers_key(sources: AnswerSources) -> str:
     """The content key of a run's answer sources: each source's name and answers."""
-    if list(sources) == ['']:
-        return _digest(sorted(sources[''].items()))
-    return _digest(sorted((name, sorted(answers.items())) for name, answers in sources.items()))
+    return _digest(sorted(sources[''].items()) if list(sources) == [''] else
+                   sorted((name, sorted(answers.items())) for name, answers in sources.items()))
 
 
 def collection_inputs(collection: Collection, sources: Optional[AnswerSources] = None) -> Dict[str, Optional[str]]:
     """A fingerprint of each of a collection's files that a cell's numbers depend on (``sources``: --answers')."""
     if sources is None and collection.answers is not None:
         sources = {'': collection.answers}
-    return {'documents': collection.fingerprint, 'queries': _frame_digest(collection.topics),
-            'qrels': _frame_digest(collection.qrels),
-            'first-stage run': None if collection.run is None else _frame_digest(collection.run),
+    return {'documents': collection.fingerprint, 'queries': _digest(collection.topics),
+            'qrels': _digest(collection.qrels),
+            'first-stage run': None if collection.run is None else _digest(collection.run),
             'answers': None if sources is None else answers_key(sources)}
 
 
@@ -152,17 +146,14 @@ def collection_inputs(collection: Collection, sources: Optional[AnswerSources] =
 def code_digest() -> str:
     """The content of this package's modules and the libraries' versions: other code recomputes a cell."""
     import importlib.metadata
-    digest = hashlib.sha256()
-    package = Path(__file__).resolve().parents[1]
-    for module in sorted(package.rglob('*.py')):
-        digest.update(module.relative_to(package).as_posix().encode() + b'\0' + module.read_bytes() + b'\0')
+    versions = {}
     for library in ('python-terrier', 'pyterrier-dr', 'pyterrier-pisa', 'ir-measures', 'numpy', 'scipy',
                     'statsmodels', 'sentence-transformers', 'torch'):
         try:
-            digest.update(f'{library}=={importlib.metadata.version(library)}'.encode())
+            versions[library] = importlib.metadata.version(library)
         except importlib.metadata.PackageNotFoundError:
-            digest.update(f'{library} absent'.encode())
-    return digest.hexdigest()[:16]
+            versions[library] = None
+    return _digest([_file_digest(Path(__file__).resolve().parents[1], '*.py'), versions])
 
 
 def distinct_labels(names: Sequence[str]) -> List[str]:
@@ -290,11 +281,9 @@ def run_cells(pending: Sequence[Cell], run_cell: Callable[..., ExperimentResult]
                 for ref in ready:
                     _finish(ray, ref, running.pop(ref))
                     bar.update()
-                if ready or _cpus(ray) >= cpus:
-                    waiting_since = None
-                    continue
-                waiting_since = waiting_since or time.monotonic()
-                if time.monotonic() - waiting_since > NO_NODE_TIMEOUT:  # the cells left fail, for the next run
+                waiting_since = None if ready or _cpus(ray) >= cpus else waiting_since or time.monotonic()
+                if waiting_since is not None and time.monotonic() - waiting_since > NO_NODE_TIMEOUT:
+                    # the cells left fail, for the next run
                     error = (f'no live node of the cluster offered the {cpus} CPU(s) a cell needs for '
                              f'{NO_NODE_TIMEOUT} s (the largest offers {_cpus(ray):g}): start nodes with '
                              f'--num-cpus={cpus} or more (ray start --address=HEAD:PORT), or lower --workers, then '
@@ -367,23 +356,21 @@ def _recompute(cell: Cell, why: str) -> bool:
 
 
 def _digest(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _frame_digest(frame: pd.DataFrame) -> str:
-    """The content of a frame (column names, values and row order)."""
-    digest = hashlib.sha256(json.dumps(list(map(str, frame.columns))).encode())
-    digest.update(pd.util.hash_pandas_object(frame.astype(str), index=False).to_numpy().tobytes())
+    """The content of a JSON value, or of a frame (column names, values and row order)."""
+    if not isinstance(value, pd.DataFrame):
+        return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps(list(map(str, value.columns))).encode())
+    digest.update(pd.util.hash_pandas_object(value.astype(str), index=False).to_numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
-def _file_digest(option: Optional[str]) -> Optional[str]:
-    """The content of the file or folder an option names; None for an option that names no local path."""
+def _file_digest(option: Optional[Union[str, Path]], pattern: str = '*') -> Optional[str]:
+    """The content of the file or folder (its ``pattern`` files) an option names; None if it names no local path."""
     path = Path(option).expanduser() if option is not None else None
     if path is None or not path.exists():
         return None
     digest = hashlib.sha256()
-    for file in sorted(p for p in ([path] if path.is_file() else path.rglob('*')) if p.is_file()):
+    for file in sorted(p for p in ([path] if path.is_file() else path.rglob(pattern)) if p.is_file()):
         digest.update(file.relative_to(path).as_posix().encode() + b'\0' if file != path else b'\0')
         with open(file, 'rb') as f:
             for chunk in iter(lambda: f.read(1 << 22), b''):

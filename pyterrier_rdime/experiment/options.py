@@ -5,7 +5,6 @@ from typing import Dict, List, Optional, Tuple
 
 from .._config import check_bool, check_choice, check_fraction, check_int
 from . import parity
-from . import sweep as sw
 from .indexes import RETRIEVERS, require_faiss
 from .systems import CONTROLS, DEFAULT_CONTROLS, DIME_NAMES, FEEDBACKS, MODULATORS
 
@@ -32,7 +31,7 @@ class Options:
     alternative: str = 'two-sided'
     margin: float = parity.DEFAULT_MARGIN
     sweep: bool = True
-    folds: int = sw.CV_FOLDS
+    folds: int = parity.CV_FOLDS
     retriever: str = 'numpy'
     shards: int = 1
     max_queries: Optional[int] = None
@@ -93,7 +92,7 @@ class Options:
     @property
     def fractions(self) -> List[float]:
         """The Top-k sweep's fractions (none without ``sweep``)."""
-        return list(sw.SWEEP) if self.sweep else []
+        return list(parity.SWEEP) if self.sweep else []
 
     def settings(self) -> Dict[str, object]:
         """The options as recorded in a result and keyed in a grid cell (lists as lists)."""

@@ -23,11 +23,8 @@ Key = Tuple[str, Hashable]
 
 def without_vectors(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` without its vector columns (``query_vec``, ``doc_vec``, …): nothing later reads one."""
-    if not len(frame):
-        return frame
-    first = frame.iloc[0]
-    vectors = [c for c in frame.columns if frame[c].dtype == object and isinstance(first[c], np.ndarray)]
-    return frame.drop(columns=vectors)
+    return frame.drop(columns=[c for c in frame.columns if len(frame) and frame[c].dtype == object
+                               and isinstance(frame[c].iloc[0], np.ndarray)])
 
 
 class SystemRecords:

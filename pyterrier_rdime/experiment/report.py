@@ -9,8 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from .parity import ALPHA, BEST_IS_BASELINE, COLUMNS, SAME_BUDGET
-from .sweep import CV_COLUMNS, SWEEP_COLUMNS
+from .parity import ALPHA, BEST_IS_BASELINE, COLUMNS, CV_COLUMNS, SAME_BUDGET, SWEEP_COLUMNS
 
 #: Significance marks of the paper table: comparison label -> mark.
 MARKS = {'CV Top-k': '¶', 'best Top-k': '†', 'Baseline': '‡', 'RDIME': '§'}

@@ -6,13 +6,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
+import ir_measures
 import pandas as pd
+import pyterrier as pt
 
 from .._config import default_cache_dir
 from ..llm import LlmGenerator, missing_answers
-from . import evaluate as ev
 from . import parity
-from . import sweep as sw
 from .collection import Collection, load_collection
 from .dense_cache import dense_index
 from .encoders import DEFAULT_ENCODER, load_encoder
@@ -22,22 +22,24 @@ from .progress import SystemRecords
 from .report import SEED_COLUMNS, ExperimentResult, kept_fractions
 from .systems import NEEDS_ANSWERS, Grid, Runner, answer_sources, rerank_grid, retrieve_grid, thresholds
 
+DEFAULT_MEASURES = ('nDCG@10', 'AP')
+#: Added by default in retrieve mode, where the ranking is deep enough (as the author's dime-library reports them).
+DEEP_MEASURES = ('R@1000', 'RR@10')
+#: Binary measures whose relevance level ``--rel`` sets.
+BINARY = ('AP', 'R', 'RR', 'P', 'Success')
+
 
 class Stopwatch:
     """Seconds per phase of a run: each :meth:`lap` charges the time since the previous lap to its phase."""
 
     def __init__(self):
         self.timings: Dict[str, float] = {}
-        self._start = self._last = time.perf_counter()
+        self._last = time.perf_counter()
 
     def lap(self, phase: str) -> None:
         now = time.perf_counter()
         self.timings[phase] = self.timings.get(phase, 0.0) + now - self._last
         self._last = now
-
-    def total(self) -> Dict[str, float]:
-        """The phases and their ``total``: the time from the start to the last lap."""
-        return {**self.timings, 'total': self._last - self._start}
 
 
 def run_experiment(
@@ -81,21 +83,22 @@ def run_experiment(
         raise TypeError(f'run_experiment: unknown argument {unknown[0]!r}; the options are {", ".join(OPTION_NAMES)}')
     options = Options(**option_values)
     if measures is None:
-        measures = ev.DEFAULT_MEASURES + (ev.DEEP_MEASURES if options.mode == 'retrieve' else ())
-    measure_objects = ev.parse_measures(measures, rel)
+        measures = DEFAULT_MEASURES + (DEEP_MEASURES if options.mode == 'retrieve' else ())
+    measure_objects = parse_measures(measures, rel)
+    depth = options.depth if options.mode == 'rerank' else options.num_results  # of the ranking measured
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     watch = Stopwatch()
 
     if not isinstance(collection, Collection):
         collection = load_collection(collection)
-    ev.check_rel(rel, collection.qrels)
+    check_rel(rel, collection.qrels)
     external = existing_index(index) if index is not None else None  # the one check of --index, before any model
     if external is None:
         options.check_documents(collection.num_docs, f'collection {collection.name!r}')
     else:
         options.check_documents(len(external), f'--index {index}')
     topics = collection.topics if options.max_queries is None else collection.topics.head(options.max_queries)
-    notes = _measure_notes(measure_objects, rel, options)
+    notes = _measure_notes(measure_objects, rel, depth)
     if collection.dropped_queries:
         notes.append(f'{len(collection.dropped_queries)} queries without judgments were left out.')
     llm_answers = answer_sources(answers, collection, cache_dir)
@@ -130,17 +133,17 @@ def run_experiment(
                          batch_size, Runner(workers, parallel_backend), verbose, watch, progress)
     watch.lap('systems')
 
-    aggregate, perquery = ev.evaluate(grid.frames, topics, collection.qrels, measure_objects)
+    perquery = evaluate(grid.frames, topics, collection.qrels, measure_objects)
     perquery, seeds = _seeded(perquery, grid, topics, collection.qrels, measure_objects)
     # the queries run only, as pt.Experiment (ir_measures scores a query of the qrels missing from a run as 0)
-    swept = _random_curve(sw.evaluate_runs(grid.sweep, collection.qrels[collection.qrels['qid'].isin(
-        set(topics['qid']))], measure_objects))
+    swept = parity.evaluate_runs(grid.sweep, collection.qrels[collection.qrels['qid'].isin(set(topics['qid']))],
+                                 measure_objects)
     # one pool of Top-k points: the table's columns as pt.Experiment measured them, and the sweep's other fractions
     pool = pd.concat([perquery[perquery['system'].str.contains('/k=', regex=False)],
                       swept.loc[~swept['system'].isin(set(perquery['system'])), list(perquery.columns)]],
                      ignore_index=True)
     dimes = list(grid.labels)  # each LLM DIME once per answer source
-    cv_perquery, cv = sw.cv_systems(pool, dimes, options.folds, sw.CV_SEED)
+    cv_perquery, cv = parity.cv_systems(pool, dimes, options.folds, parity.CV_SEED)
     if pool.empty:
         notes.append("No Top-k column and no sweep (--ks '' --no-sweep): RDIME is compared with Baseline only.")
     elif cv.empty:
@@ -164,15 +167,49 @@ def run_experiment(
                      "query (fallback='full').")
     settings = {'collection': collection.name, 'encoder': encoder, **options.settings(),
                 'first_stage': grid.source, 'feedback': options.feedback if options.mode == 'rerank' else 'dense',
-                'depth': options.depth if options.mode == 'rerank' else options.num_results,
-                'retriever': options.retriever if options.mode == 'retrieve' else None,
-                'sweep': options.fractions, 'cv_seed': sw.CV_SEED, 'num_queries': int(topics['qid'].nunique()),
+                'depth': depth, 'retriever': options.retriever if options.mode == 'retrieve' else None,
+                'sweep': options.fractions, 'cv_seed': parity.CV_SEED, 'num_queries': int(topics['qid'].nunique()),
                 'measures': measure_names}
-    result = ExperimentResult(measure_names, table, perquery, kept, significance, grid.labels, settings, notes, {},
-                              swept, cv, seeds)
     watch.lap('evaluation')
-    result.timings = watch.total()
-    return result
+    return ExperimentResult(measure_names, table, perquery, kept, significance, grid.labels, settings, notes,
+                            {**watch.timings, 'total': sum(watch.timings.values())}, swept, cv, seeds)
+
+
+def parse_measures(names: Sequence[str], rel: Optional[int] = None) -> list:
+    """ir_measures objects of ``names``, with ``rel`` set on the binary measures; a bad name, cutoff or relevance
+    level is a ValueError naming it (ir_measures accepts ``nDCG@0``, then trec_eval fails after the run)."""
+    if not names:
+        raise ValueError('--measures: no measure given; for example --measures nDCG@10,AP')
+    measures = []
+    for name in names:
+        try:
+            measure = ir_measures.parse_measure(name)
+        except Exception:
+            raise ValueError(f'--measures: {name!r} is not an ir_measures measure; for example nDCG@10, AP, R@1000, '
+                             'RR@10, P@10 (see https://ir-measur.es/)') from None
+        if rel is not None and measure.NAME in BINARY:
+            measure = measure(rel=rel)
+        for param in ('cutoff', 'rel'):
+            value = measure.params.get(param)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f'--measures: {measure} has {param} {value!r}; it must be an integer >= 1, e.g. '
+                                 'nDCG@10, AP(rel=2)')
+        measures.append(measure)
+    return measures
+
+
+def check_rel(rel: Optional[int], qrels: pd.DataFrame) -> None:
+    """Fails when no judgment reaches the relevance level ``rel`` (every binary measure would be 0)."""
+    if rel is not None and not (qrels['label'] >= rel).any():
+        raise ValueError(f'--rel {rel}: no judgment has a label >= {rel} (the highest is {qrels["label"].max()}), '
+                         'so every binary measure would be 0; use a level the qrels reach')
+
+
+def evaluate(frames: Dict[str, pd.DataFrame], topics: pd.DataFrame, qrels: pd.DataFrame,
+             measures: list) -> pd.DataFrame:
+    """``system, qid, measure, value``: one per-query ``pt.Experiment`` over the systems' result frames."""
+    return pt.Experiment(list(frames.values()), topics, qrels, measures, names=list(frames), perquery=True,
+                         verbose=False).rename(columns={'name': 'system'})
 
 
 def _seeded(perquery: pd.DataFrame, grid: Grid, topics: pd.DataFrame, qrels: pd.DataFrame, measures: list):
@@ -180,21 +217,11 @@ def _seeded(perquery: pd.DataFrame, grid: Grid, topics: pd.DataFrame, qrels: pd.
     if not grid.seeded:
         return perquery, pd.DataFrame(columns=SEED_COLUMNS)
     frames = {f'{system}@{seed}': frame for (system, seed), frame in grid.seeded.items()}
-    seeded = ev.evaluate(frames, topics, qrels, measures)[1]
+    seeded = evaluate(frames, topics, qrels, measures)
     seeded[['system', 'seed']] = seeded['system'].str.rsplit('@', n=1, expand=True)
     seeds = seeded.groupby(['system', 'seed', 'measure'], sort=False)['value'].mean().reset_index()
     mean = seeded.groupby(['system', 'qid', 'measure'], sort=False)['value'].mean().reset_index()
     return pd.concat([perquery, mean], ignore_index=True), seeds.astype({'seed': int})[SEED_COLUMNS]
-
-
-def _random_curve(swept: pd.DataFrame) -> pd.DataFrame:
-    """The sweep with its ``random#<seed>`` rows replaced by their mean over the seeds, as dime ``random``."""
-    seeded = swept['dime'].str.startswith('random#')
-    if not seeded.any():
-        return swept
-    mean = swept[seeded].groupby(['fraction', 'qid', 'measure'], sort=False)['value'].mean().reset_index()
-    mean = mean.assign(dime='random', system='random/k=' + mean['fraction'].astype(str))
-    return pd.concat([swept[~seeded], mean[swept.columns]], ignore_index=True)
 
 
 def _means(perquery: pd.DataFrame) -> pd.DataFrame:
@@ -214,17 +241,15 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
         first = first[first['qid'].isin(set(topics['qid']))]
         watch.lap('first_stage')
         needed = list(dict.fromkeys([*first['docno'], *judged]))
-    if external is not None and needed is not None:
-        check_docnos_in_index(external, needed, index_spec)
+        if external is not None:
+            check_docnos_in_index(external, needed, index_spec)
     dense = external if external is not None else dense_index(collection, model, encoder, cache_dir, needed,
                                                               batch_size=batch_size, verbose=verbose)
     watch.lap('index')
     common = dict(sweep=options.fractions, controls=options.controls, seeds=options.control_seeds, records=records)
     if options.mode == 'rerank':
-        grid = rerank_grid(first, model, dense, answers, options.dimes, stages, collection.qrels, judged,
-                           options.feedback, options.depth, run, **common)
-        grid.source = source
-        return grid
+        return replace(rerank_grid(first, model, dense, answers, options.dimes, stages, collection.qrels, judged,
+                                   options.feedback, options.depth, run, **common), source=source)
     search = retriever(dense, options.retriever, options.num_results, shards=options.shards, cache_dir=cache_dir,
                        verbose=verbose)
     return retrieve_grid(topics, model, dense, search, options.retriever, answers, options.dimes, stages,
@@ -241,14 +266,13 @@ def _judged_documents(collection: Collection, topics: pd.DataFrame, external) ->
     return [d for d in judged if d not in absent]
 
 
-def _measure_notes(measures: list, rel: Optional[int], options: Options) -> List[str]:
-    levels = sorted({m.params.get('rel', 1) for m in measures if m.NAME in ev.BINARY})
+def _measure_notes(measures: list, rel: Optional[int], depth: int) -> List[str]:
+    levels = sorted({m.params.get('rel', 1) for m in measures if m.NAME in BINARY})
     notes = [f'Binary measures count documents with label ≥ {", ".join(map(str, levels))} as relevant'
              + (' (--rel; rel ≥ 2 is the TREC DL convention).' if rel is not None else
                 " (ir_measures' default, as in the reference implementations; --rel 2 gives the TREC DL "
                 'convention).')] if levels else []
-    deep = [str(m) for m in measures if m.NAME in ('R', 'P') and (m.params.get('cutoff') or 0) >
-            (options.depth if options.mode == 'rerank' else options.num_results)]
+    deep = [str(m) for m in measures if m.NAME in ('R', 'P') and (m.params.get('cutoff') or 0) > depth]
     if deep:
         notes.append(f'{", ".join(deep)}: the ranking is shallower than the cutoff; the measure counts only what it '
                      'holds.')
@@ -257,12 +281,8 @@ def _measure_notes(measures: list, rel: Optional[int], options: Options) -> List
 
 def _unanswered_notes(sources: Dict[str, Dict[str, str]], topics: pd.DataFrame) -> List[str]:
     """A note per answer source that leaves queries of the run unanswered: how many, and which."""
-    notes = []
-    for source, answers in sources.items():
-        missing = missing_answers(answers, topics['qid'])
-        if missing:
-            shown = ', '.join(missing[:10]) + (' …' if len(missing) > 10 else '')
-            notes.append(f'LLM answers{f" {source}" if source else ""}: no answer for {len(missing)} of '
-                         f'{topics["qid"].nunique()} queries ({shown}); LLM DIME used q ⊙ q for them.')
-    return notes
+    missing = {source: missing_answers(answers, topics['qid']) for source, answers in sources.items()}
+    return [f'LLM answers{f" {source}" if source else ""}: no answer for {len(qids)} of {topics["qid"].nunique()} '
+            f'queries ({", ".join(qids[:10]) + (" …" if len(qids) > 10 else "")}); LLM DIME used q ⊙ q for them.'
+            for source, qids in missing.items() if qids]
 

@@ -31,8 +31,8 @@ from ..threshold import CONTROLS as SELECTIONS
 from ..threshold import Rdime, SameBudget, ScoreMass, TopK, VectorScorer
 from .batched import BATCH_QUERIES, search_together
 from .collection import Collection
+from .parity import random_runs, topk_runs
 from .progress import Key, SystemRecords
-from .sweep import random_runs, topk_runs
 
 FEEDBACKS = ('dense', 'first-stage')
 #: Soft RDIME columns the runner can add (``modulators``): name -> (column label, ``Rdime(modulator=...)``).

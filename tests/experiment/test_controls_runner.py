@@ -158,7 +158,7 @@ def test_the_grid_writes_the_controls_tables(small, tmp_path):
 def test_the_random_curve_from_vectors_equals_the_same_budget_stage():
     """The sweep's random curve (numpy on the vectors in hand) scores as ``TopK`` then ``SameBudget('random')``."""
     from pyterrier_rdime import MagnitudeDime, SameBudget, TopK, VectorScorer
-    from pyterrier_rdime.experiment.sweep import random_runs
+    from pyterrier_rdime.experiment.parity import random_runs
     rng = np.random.default_rng(3)
     frame = pd.DataFrame([{'qid': q, 'docno': f'{q}-{i}', 'query_vec': qv, 'doc_vec': rng.normal(size=10)
                            .astype(np.float32), 'score': float(-i), 'rank': i}

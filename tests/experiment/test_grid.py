@@ -14,10 +14,9 @@ import pyterrier_rdime as rdime
 from pyterrier_rdime.experiment import grid as grid_module
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.grid import CELL_FILE, plan, run_grid
-from pyterrier_rdime.experiment.parity import BEST_IS_BASELINE
+from pyterrier_rdime.experiment.parity import BEST_IS_BASELINE, topk_runs
 from pyterrier_rdime.experiment.report import ALL_MARKS, DELTA, grid_kept_figure, latex, markdown, sweep_plot
 from pyterrier_rdime.experiment.runner import run_experiment
-from pyterrier_rdime.experiment.sweep import topk_runs
 
 SETTINGS = dict(dimes=['prf', 'swc'], ks=[0.5], depth=5, max_queries=3, first_stage='bm25', verbose=False)
 

@@ -12,8 +12,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.weightstats import ttost_paired
 
 from pyterrier_rdime.experiment import parity
-from pyterrier_rdime.experiment.parity import choose_test, significance
-from pyterrier_rdime.experiment.sweep import cv_systems, cv_topk, fold_of
+from pyterrier_rdime.experiment.parity import choose_test, cv_systems, cv_topk, fold_of, significance
 
 
 def test_folds_are_balanced_seeded_and_independent_of_the_input_order():
