@@ -92,11 +92,8 @@ NEEDS_QRELS = ('oracle', 'active', 'active-neg')
 
 def expand_dimes(dimes: Sequence[str], answers: Optional[AnswerSources]) -> Dict[str, Tuple[str, str]]:
     """The grid's DIMEs: system name -> (DIME, answer source); those of :data:`NEEDS_ANSWERS` once per source."""
-    expanded: Dict[str, Tuple[str, str]] = {}
-    for dime in dimes:
-        sources = list(answers or {}) if dime in NEEDS_ANSWERS else ['']
-        expanded.update({f'{dime}@{source}' if source else dime: (dime, source) for source in sources})
-    return expanded
+    return {f'{dime}@{source}' if source else dime: (dime, source)
+            for dime in dimes for source in (list(answers or {}) if dime in NEEDS_ANSWERS else [''])}
 
 
 def _with_answers(frame: pd.DataFrame, source: str, answers: Optional[AnswerSources], dime: str) -> pd.DataFrame:
@@ -155,9 +152,7 @@ def oracle_importance(qrels: pd.DataFrame, judged_docnos: Sequence[str], queries
     references compute it), not only those of the ranking."""
     judged = qrels[qrels['qid'].isin(set(queries['qid'])) & qrels['docno'].isin(set(judged_docnos))]
     frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged[['qid', 'docno']], on='qid')
-    frame = vec_loader(frame.assign(score=0.0))
-    scored = run(OracleDime(qrels=qrels, keep_ranking=False), frame)
-    return scored[['qid', 'query_dime']]
+    return run(OracleDime(qrels=qrels, keep_ranking=False), vec_loader(frame.assign(score=0.0)))[['qid', 'query_dime']]
 
 
 def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSources], dimes: Sequence[str],
