@@ -525,14 +525,11 @@ def _latex_controls(cells: Sequence) -> List[str]:
     for measure in dict.fromkeys(m for c in cells for m in c.result.measures):  # the paper tables' order
         table = {}
         for (encoder, label), mine in rows[rows['measure'] == measure].groupby(['encoder', 'label'], sort=False):
-            groups = []
-            for collection in collections:
-                hit = mine[mine['collection'] == collection].set_index('control')
-                groups.append(None if hit.empty else ' & '.join(
-                    [f'{hit["value"].iloc[0]:.3f} ({hit["kept"].iloc[0]:.2f})'] + [
-                        f'{hit.loc[c, "control_mean"]:.3f}{TEX_OUTCOMES[hit.loc[c, "outcome"]]}' if c in hit.index
-                        else '--' for c in controls]))
-            table.setdefault(encoder, []).append((label, groups))
+            hits = [mine[mine['collection'] == collection].set_index('control') for collection in collections]
+            table.setdefault(encoder, []).append((label, [None if hit.empty else ' & '.join(
+                [f'{hit["value"].iloc[0]:.3f} ({hit["kept"].iloc[0]:.2f})'] + [
+                    f'{hit.loc[c, "control_mean"]:.3f}{TEX_OUTCOMES[hit.loc[c, "outcome"]]}' if c in hit.index
+                    else '--' for c in controls]) for hit in hits]))
         if table:
             out += _tex_table(collections, ['RDIME', *map(_tex, controls)], table, (
                 f'{_tex(measure)} of RDIME (mean kept fraction) against the same number of dimensions per query '
