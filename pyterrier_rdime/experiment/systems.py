@@ -238,11 +238,10 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
 
     searches: Dict[Key, Callable[[], pd.DataFrame]] = {}  # system -> its query frame, in the table's order
     for name in expanded:
-        source = functools.partial(scored, name)
-        searches.update({('frames', f'{name}/{column}'): pruned(stage, source) for column, stage in stages.items()})
-        searches.update({('sweep', (name, fraction)): pruned(TopK(fraction=fraction), source) for fraction in sweep})
-        searches.update({key: pruned(stage, source) for key, stage in
-                         control_stages(name, stages, controls, seeds, index).items()})
+        mine = {('frames', f'{name}/{column}'): stage for column, stage in stages.items()}
+        mine.update({('sweep', (name, fraction)): TopK(fraction=fraction) for fraction in sweep})
+        mine.update(control_stages(name, stages, controls, seeds, index))
+        searches.update({key: pruned(stage, functools.partial(scored, name)) for key, stage in mine.items()})
     if 'random' in controls:  # round(fraction · p) dimensions at random: MagnitudeDime >> TopK only fixes the count
         for seed, fraction in itertools.product(range(seeds), sweep):
             stage = (MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction)
