@@ -13,6 +13,9 @@ from .parity import ALPHA, BEST_IS_BASELINE, COLUMNS, CV_COLUMNS, SAME_BUDGET, S
 
 #: Significance marks of the paper table: comparison label -> mark.
 MARKS = {'CV Top-k': '¶', 'best Top-k': '†', 'Baseline': '‡', 'RDIME': '§'}
+#: What a mark says RDIME is significantly different from.
+MEANINGS = {'¶': 'CV Top-k', '†': 'the best Top-k tuned on the test queries', '‡': 'Baseline',
+            '§': '(soft RDIME) RDIME'}
 #: Every mark a table can carry: ``*`` the best Top-k column of a row, then :data:`MARKS`.
 ALL_MARKS = '*' + ''.join(MARKS.values())
 #: Δ%: RDIME's relative difference from the cross-validated Top-k (the honest comparator).
@@ -226,26 +229,22 @@ class ExperimentResult:
 
     def sources_plot(self, path: Union[str, Path], controls: Sequence[str] = ('random', 'magnitude')) -> None:
         """Each measure against the answer source: LLM DIME's RDIME and CV Top-k, Baseline and controls as lines."""
-        from matplotlib.figure import Figure
         values = self.table.set_index(['system', 'measure'])['value']
         dimes = self.answer_sources()
         lines = {'RDIME': [f'{d}/RDIME' for d in dimes], 'CV Top-k': [f'{d}/CV Top-k' for d in dimes]}
         lines.update({c + SAME_BUDGET: [f'{d}/RDIME:{c}' for d in dimes] for c in controls
                       if f'{dimes[0]}/RDIME:{c}' in set(self.table['system'])})
-        fig = Figure(figsize=(max(6.0, 0.55 * len(dimes) + 2.5) * len(self.measures), 4.2))
-        axes = np.atleast_1d(fig.subplots(1, len(self.measures)))
         x = np.arange(len(dimes))
-        for ax, measure in zip(axes, self.measures):
+
+        def draw(ax, measure):
             for name, systems in lines.items():
                 style, colour = SOURCE_STYLES.get(name, ('.-', None))
                 ax.plot(x, [values.get((s, measure), np.nan) for s in systems], style, color=colour, linewidth=1,
                         markersize=5, label=name)
-            ax.axhline(values['Baseline', measure], color='black', linestyle='--', linewidth=1,
-                       label='Baseline (all dimensions)')
             ax.set_xticks(x, [self.labels[d] for d in dimes], rotation=45, ha='right', fontsize=7)
-            ax.set_ylabel(measure)
-            ax.grid(alpha=0.3)
-        _legend_right(fig, axes[0], f'LLM DIME by answer source — {self._title()}', path)
+        _measure_panels((max(6.0, 0.55 * len(dimes) + 2.5) * len(self.measures), 4.2),
+                        {m: values['Baseline', m] for m in self.measures}, draw,
+                        f'LLM DIME by answer source — {self._title()}', path)
 
     def to_markdown(self) -> str:
         s = self.settings
@@ -272,9 +271,7 @@ class ExperimentResult:
                f'α = {ALPHA}'
         margin = s.get('margin')
         folds = f'{s.get("folds")} folds of queries, seed {s.get("cv_seed")}' if s.get('sweep') else 'no sweep'
-        meanings = {'¶': 'CV Top-k', '†': 'the best Top-k tuned on the test queries', '‡': 'Baseline',
-                    '§': '(soft RDIME) RDIME'}
-        significant = [f'`{mark}` {meaning}' for mark, meaning in meanings.items() if mark in marks]
+        significant = [f'`{mark}` {meaning}' for mark, meaning in MEANINGS.items() if mark in marks]
         parts = ['`*` best Top-k column of the row'] if '*' in marks else []
         if significant:
             parts.append(f'RDIME significantly different from {", ".join(significant)} ({test})')
@@ -426,8 +423,6 @@ def markdown(cells: Sequence) -> str:
         rows = []
         for cell in cells:
             result = cell.result
-            if measure not in result.measures:
-                continue
             values = result.table[result.table['measure'] == measure].set_index('system')['value']
             sig = result.significance[result.significance['measure'] == measure]
             for dime, label in result.labels.items():
@@ -472,13 +467,9 @@ def control_grid(rows: pd.DataFrame) -> pd.DataFrame:
 
 def control_summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Per DIME and control, in how many (cell, measure) pairs RDIME is better, equivalent, worse or inconclusive."""
-    rows = rows[rows['column'] == 'RDIME']
-    table = []
-    for (label, control), mine in rows.groupby(['label', 'control'], sort=False):
-        tally = mine['outcome'].value_counts()
-        table.append({'DIME': label, 'control': control, **{o: int(tally.get(o, 0)) for o in OUTCOMES},
-                      'pairs': len(mine)})
-    return pd.DataFrame(table)
+    outcomes = rows[rows['column'] == 'RDIME'].groupby(['label', 'control'], sort=False)['outcome']
+    return outcomes.agg(**{o: lambda mine, o=o: int((mine == o).sum()) for o in OUTCOMES}, pairs='size').reset_index(
+        ).rename(columns={'label': 'DIME'})
 
 
 def _verdict(verdicts: Dict[str, str], prefix: str) -> str:
@@ -505,8 +496,8 @@ def latex(cells: Sequence) -> str:
             dimes = [d for d in labels if any(r is not None and f'{d}/RDIME' in set(r.table['system']) for r in mine)]
             rows[encoder] = [(labels.get(d, 'Baseline'), [_tex_group(r, measure, d, ks, marks) for r in mine])
                              for d in [*dimes, None]]  # None: the Baseline row
-        meanings = {'¶': 'CV Top-$k$', '†': 'the best Top-$k$ tuned on the test queries', '‡': 'Baseline'}
-        shown = [f'$^{{{TEX_MARKS[m]}}}$ {meaning}' for m, meaning in meanings.items() if m in marks]
+        shown = [f'$^{{{TEX_MARKS[m]}}}$ {meaning.replace("Top-k", "Top-$k$")}' for m, meaning in MEANINGS.items()
+                 if m in marks]  # never § (soft RDIME): the rows are RDIME's
         test = f'{TEX_TESTS[first.settings.get("test", "t")]}, {first.settings.get("alternative", "two-sided")}'
         margin = first.settings.get('margin')
         equivalent = (rf' A marked value can also be equivalent (TOST within $\pm{100 * margin:g}$\,\% of the '
@@ -533,14 +524,11 @@ def _latex_controls(cells: Sequence) -> List[str]:
     for measure in dict.fromkeys(m for c in cells for m in c.result.measures):  # the paper tables' order
         table = {}
         for (encoder, label), mine in rows[rows['measure'] == measure].groupby(['encoder', 'label'], sort=False):
-            groups = []
-            for collection in collections:
-                hit = mine[mine['collection'] == collection].set_index('control')
-                groups.append(None if hit.empty else ' & '.join(
-                    [f'{hit["value"].iloc[0]:.3f} ({hit["kept"].iloc[0]:.2f})'] + [
-                        f'{hit.loc[c, "control_mean"]:.3f}{TEX_OUTCOMES[hit.loc[c, "outcome"]]}' if c in hit.index
-                        else '--' for c in controls]))
-            table.setdefault(encoder, []).append((label, groups))
+            hits = [mine[mine['collection'] == collection].set_index('control') for collection in collections]
+            table.setdefault(encoder, []).append((label, [None if hit.empty else ' & '.join(
+                [f'{hit["value"].iloc[0]:.3f} ({hit["kept"].iloc[0]:.2f})'] + [
+                    f'{hit.loc[c, "control_mean"]:.3f}{TEX_OUTCOMES[hit.loc[c, "outcome"]]}' if c in hit.index
+                    else '--' for c in controls]) for hit in hits]))
         if table:
             out += _tex_table(collections, ['RDIME', *map(_tex, controls)], table, (
                 f'{_tex(measure)} of RDIME (mean kept fraction) against the same number of dimensions per query '
@@ -580,15 +568,12 @@ def _tex_group(result, measure: str, dime: Optional[str], ks: List[str], marks: 
     mine = {k: values.get(f'{dime}/{k}', np.nan) for k in ks + ['CV Top-k', 'RDIME']}
     printed = {k: f'{v:.3f}' for k, v in mine.items() if np.isfinite(v)}
     best = max(printed.values(), key=float, default=None)  # ties as printed: every value that prints as the best
-    rdime_marks = [m for m in result.marks(measure, dime, 'RDIME') if m in TEX_MARKS]
+    rdime_marks = result.marks(measure, dime, 'RDIME')
     marks.update(rdime_marks)
-    shown = []
-    for k in mine:
-        text = '--' if k not in printed else (rf'\textbf{{{printed[k]}}}' if printed[k] == best else printed[k])
-        if k == 'RDIME':
-            text += (f'$^{{{"".join(TEX_MARKS[m] for m in rdime_marks)}}}$' if rdime_marks else '') + \
-                f' ({result.mean_kept(dime, "RDIME"):.2f})'
-        shown.append(text)
+    shown = ['--' if k not in printed else rf'\textbf{{{printed[k]}}}' if printed[k] == best else printed[k]
+             for k in mine]
+    shown[-1] += (f'$^{{{"".join(TEX_MARKS[m] for m in rdime_marks)}}}$' if rdime_marks else '') + \
+        f' ({result.mean_kept(dime, "RDIME"):.2f})'  # the RDIME column
     return ' & '.join(shown + [delta(mine['RDIME'], mine['CV Top-k']).replace('n/a', '--')])
 
 
@@ -605,12 +590,9 @@ def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, 
     value``; dime ``random``: the random selection), RDIME with its :data:`SPREAD` and CV Top-k (``points``: ``dime,
     measure, system, kept, low, high, value``), and ``baseline`` (measure -> value) as a line. Returns the Figure."""
     from matplotlib import colormaps
-    from matplotlib.figure import Figure
-    measures = list(baseline.index)
     colours = {dime: colormaps['tab10'](i % 10) for i, dime in enumerate(labels)}
-    fig = Figure(figsize=(4.2 * len(measures) + 2.2, 3.6))
-    axes = np.atleast_1d(fig.subplots(1, len(measures)))
-    for ax, measure in zip(axes, measures):
+
+    def draw(ax, measure):
         for dime, label in labels.items():
             curve = curves[(curves['dime'] == dime) & (curves['measure'] == measure)].sort_values('fraction')
             ax.plot(curve['fraction'], curve['value'], '.-', color=colours[dime], linewidth=1, label=f'{label} Top-k')
@@ -629,14 +611,10 @@ def sweep_plot(curves: pd.DataFrame, points: pd.DataFrame, baseline: pd.Series, 
         if len(chance):
             ax.plot(chance['fraction'], chance['value'], '.:', color='grey', linewidth=1,
                     label='random dimensions (mean over seeds)')
-        ax.axhline(baseline[measure], color='black', linestyle='--', linewidth=1, label='Baseline (all dimensions)')
         ax.set_xlabel('fraction of dimensions kept')
-        ax.set_ylabel(measure)
         ax.set_xlim(0, 1.05)
-        ax.grid(alpha=0.3)
-    _legend_right(fig, axes[-1], title + f' — RDIME bar: per-query kept fraction, percentiles {SPREAD[0]}–{SPREAD[1]}',
-                  path)
-    return fig
+    return _measure_panels((4.2 * len(baseline) + 2.2, 3.6), baseline, draw,
+                           title + f' — RDIME bar: per-query kept fraction, percentiles {SPREAD[0]}–{SPREAD[1]}', path)
 
 
 def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]], paths: Sequence[Union[str, Path]]):
@@ -695,14 +673,24 @@ def _box_legend(ax) -> Tuple[list, List[str]]:
             ['median', 'mean'] + names)
 
 
-def _legend_right(fig, ax, title: str, path: Union[str, Path]) -> None:
-    """Puts the legend of ``ax``'s lines right of the panels and ``title`` above them, then saves ``fig``."""
-    legend = fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc='center right')
+def _measure_panels(size: Tuple[float, float], baseline, draw: Callable, title: str, path: Union[str, Path]):
+    """A Figure of ``size``, a panel per measure of ``baseline`` (measure -> value): ``draw(ax, measure)``, then
+    Baseline as a dashed line; the last panel's legend right of the panels, ``title`` above; saved to ``path``."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=size)
+    axes = np.atleast_1d(fig.subplots(1, len(baseline)))
+    for ax, measure in zip(axes, list(baseline.keys())):
+        draw(ax, measure)
+        ax.axhline(baseline[measure], color='black', linestyle='--', linewidth=1, label='Baseline (all dimensions)')
+        ax.set_ylabel(measure)
+        ax.grid(alpha=0.3)
+    legend = fig.legend(*axes[-1].get_legend_handles_labels(), fontsize=7, loc='center right')
     fig.suptitle(title, fontsize=9)
     # the panels end where the legend begins, with a gap: its width depends on the DIMEs' names, so it is measured
     width, _ = _legend_inches(fig, legend)
     fig.tight_layout(rect=(0, 0, 1 - (width + LEGEND_GAP) / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=120)
+    return fig
 
 
 def _legend_inches(fig, legend) -> Tuple[float, float]:

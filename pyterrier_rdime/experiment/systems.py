@@ -59,10 +59,11 @@ def vector_prf_stages() -> Dict[str, pt.Transformer]:
     return {'Vector PRF': VectorPrf(), 'Average PRF': AveragePrf()}
 
 
-def vector_prf_queries(stage: pt.Transformer, feedback: pd.DataFrame) -> pd.DataFrame:
-    """``qid, query_vec``: ``stage`` applied to the ranking ``feedback`` in rank order (PRF reads the first rows)."""
+def vector_prf_queries(stage: pt.Transformer, queries: pd.DataFrame, feedback: pd.DataFrame) -> pd.DataFrame:
+    """``queries`` with the query vector of ``stage`` applied to the ranking ``feedback`` in rank order (PRF reads
+    the first rows)."""
     ranked = feedback.sort_values(['qid', 'rank'], kind='stable')
-    return stage.compile()(ranked)[['qid', 'query_vec']]
+    return queries.drop(columns='query_vec').merge(stage.compile()(ranked)[['qid', 'query_vec']], on='qid')
 
 
 #: The grid's DIMEs: name -> (row label, estimator, its arguments), with the reference implementations' defaults.
@@ -89,11 +90,8 @@ NEEDS_QRELS = ('oracle', 'active', 'active-neg')
 
 def expand_dimes(dimes: Sequence[str], answers: Optional[AnswerSources]) -> Dict[str, Tuple[str, str]]:
     """The grid's DIMEs: system name -> (DIME, answer source); those of :data:`NEEDS_ANSWERS` once per source."""
-    expanded: Dict[str, Tuple[str, str]] = {}
-    for dime in dimes:
-        sources = list(answers or {}) if dime in NEEDS_ANSWERS else ['']
-        expanded.update({f'{dime}@{source}' if source else dime: (dime, source) for source in sources})
-    return expanded
+    return {f'{dime}@{source}' if source else dime: (dime, source)
+            for dime in dimes for source in (list(answers or {}) if dime in NEEDS_ANSWERS else [''])}
 
 
 def _with_answers(frame: pd.DataFrame, source: str, answers: Optional[AnswerSources], dime: str) -> pd.DataFrame:
@@ -111,13 +109,9 @@ def make_dime(name: str, qrels: pd.DataFrame, model, keep_ranking: bool) -> Dime
 def thresholds(ks: Sequence[float], modulators: Sequence[str], masses: Sequence[float] = ()
                ) -> Dict[str, pt.Transformer]:
     """Column name -> threshold stage: ``k=<fraction>``, ``RDIME``, the soft modulators, then ``mass=<p>``."""
-    stages: Dict[str, pt.Transformer] = {f'k={k}': TopK(fraction=k) for k in ks}
-    stages['RDIME'] = Rdime()
-    for modulator in modulators:
-        stages[MODULATORS[modulator]] = Rdime(modulator=modulator)
-    for mass in masses:
-        stages[f'mass={mass}'] = ScoreMass(mass=mass)
-    return stages
+    return {**{f'k={k}': TopK(fraction=k) for k in ks}, 'RDIME': Rdime(),
+            **{MODULATORS[modulator]: Rdime(modulator=modulator) for modulator in modulators},
+            **{f'mass={mass}': ScoreMass(mass=mass) for mass in masses}}
 
 
 @dataclass
@@ -132,9 +126,10 @@ class Grid:
     #: (system, seed) -> result frame of each seed of a ``random`` control; the system's value is their mean.
     seeded: Dict[Tuple[str, int], pd.DataFrame] = field(default_factory=dict)
 
-    def put(self, key: Key, frame: pd.DataFrame) -> None:
-        """Files a system's frame under its record key (:data:`~.progress.Key`)."""
-        getattr(self, key[0])[key[1]] = frame
+    def put(self, frames: Dict[Key, pd.DataFrame]) -> None:
+        """Files the systems' frames under their record keys (:data:`~.progress.Key`)."""
+        for key, frame in frames.items():
+            getattr(self, key[0])[key[1]] = frame
 
 
 @dataclass
@@ -155,9 +150,7 @@ def oracle_importance(qrels: pd.DataFrame, judged_docnos: Sequence[str], queries
     references compute it), not only those of the ranking."""
     judged = qrels[qrels['qid'].isin(set(queries['qid'])) & qrels['docno'].isin(set(judged_docnos))]
     frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged[['qid', 'docno']], on='qid')
-    frame = vec_loader(frame.assign(score=0.0))
-    scored = run(OracleDime(qrels=qrels, keep_ranking=False), frame)
-    return scored[['qid', 'query_dime']]
+    return run(OracleDime(qrels=qrels, keep_ranking=False), vec_loader(frame.assign(score=0.0)))[['qid', 'query_dime']]
 
 
 def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSources], dimes: Sequence[str],
@@ -174,7 +167,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
     # the feedback ranking, with its vectors, whether or not the Baseline's frame reads back
     dense = run(VectorScorer(), candidates)
     grid = Grid({}, {}, '')
-    grid.put(BASELINE, records.frame(BASELINE, lambda: dense))
+    grid.put({BASELINE: records.frame(BASELINE, lambda: dense)})
     source = dense if feedback == 'dense' else candidates
     # the vectors the variance control reads: one row per candidate document, in first-seen order
     documents = np.stack(candidates.drop_duplicates('docno')['doc_vec'].to_numpy()) if 'variance' in controls else None
@@ -186,29 +179,22 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
             scored = source.merge(oracle_importance(qrels, judged, candidates, index.vec_loader(), run), on='qid')
         else:
             scored = run(make_dime(dime, qrels, model, True), _with_answers(source, answer_source, answers, dime))
-        columns = {('frames', f'{name}/{column}'): stage for column, stage in stages.items()}
-        for key, frame in records.frames(list(columns), lambda missing: (
-                (key, run(columns[key] >> VectorScorer(), scored)) for key in missing)).items():
-            grid.put(key, frame)
-        selections = control_stages(name, stages, controls, seeds, documents)
-        # numpy on the vectors in hand, cheaper than a round trip through the workers
-        for key, frame in records.frames(list(selections), lambda missing: (
-                (key, (selections[key] >> VectorScorer())(scored)) for key in missing)).items():
-            grid.put(key, frame)
-        for key, frame in records.frames([('sweep', (name, f)) for f in sweep], lambda missing: (
-                (('sweep', (name, f)), frame) for f, frame in topk_runs(scored, [k[1][1] for k in missing]).items())
-                ).items():
-            grid.put(key, frame)
+        systems = {('frames', f'{name}/{column}'): functools.partial(run, stage >> VectorScorer())
+                   for column, stage in stages.items()}
+        # the controls: numpy on the vectors in hand, cheaper than a round trip through the workers
+        systems.update({key: stage >> VectorScorer()
+                        for key, stage in control_stages(name, stages, controls, seeds, documents).items()})
+        grid.put(records.frames(list(systems), lambda missing: ((key, systems[key](scored)) for key in missing)))
+        grid.put(records.frames([('sweep', (name, f)) for f in sweep], lambda missing: (
+            (('sweep', (name, f)), frame) for f, frame in topk_runs(scored, [k[1][1] for k in missing]).items())))
     if 'random' in controls:
         keys = [('sweep', (f'random#{seed}', fraction)) for seed in range(seeds) for fraction in sweep]
-        for key, frame in records.frames(keys, lambda missing: (
-                (('sweep', name), frame) for name, frame in random_runs(candidates, sweep, seeds).items())).items():
-            grid.put(key, frame)
+        grid.put(records.frames(keys, lambda missing: (
+            (('sweep', name), frame) for name, frame in random_runs(candidates, sweep, seeds).items())))
     if 'vector-prf' in controls:
         for system, stage in vector_prf_stages().items():
-            grid.put(('frames', system), records.frame(('frames', system), lambda: run(
-                VectorScorer(), candidates.drop(columns='query_vec').merge(vector_prf_queries(stage, source),
-                                                                           on='qid'))))
+            grid.put({('frames', system): records.frame(('frames', system), lambda: run(
+                VectorScorer(), vector_prf_queries(stage, candidates, source)))})
         notes.append(f'Vector PRF and Average PRF: pyterrier-dr\'s stages with their defaults (top 3 of the {order}).')
     return _finished(grid, expanded, dimes, qrels, judged, candidates, notes, f'{order} of the top-{depth} candidates '
                      '(the references: the bottom of a 1000-deep dense run)')
@@ -225,7 +211,7 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     records = records or SystemRecords()
     queries = run(model.query_encoder(), topics)
     grid = Grid({}, {}, f'dense retrieval ({backend}, top {num_results})')
-    grid.put(BASELINE, records.frame(BASELINE, lambda: run(retriever, queries)))
+    grid.put({BASELINE: records.frame(BASELINE, lambda: run(retriever, queries))})
     # the feedback ranking: the Baseline's documents beside the full query vectors, which its frame does not hold
     baseline = grid.frames['Baseline']
     retrieved = queries.merge(baseline[['qid'] + [c for c in baseline.columns if c not in queries.columns]],
@@ -250,11 +236,10 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
 
     searches: Dict[Key, Callable[[], pd.DataFrame]] = {}  # system -> its query frame, in the table's order
     for name in expanded:
-        source = functools.partial(scored, name)
-        searches.update({('frames', f'{name}/{column}'): pruned(stage, source) for column, stage in stages.items()})
-        searches.update({('sweep', (name, fraction)): pruned(TopK(fraction=fraction), source) for fraction in sweep})
-        searches.update({key: pruned(stage, source) for key, stage in
-                         control_stages(name, stages, controls, seeds, index).items()})
+        mine = {('frames', f'{name}/{column}'): stage for column, stage in stages.items()}
+        mine.update({('sweep', (name, fraction)): TopK(fraction=fraction) for fraction in sweep})
+        mine.update(control_stages(name, stages, controls, seeds, index))
+        searches.update({key: pruned(stage, functools.partial(scored, name)) for key, stage in mine.items()})
     if 'random' in controls:  # round(fraction · p) dimensions at random: MagnitudeDime >> TopK only fixes the count
         for seed, fraction in itertools.product(range(seeds), sweep):
             stage = (MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction)
@@ -262,22 +247,14 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
             searches['sweep', (f'random#{seed}', fraction)] = pruned(stage, lambda: queries)
     if 'vector-prf' in controls:
         for system, stage in vector_prf_stages().items():
-            searches['frames', system] = functools.partial(_vector_prf_query, stage, queries, retrieved,
-                                                           index.vec_loader(), run)
+            searches['frames', system] = lambda stage=stage: vector_prf_queries(
+                stage, queries, run(index.vec_loader(), retrieved[retrieved['rank'] < stage.k]))
         notes.append("Vector PRF and Average PRF: pyterrier-dr's stages with their defaults (top 3 of the dense "
                      'ranking).')
-    for key, frame in records.frames(list(searches), lambda missing: (
-            (key, frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame) for key, frame in search_together(
-                retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES))).items():
-        grid.put(key, frame)
+    grid.put(records.frames(list(searches), lambda missing: (
+        (key, frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame) for key, frame in search_together(
+            retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES))))
     return _finished(grid, expanded, dimes, qrels, judged, queries, notes, f'{num_results}-deep dense ranking')
-
-
-def _vector_prf_query(stage: pt.Transformer, queries: pd.DataFrame, retrieved: pd.DataFrame,
-                      vec_loader: pt.Transformer, run: Runner) -> pd.DataFrame:
-    """The queries with the query vector of a vector-PRF ``stage`` on the top of the dense ranking."""
-    top = run(vec_loader, retrieved[retrieved['rank'] < stage.k])
-    return queries.drop(columns='query_vec').merge(vector_prf_queries(stage, top), on='qid')
 
 
 def control_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence[str], seeds: int, documents
