@@ -9,6 +9,9 @@ import pytest
 
 SHARED = Path(__file__).resolve().parents[1].parent / 'shared'
 DATA = SHARED / 'data'
+#: Seconds a test waits for a child process to start (import, connect): a bound that catches a hang, never a slow
+#: start on a loaded machine.
+START_UP = 600
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import START_UP
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = {'rdime-experiment': 'experiment', 'pytest': 'pytest', 'python': 'python'}
@@ -30,7 +31,7 @@ def checkout(tmp_path_factory) -> Path:
 def run(checkout: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, 'IR_DATASETS_HOME': str(checkout / 'irds')}  # set: run.sh copies nothing
     return subprocess.run(['bash', str(checkout / 'run.sh'), *args], capture_output=True, text=True, env=env,
-                          timeout=60)
+                          timeout=START_UP)
 
 
 @pytest.mark.parametrize('args, expected', [

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import START_UP
 
 from pyterrier_rdime.experiment import grid, runner
 from pyterrier_rdime.experiment.cli import main
@@ -283,12 +284,11 @@ exec(_HASH_ENCODER)
 
 def _sigkill_once_started(script, args, started, stage):
     """Runs ``script`` in a child Python with ``args`` and the path ``started``, and kills it with SIGKILL as soon as
-    it creates that file (at ``stage``, within 120 s); returns the finished child."""
+    it creates that file (at ``stage``, within ``START_UP`` s); returns the finished child."""
     child = subprocess.Popen([sys.executable, '-c', script, *map(str, args), str(started)])
     try:
-        for _ in range(1200):
-            if started.exists() or child.poll() is not None:
-                break
+        deadline = time.monotonic() + START_UP
+        while not started.exists() and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert started.exists(), f'the child never reached {stage}'
     finally:

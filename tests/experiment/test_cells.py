@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import shared_collection
+from conftest import START_UP, shared_collection
 
 from pyterrier_rdime.experiment import grid as cells_module
 from pyterrier_rdime.experiment.cli import main
@@ -222,7 +222,7 @@ def http_server():
     server = subprocess.Popen([sys.executable, '-m', 'http.server', str(port), '--bind', '127.0.0.1'],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60  # its start-up on a loaded machine: generous, bounded
+        deadline = time.monotonic() + START_UP
         while True:
             try:
                 socket.create_connection(('127.0.0.1', port), timeout=1).close()
