@@ -144,13 +144,10 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     compressed_batch = {n: queries(n, 0.35) for n in (8, 64)}
     pass_weights = {n: compressed.one_pass_weights(copy, q) for n, q in compressed_batch.items()}
     fns: Dict[str, Callable] = {
-        'gemv': lambda: dense.search_dense(matrix, full[:1], CALIBRATION_K),
-        'gemm 8': lambda: dense.search_dense(matrix, full[:8], CALIBRATION_K),
-        'gemm 64': lambda: dense.search_dense(matrix, full, CALIBRATION_K),
-        **{f'one {kept}': (lambda q=q: _numba.fused_top_k(matrix, q, CALIBRATION_K, one_pass=True))
-           for kept, q in single.items()},
+        **{name: (lambda n=n: dense.search_dense(matrix, full[:n], CALIBRATION_K))
+           for name, n in (('gemv', 1), ('gemm 8', 8), ('gemm 64', 64))},
         **{name: (lambda q=q: _numba.fused_top_k(matrix, q, CALIBRATION_K, one_pass=True))
-           for name, q in batch.items()},
+           for name, q in [*((f'one {kept}', q) for kept, q in single.items()), *batch.items()]},
         **{f'compressed {kept}': (lambda q=q: compressed.search_compressed(copy, matrix, q, CALIBRATION_K,
                                                                           use_numba=True, doc_rows=rows))
            for kept, q in single.items()},

@@ -26,15 +26,16 @@ WEIGHT_BASE = 128
 SLAB_DOCS = 16384
 
 
-def error_bound(copy: Codes, dims: np.ndarray, values: np.ndarray, weights: np.ndarray) -> float:
-    """The largest gap between any exact score and its first-pass float32 score: quantisation error, plus weight
-    rounding, plus ``gamma_{n+2} sum_j |weights_j| CODE_MAX`` for the float32 sum (Higham 2002, §3.1), widened by
-    ``1e-9`` relative for float64 rounding."""
+def error_bound(copy: Codes, dims: np.ndarray, values: np.ndarray, weights: np.ndarray, *,
+                float32_sum: bool = True) -> float:
+    """The largest gap between any exact score and its first-pass score ``sum_j weights_j code_j``: quantisation
+    error, plus weight rounding, plus (``float32_sum``) ``gamma_{n+2} sum_j |weights_j| CODE_MAX`` for a float32 sum
+    (Higham 2002, §3.1), widened by ``1e-9`` relative for float64 rounding."""
     values64, weights64 = values.astype(np.float64), weights.astype(np.float64)
     quantisation = float(np.abs(values64) @ copy.error[dims])
     weight_rounding = float(np.abs(values64 * copy.scale[dims].astype(np.float64) - weights64).sum()) * CODE_MAX
     m = (len(dims) + 2) * UNIT_ROUNDOFF
-    sum_rounding = m / (1 - m) * float(np.abs(weights64).sum()) * CODE_MAX
+    sum_rounding = m / (1 - m) * float(np.abs(weights64).sum()) * CODE_MAX if float32_sum else 0.0
     return (quantisation + weight_rounding + sum_rounding) * (1 + 1e-9)
 
 
@@ -165,13 +166,9 @@ def integer_weights(copy: Codes, query_vecs: np.ndarray) -> Tuple[np.ndarray, np
 
 
 def integer_bound(copy: Codes, query_vec: np.ndarray, step: float, weights: np.ndarray) -> float:
-    """The largest gap between any exact score and ``step * sum_j weights_j code_j``: quantisation error plus weight
-    rounding, widened by ``1e-9`` relative for float64 rounding."""
+    """:func:`error_bound` of the exact integer sum ``step * sum_j weights_j code_j``."""
     dims = np.flatnonzero(query_vec)
-    values = query_vec[dims].astype(np.float64)
-    quantisation = float(np.abs(values) @ copy.error[dims])
-    rounding = float(np.abs(values * copy.scale[dims].astype(np.float64) - step * weights[dims]).sum()) * CODE_MAX
-    return (quantisation + rounding) * (1 + 1e-9)
+    return error_bound(copy, dims, query_vec[dims], step * weights[dims], float32_sum=False)
 
 
 # torch's OpenMP threads cannot serve a process forked after they ran (the child would wait for them forever): a

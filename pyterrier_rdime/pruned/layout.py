@@ -62,11 +62,10 @@ class Layout:
         self._row_file: Optional[Tuple[tuple, np.memmap]] = None  # and the identity of its vecs.f4
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, 'index': portable_index(self.index), '_lock': None, '_in_memory': None,
-                '_codes': None, '_docno_array': None, '_whole': False, '_row_file': None}
+        return dict(index=portable_index(self.index), docnos=self.docnos, stage=self.stage, verbose=self.verbose)
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
+        self.__init__(**state)
 
     @property
     def is_array(self) -> bool:

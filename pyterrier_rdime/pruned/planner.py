@@ -138,13 +138,11 @@ class CostModel:
     def path_costs(self, query_vecs: np.ndarray, *, k: int, matrix_bytes: int, one_pass: bool) -> Dict[str, float]:
         """Estimated cost of ``'dense'``, ``'pruned'``, ``'one pass'``, ``'compressed'`` and ``'compressed one pass'``
         (the one-pass paths only with ``one_pass``), in that order."""
-        costs = {'dense': self.dense_cost(len(query_vecs)), 'pruned': self.pruned_one_by_one_cost(query_vecs)}
-        if one_pass:
-            costs['one pass'] = self.pruned_batch_cost(query_vecs)
-        costs['compressed'] = self.compressed_cost(query_vecs, k, matrix_bytes)
-        if one_pass:
-            costs['compressed one pass'] = self.compressed_one_pass_cost(query_vecs, k, matrix_bytes)
-        return costs
+        costs = {'dense': self.dense_cost(len(query_vecs)), 'pruned': self.pruned_one_by_one_cost(query_vecs),
+                 'one pass': one_pass and self.pruned_batch_cost(query_vecs),
+                 'compressed': self.compressed_cost(query_vecs, k, matrix_bytes),
+                 'compressed one pass': one_pass and self.compressed_one_pass_cost(query_vecs, k, matrix_bytes)}
+        return {path: cost for path, cost in costs.items() if one_pass or 'one pass' not in path}
 
 
 class MeasuredChoice:

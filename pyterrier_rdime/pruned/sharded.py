@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from .._config import check_bool, check_int, check_positive
+from .._config import check_int, check_positive
 from . import calibration, kept, planner
 from .dense import best_k
 from .layout import docno_hashes, shared_hashes
@@ -103,13 +103,13 @@ class ShardServer:
 class _Actors:
     """The actors of a retriever and its ``% k`` variants (``handles`` None until started) with the shards they
     serve; once started, :meth:`ShardedPrunedRetriever._start` adds what the plan and the merge need (``docs``,
-    ``offsets``, ``dims``, ``abs_max``, ``compiled``, ``float32_ready``)."""
+    ``offsets``, ``dims``, ``abs_max``, ``compiled``, ``float32_ready``) and ``retrievers`` (each actor's retriever in
+    the object store, for a restart to read)."""
 
-    def __init__(self, handles: Optional[list] = None, served: Sequence[int] = (), retrievers: Sequence = ()):
+    def __init__(self, handles: Optional[list] = None, served: Sequence[int] = ()):
         self.lock = threading.Lock()
         self.handles = handles
         self.served = list(served)
-        self.retrievers = list(retrievers)  # each actor's retriever in the object store, for a restart to read
         self.nodes: List[Tuple[str, str]] = [('', '')] * len(self.served)
         self.model: Optional[CostModel] = None
 
@@ -158,8 +158,6 @@ class ShardedPrunedRetriever(ExactRetriever):
         if isinstance(shards, (np.ndarray, str)) or not isinstance(shards, Sequence) or not len(shards):
             raise ValueError(f'{name}: shards must be a non-empty list of FlexIndexes or (docs, dims) arrays, got '
                              f'{type(shards).__name__}; for one index use PrunedRetriever')
-        check_bool(name, 'drop_query_vec', drop_query_vec)
-        check_bool(name, 'verbose', verbose)
         if num_cpus is not None:
             check_positive(name, 'num_cpus', num_cpus, "the CPUs (and threads) of each shard's actor, or None")
         check_int(name, 'max_restarts', max_restarts, 0)
@@ -191,7 +189,8 @@ class ShardedPrunedRetriever(ExactRetriever):
         self._measured = MeasuredChoice(None)  # the driver's timings of its calls, in memory (see .planner)
 
     def _shard_retrievers(self) -> List[Optional[PrunedRetriever]]:
-        """Each shard's ``PrunedRetriever`` (None for an empty array), which checks the shard and the options."""
+        """Each shard's ``PrunedRetriever`` (None for an empty array), which checks the shard and the options
+        (``drop_query_vec`` and ``verbose`` too)."""
         retrievers, row = [], 0
         for i, shard in enumerate(self.shards):
             docnos = None
@@ -205,7 +204,7 @@ class ShardedPrunedRetriever(ExactRetriever):
             try:
                 retrievers.append(PrunedRetriever(index=shard, num_results=self.num_results, docnos=docnos,
                                                   strategy=self.strategy, batch_size=self.batch_size,
-                                                  verbose=self.verbose))
+                                                  drop_query_vec=self.drop_query_vec, verbose=self.verbose))
             except ValueError as e:
                 raise ValueError(f'{type(self).__name__}: shard {i}: {e}') from None
         return retrievers
@@ -239,8 +238,7 @@ class ShardedPrunedRetriever(ExactRetriever):
                 raise RuntimeError(f'{type(self).__name__}: {self._shard(shard)} now holds {now} documents, {docs} '
                                    'when it started (its actor restarted on a changed index): the global docids no '
                                    'longer hold; build a new retriever')
-            bounds = np.concatenate([[0], np.cumsum(counts)])
-            per_shard.append((bounds, scores, docids + offset, docnos))
+            per_shard.append((np.concatenate([[0], np.cumsum(counts)]), scores, docids + offset, docnos))
         scores, docids, docnos = merge_shards(per_shard, len(query_vecs), self.num_results)
         return scores, docids, lambda _: np.concatenate(docnos).astype(object)
 
@@ -305,21 +303,23 @@ class ShardedPrunedRetriever(ExactRetriever):
                                           resources=dict(self.resources[i]) if self.resources else None,
                                           ).remote(ref, threads)
                            for i, ref in zip(served, retrievers)]
-                starting = _Actors(handles, served, retrievers)
+                starting = _Actors(handles, served)
                 try:
                     self._wait_placed(ray, starting)
                     nodes, docs, abs_maxes, compiled, ready = zip(*self._gather(
                         ray, starting, lambda handle: handle.info.remote(), 'open'))
-                    self._check_dims(served, abs_maxes)
+                    if len({len(a) for a in abs_maxes}) > 1:
+                        other = next(i for i, a in zip(served, abs_maxes) if len(a) != len(abs_maxes[0]))
+                        raise ValueError(f'{name}: {self._shard(served[0])} holds {len(abs_maxes[0])}-dimensional '
+                                         f'vectors but {self._shard(other)} holds {len(abs_maxes[served.index(other)])}'
+                                         '; every shard needs vectors of the same model')
                     self._refuse_shared_docnos(ray, starting)
                 except BaseException:
                     for handle in handles:  # a retriever that failed to start holds nothing
                         ray.kill(handle, no_restart=True)
                     raise
-                sizes = np.array([len(s) if r is None else 0 for s, r in zip(self.shards, self._retrievers)])
-                sizes[served] = docs
-                actors.docs = sizes[served]
-                actors.offsets = (np.cumsum(sizes) - sizes)[served]
+                actors.docs = np.array(docs)  # the shards not served are empty
+                actors.offsets = np.cumsum(actors.docs) - actors.docs
                 actors.dims = len(abs_maxes[0])
                 actors.abs_max = np.max(abs_maxes, axis=0)
                 actors.compiled = all(compiled)
@@ -382,14 +382,6 @@ class ShardedPrunedRetriever(ExactRetriever):
         wanted = self._wanted(shard)
         return [n for n in ray.nodes() if n.get('Alive')
                 and all(n.get('Resources', {}).get(r, 0) >= v for r, v in wanted.items())]
-
-    def _check_dims(self, served: List[int], abs_maxes: List[np.ndarray]) -> None:
-        """Fail unless every FlexIndex shard has one dimensionality."""
-        if len({len(a) for a in abs_maxes}) > 1:
-            first, other = served[0], next(i for i, a in zip(served, abs_maxes) if len(a) != len(abs_maxes[0]))
-            raise ValueError(f'{type(self).__name__}: {self._shard(first)} holds {len(abs_maxes[0])}-dimensional '
-                             f'vectors but {self._shard(other)} holds {len(abs_maxes[served.index(other)])}; every '
-                             'shard needs vectors of the same model')
 
     def _refuse_shared_docnos(self, ray, actors: _Actors) -> None:
         """Fail naming a docno that two shards hold; only docnos whose hashes two shards share are fetched."""
@@ -562,16 +554,13 @@ def merge_shards(per_shard: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
                  k: int) -> Tuple[list, list, list]:
     """``(scores, docids, docnos)``: each query's global top-``k`` from each shard's ``(bounds, scores, global
     docids, docnos)``, ties to the lower global docid."""
-    scores, docids, docnos = [], [], []
+    merged: Tuple[list, list, list] = ([], [], [])
     for q in range(queries):
-        s = np.concatenate([shard_s[b[q]:b[q + 1]] for b, shard_s, _, _ in per_shard])
-        i = np.concatenate([shard_i[b[q]:b[q + 1]] for b, _, shard_i, _ in per_shard])
-        n = np.concatenate([shard_n[b[q]:b[q + 1]] for b, _, _, shard_n in per_shard])
-        order = best_k(s, i, k)
-        scores.append(s[order])
-        docids.append(i[order])
-        docnos.append(n[order])
-    return scores, docids, docnos
+        parts = [np.concatenate([shard[j][b[q]:b[q + 1]] for b, *shard in per_shard]) for j in range(3)]
+        order = best_k(parts[0], parts[1], k)
+        for out, part in zip(merged, parts):
+            out.append(part[order])
+    return merged
 
 
 def split_flex_index(index: object, folder: str, num_shards: int) -> List[object]:
