@@ -163,9 +163,8 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
                                                                                    CALIBRATION_K, use_numba=True))
            for n, w in pass_weights.items()},
     }
-    progress = pt.tqdm(total=len(fns) * (1 + 2 * rounds), desc='PrunedRetriever calibration', unit='timing',
-                       disable=not verbose)
-    with progress:
+    with pt.tqdm(total=len(fns) * (1 + 2 * rounds), desc='PrunedRetriever calibration', unit='timing',
+                 disable=not verbose) as progress:
         for fn in fns.values():  # compile (or load) the kernels, touch the matrix
             fn()
             progress.update()

@@ -46,7 +46,6 @@ class ShardServer:
         import ray
         self.retriever = retriever
         self.node = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
-        self._limits = None
         self.threads = threads or os.cpu_count()
         if kept.NUMBA_AVAILABLE:
             import numba
@@ -87,8 +86,7 @@ class ShardServer:
         """The docnos of the documents whose docno hash (by :meth:`docno_hashes`) is one of ``values``."""
         return [str(d) for d in self.retriever._layout.lookup_docnos(np.flatnonzero(np.isin(self._hashes, values)))]
 
-    def search(self, query_vecs: np.ndarray, k: int, plan: Plan) -> Tuple[Tuple[str, str], int, np.ndarray,
-                                                                          np.ndarray, np.ndarray, np.ndarray]:
+    def search(self, query_vecs: np.ndarray, k: int, plan: Plan) -> tuple:
         """Each query's exact top-``k`` in this shard on ``plan``, flat: ``(node, documents, counts, scores, local
         docids, docnos)``."""
         self._use_threads()
@@ -379,9 +377,8 @@ class ShardedPrunedRetriever(ExactRetriever):
 
     def _offering(self, ray, shard: int) -> List[dict]:
         """The live nodes whose resources (free or not) cover what the actor of ``shard`` asks."""
-        wanted = self._wanted(shard)
         return [n for n in ray.nodes() if n.get('Alive')
-                and all(n.get('Resources', {}).get(r, 0) >= v for r, v in wanted.items())]
+                and all(n.get('Resources', {}).get(r, 0) >= v for r, v in self._wanted(shard).items())]
 
     def _refuse_shared_docnos(self, ray, actors: _Actors) -> None:
         """Fail naming a docno that two shards hold; only docnos whose hashes two shards share are fetched."""
