@@ -124,8 +124,7 @@ class Layout:
     def doc_rows(self) -> Optional[np.ndarray]:
         """The index's ``(docs, dims)`` float32 C-contiguous vectors where it holds such, else None."""
         if self.is_array:
-            index = self.index
-            return index if index.dtype == np.float32 and index.flags.c_contiguous else None
+            return self.index if self.index.dtype == np.float32 and self.index.flags.c_contiguous else None
         self._check_whole()
         return self.index.payload(return_docnos=False)[0]
 
