@@ -15,7 +15,6 @@ import pyterrier as pt
 
 from ..dime import (
     ActiveFeedbackDime,
-    DimeScorer,
     EclipseDime,
     KernelDime,
     LlmDime,
@@ -95,13 +94,6 @@ def expand_dimes(dimes: Sequence[str], answers: Optional[AnswerSources]) -> Dict
             for dime in dimes for source in (list(answers or {}) if dime in NEEDS_ANSWERS else [''])}
 
 
-def make_dime(name: str, qrels: pd.DataFrame, model, keep_ranking: bool) -> DimeScorer:
-    """The DIME ``name`` of :data:`DIMES`, given the qrels or the encoder (for the answers) that it reads."""
-    _, estimator, arguments = DIMES[name]
-    reads = {'qrels': qrels} if name in NEEDS_QRELS else {'encoder': model} if name in NEEDS_ANSWERS else {}
-    return estimator(**arguments, **reads, keep_ranking=keep_ranking)
-
-
 def thresholds(ks: Sequence[float], modulators: Sequence[str], masses: Sequence[float] = ()
                ) -> Dict[str, pt.Transformer]:
     """Column name -> threshold stage: ``k=<fraction>``, ``RDIME``, the soft modulators, then ``mass=<p>``."""
@@ -140,44 +132,26 @@ class Runner:
         return stage(frame)
 
 
-def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.DataFrame, queries: pd.DataFrame,
-                    model, index, qrels: pd.DataFrame, judged_docnos: Sequence[str], run: Runner,
-                    keep_ranking: bool) -> pd.DataFrame:
-    """The ``query_dime`` of ``dime`` (reading ``answers`` where it reads some) on the feedback ``ranking``: beside
-    it in re-ranking (``keep_ranking``, where the ranking holds its vectors), beside ``queries`` in retrieval. Oracle
-    DIME reads **all** judged documents of each query the index holds (as the references), not only the ranking's."""
-    if dime == 'oracle':
-        judged = qrels[qrels['qid'].isin(set(queries['qid'])) & qrels['docno'].isin(set(judged_docnos))]
-        frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged[['qid', 'docno']], on='qid')
-        oracle = run(OracleDime(qrels=qrels, keep_ranking=False), index.vec_loader()(frame.assign(score=0.0)))
-        return (ranking if keep_ranking else queries).merge(oracle[['qid', 'query_dime']], on='qid')
-    stage = make_dime(dime, qrels, model, keep_ranking)
-    if not keep_ranking:
-        stage, ranking = (stage, queries) if dime in NO_FEEDBACK else ((index.vec_loader() >> stage).compile(), ranking)
-    return run(stage, LlmAnswers(answers=answers)(ranking) if dime in NEEDS_ANSWERS else ranking)
-
-
-def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSources], dimes: Sequence[str],
-                stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], feedback: str,
-                depth: int, run: Runner, sweep: Sequence[float] = (), controls: Sequence[str] = (),
-                seeds: int = 1, records: Optional[SystemRecords] = None) -> Grid:
-    """Re-ranking: the first stage's top-``depth`` re-scored by the (pruned) query vector. With
+def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSources], stages: Dict[str, pt.Transformer],
+                qrels: pd.DataFrame, judged: Sequence[str], run: Runner, options, records: SystemRecords) -> Grid:
+    """Re-ranking: the first stage's top-``options.depth`` re-scored by the (pruned) query vector. With
     ``feedback='dense'`` (the references' protocol) the feedback documents are the top of the candidates re-scored
-    with the full query vector; with ``'first-stage'`` the first stage's own top. The ``sweep`` fractions (and the
+    with the full query vector; with ``'first-stage'`` the first stage's own top. The sweep fractions (and the
     random selection) re-score the candidates from the vectors in hand; each RDIME column gets its same-budget
-    ``controls`` (:func:`dime_stages`). Frames go through ``records``: read back where a run finished them."""
-    records = records or SystemRecords()
+    controls (:func:`dime_stages`). ``options``: the run's (:class:`~.options.Options`). Frames go through
+    ``records``: read back where a run finished them."""
     candidates = run(model.query_encoder() >> index.vec_loader(), first)
     # the feedback ranking, with its vectors, whether or not the Baseline's frame reads back
     dense = run(VectorScorer(), candidates)
     grid = Grid({}, {}, '')
     grid.put({BASELINE: records.frame(BASELINE, lambda: dense)})
-    source = dense if feedback == 'dense' else candidates
+    source = dense if options.feedback == 'dense' else candidates
+    controls, sweep, seeds = options.controls, options.fractions, options.control_seeds
     # the vectors the variance control reads: one row per candidate document, in first-seen order
     documents = np.stack(candidates.drop_duplicates('docno')['doc_vec'].to_numpy()) if 'variance' in controls else None
-    order = 'dense re-ranking (full query vector)' if feedback == 'dense' else 'first-stage order'
-    notes = [f'Feedback documents: the top of the {order} of the top-{depth} candidates.']
-    expanded = expand_dimes(dimes, answers)
+    order = 'dense re-ranking (full query vector)' if options.feedback == 'dense' else 'first-stage order'
+    notes = [f'Feedback documents: the top of the {order} of the top-{options.depth} candidates.']
+    expanded = expand_dimes(options.dimes, answers)
     for name, (dime, answer_source) in expanded.items():
         columns = {f'{name}/{column}' for column in stages}
         scored = dime_importance(dime, (answers or {}).get(answer_source), source, candidates, model, index, qrels,
@@ -197,29 +171,25 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
         grid.put(records.frames(list(systems), lambda missing: (
             (key, run(VectorScorer(), systems[key]())) for key in missing)))
         notes.append(f'Vector PRF and Average PRF: pyterrier-dr\'s stages with their defaults (top 3 of the {order}).')
-    return _finished(grid, expanded, dimes, qrels, judged, candidates, notes, f'{order} of the top-{depth} candidates '
-                     '(the references: the bottom of a 1000-deep dense run)')
+    return _finished(grid, expanded, options.dimes, qrels, judged, candidates, notes, f'{order} of the top-'
+                     f'{options.depth} candidates (the references: the bottom of a 1000-deep dense run)')
 
 
-def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, backend: str,
-                  answers: Optional[AnswerSources], dimes: Sequence[str], stages: Dict[str, pt.Transformer],
-                  qrels: pd.DataFrame, judged: Sequence[str], num_results: int, run: Runner,
-                  sweep: Sequence[float] = (), controls: Sequence[str] = (), seeds: int = 1,
-                  records: Optional[SystemRecords] = None) -> Grid:
+def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, answers: Optional[AnswerSources],
+                  stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], run: Runner, options,
+                  records: SystemRecords) -> Grid:
     """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
-    ranking of the full query vector. ``sweep``, ``controls`` and ``records`` as in :func:`rerank_grid`. After the
-    Baseline, the systems still to compute are searched together (:func:`search_together`)."""
-    records = records or SystemRecords()
+    ranking of the full query vector. ``options`` and ``records`` as in :func:`rerank_grid`. After the Baseline, the
+    systems still to compute are searched together (:func:`search_together`)."""
     queries = run(model.query_encoder(), topics)
-    grid = Grid({}, {}, f'dense retrieval ({backend}, top {num_results})')
+    grid = Grid({}, {}, f'dense retrieval ({options.retriever}, top {options.num_results})')
     grid.put({BASELINE: records.frame(BASELINE, lambda: run(retriever, queries))})
     # the feedback ranking: the Baseline's documents beside the full query vectors, which its frame does not hold
     baseline = grid.frames['Baseline']
     retrieved = queries.merge(baseline[['qid'] + [c for c in baseline.columns if c not in queries.columns]],
                               on='qid')
-    notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {num_results}).']
-
-    expanded = expand_dimes(dimes, answers)
+    notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {options.num_results}).']
+    expanded = expand_dimes(options.dimes, answers)
 
     @functools.lru_cache(maxsize=None)
     def scored(name: str) -> pd.DataFrame:
@@ -230,14 +200,14 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
 
     searches: Dict[Key, Callable[[], pd.DataFrame]] = {}  # system -> its query frame, in the table's order
     for name in expanded:
-        searches.update({key: functools.partial(lambda stage, name: run(stage, scored(name)), stage, name)
-                         for key, stage in dime_stages(name, stages, controls, seeds, index, sweep).items()})
-    if 'random' in controls:  # round(fraction · p) dimensions at random: MagnitudeDime >> TopK only fixes the count
-        for seed, fraction in itertools.product(range(seeds), sweep):
+        searches.update({key: lambda stage=stage, name=name: run(stage, scored(name)) for key, stage in dime_stages(
+            name, stages, options.controls, options.control_seeds, index, options.fractions).items()})
+    if 'random' in options.controls:  # round(fraction · p) dimensions at random: MagnitudeDime >> TopK only fixes it
+        for seed, fraction in itertools.product(range(options.control_seeds), options.fractions):
             stage = (MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction)
                      >> SameBudget(control='random', seed=seed))
             searches['sweep', (f'random#{seed}', fraction)] = functools.partial(run, stage, queries)
-    if 'vector-prf' in controls:
+    if 'vector-prf' in options.controls:
         searches.update(vector_prf_queries(queries, lambda k: run(index.vec_loader(),
                                                                   retrieved[retrieved['rank'] < k])))
         notes.append("Vector PRF and Average PRF: pyterrier-dr's stages with their defaults (top 3 of the dense "
@@ -245,7 +215,27 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     grid.put(records.frames(list(searches), lambda missing: (
         (key, frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame) for key, frame in search_together(
             retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES))))
-    return _finished(grid, expanded, dimes, qrels, judged, queries, notes, f'{num_results}-deep dense ranking')
+    return _finished(grid, expanded, options.dimes, qrels, judged, queries, notes,
+                     f'{options.num_results}-deep dense ranking')
+
+
+def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.DataFrame, queries: pd.DataFrame,
+                    model, index, qrels: pd.DataFrame, judged_docnos: Sequence[str], run: Runner,
+                    keep_ranking: bool) -> pd.DataFrame:
+    """The ``query_dime`` of ``dime`` (reading ``answers`` where it reads some) on the feedback ``ranking``: beside
+    it in re-ranking (``keep_ranking``, where the ranking holds its vectors), beside ``queries`` in retrieval. Oracle
+    DIME reads **all** judged documents of each query the index holds (as the references), not only the ranking's."""
+    if dime == 'oracle':
+        judged = qrels[qrels['qid'].isin(set(queries['qid'])) & qrels['docno'].isin(set(judged_docnos))]
+        frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged[['qid', 'docno']], on='qid')
+        oracle = run(OracleDime(qrels=qrels, keep_ranking=False), index.vec_loader()(frame.assign(score=0.0)))
+        return (ranking if keep_ranking else queries).merge(oracle[['qid', 'query_dime']], on='qid')
+    _, estimator, arguments = DIMES[dime]  # given the qrels or the encoder (for the answers) it reads
+    reads = {'qrels': qrels} if dime in NEEDS_QRELS else {'encoder': model} if dime in NEEDS_ANSWERS else {}
+    stage: pt.Transformer = estimator(**arguments, **reads, keep_ranking=keep_ranking)
+    if not keep_ranking:
+        stage, ranking = (stage, queries) if dime in NO_FEEDBACK else ((index.vec_loader() >> stage).compile(), ranking)
+    return run(stage, LlmAnswers(answers=answers)(ranking) if dime in NEEDS_ANSWERS else ranking)
 
 
 def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[[], pd.DataFrame]],
