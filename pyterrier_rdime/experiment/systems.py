@@ -2,7 +2,6 @@
 fractions, RDIME and its soft modulators), in the references' protocol; and the LLM answers they read
 (``--answers``), by source: from files, a collection folder's ``llm_answers/<name>.tsv``, or the published ones."""
 import functools
-import itertools
 import os
 import re
 from dataclasses import dataclass, field
@@ -202,11 +201,10 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     for name in expanded:
         searches.update({key: lambda stage=stage, name=name: run(stage, scored(name)) for key, stage in dime_stages(
             name, stages, options.controls, options.control_seeds, index, options.fractions).items()})
-    if 'random' in options.controls:  # round(fraction · p) dimensions at random: MagnitudeDime >> TopK only fixes it
-        for seed, fraction in itertools.product(range(options.control_seeds), options.fractions):
-            stage = (MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction)
-                     >> SameBudget(control='random', seed=seed))
-            searches['sweep', (f'random#{seed}', fraction)] = functools.partial(run, stage, queries)
+    if 'random' in options.controls:  # round(fraction · p) dimensions at random: MagnitudeDime >> TopK fixes the count
+        searches.update({('sweep', (f'random#{seed}', fraction)): functools.partial(run, MagnitudeDime(
+            keep_ranking=False) >> TopK(fraction=fraction) >> SameBudget(control='random', seed=seed), queries)
+            for seed in range(options.control_seeds) for fraction in options.fractions})
     if 'vector-prf' in options.controls:
         searches.update(vector_prf_queries(queries, lambda k: run(index.vec_loader(),
                                                                   retrieved[retrieved['rank'] < k])))
@@ -239,7 +237,7 @@ def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.Da
 
 
 def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[[], pd.DataFrame]],
-                    run: Optional[Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame]] = None,
+                    run: Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame] = Runner(),
                     batch_queries: int = BATCH_QUERIES) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
     """Yields ``(key, retriever(queries[key]()))`` for each key, in order, stacking consecutive systems' frames up to
     ``batch_queries`` rows into one call of ``run(retriever, frame)`` (default ``retriever(frame)``).
@@ -247,7 +245,6 @@ def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[
     Each row is searched under a qid of its own, then each system's result is rebuilt as the retriever builds one.
     A retriever that scores each query on its own gives the frames of one call per system bit for bit; a BLAS matrix
     product may differ in the last bits (~1e-6 relative), as with ``--workers``."""
-    run = run or (lambda stage, frame: stage(frame))
     chunk: List[Tuple[Hashable, pd.DataFrame]] = []
     for key, build in queries.items():
         frame = build().reset_index(drop=True)
