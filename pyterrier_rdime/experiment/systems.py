@@ -154,7 +154,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
     for name, (dime, answer_source) in expanded.items():
         columns = {f'{name}/{column}' for column in stages}
         scored = dime_importance(dime, (answers or {}).get(answer_source), source, candidates, model, index, qrels,
-                                 judged, run, True)
+                                 judged, run, keep_ranking=True)
         systems = dime_stages(name, stages, controls, seeds, documents)
         # the columns over the workers; the controls: numpy on the vectors in hand, cheaper than a round trip there
         grid.put(records.frames(list(systems), lambda missing: ((key, (run if key[1] in columns else Runner())(
@@ -195,7 +195,7 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
         """The DIME's importance per query, computed on the first system that needs it."""
         dime, answer_source = expanded[name]
         return dime_importance(dime, (answers or {}).get(answer_source), retrieved, queries, model, index, qrels,
-                               judged, run, False)
+                               judged, run, keep_ranking=False)
 
     searches: Dict[Key, Callable[[], pd.DataFrame]] = {}  # system -> its query frame, in the table's order
     for name in expanded:
