@@ -52,19 +52,6 @@ AnswerSources = Dict[str, Dict[str, str]]
 BATCH_QUERIES = 512
 
 
-def vector_prf_queries(queries: pd.DataFrame, feedback: Callable[[int], pd.DataFrame]
-                       ) -> Dict[Key, Callable[[], pd.DataFrame]]:
-    """pyterrier-dr's vector-PRF baselines with their own defaults, by record key: ``queries`` with the query vector
-    the stage computes from ``feedback(k)`` (a ranking with its vectors, holding its top ``k``) in rank order."""
-    from pyterrier_dr import AveragePrf, VectorPrf
-
-    def expanded(stage: pt.Transformer) -> pd.DataFrame:
-        ranked = feedback(stage.k).sort_values(['qid', 'rank'], kind='stable')
-        return queries.drop(columns='query_vec').merge(stage.compile()(ranked)[['qid', 'query_vec']], on='qid')
-    return {('frames', name): functools.partial(expanded, stage)
-            for name, stage in (('Vector PRF', VectorPrf()), ('Average PRF', AveragePrf()))}
-
-
 #: The grid's DIMEs: name -> (row label, estimator, its arguments), with the reference implementations' defaults.
 DIMES = {
     'prf': ('PRF (M=2)', PrfDime, {}),
@@ -142,8 +129,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
     candidates = run(model.query_encoder() >> index.vec_loader(), first)
     # the feedback ranking, with its vectors, whether or not the Baseline's frame reads back
     dense = run(VectorScorer(), candidates)
-    grid = Grid({}, {}, '')
-    grid.put({BASELINE: records.frame(BASELINE, lambda: dense)})
+    grid = Grid({'Baseline': records.frame(BASELINE, lambda: dense)}, {}, '')
     source = dense if options.feedback == 'dense' else candidates
     controls, sweep, seeds = options.controls, options.fractions, options.control_seeds
     # the vectors the variance control reads: one row per candidate document, in first-seen order
@@ -181,12 +167,10 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     ranking of the full query vector. ``options`` and ``records`` as in :func:`rerank_grid`. After the Baseline, the
     systems still to compute are searched together (:func:`search_together`)."""
     queries = run(model.query_encoder(), topics)
-    grid = Grid({}, {}, f'dense retrieval ({options.retriever}, top {options.num_results})')
-    grid.put({BASELINE: records.frame(BASELINE, lambda: run(retriever, queries))})
+    baseline = records.frame(BASELINE, lambda: run(retriever, queries))
+    grid = Grid({'Baseline': baseline}, {}, f'dense retrieval ({options.retriever}, top {options.num_results})')
     # the feedback ranking: the Baseline's documents beside the full query vectors, which its frame does not hold
-    baseline = grid.frames['Baseline']
-    retrieved = queries.merge(baseline[['qid'] + [c for c in baseline.columns if c not in queries.columns]],
-                              on='qid')
+    retrieved = queries.merge(baseline.drop(columns=queries.columns.drop('qid'), errors='ignore'), on='qid')
     notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {options.num_results}).']
     expanded = expand_dimes(options.dimes, answers)
 
@@ -277,6 +261,19 @@ def _search(retriever: pt.Transformer, run: Callable, chunk: List[Tuple[Hashable
         if 'query_vec' not in result.columns:  # a retriever that drops it (drop_query_vec=True)
             out = out.drop(columns='query_vec')
         yield key, out.assign(**{column: part[column] for column in added})
+
+
+def vector_prf_queries(queries: pd.DataFrame, feedback: Callable[[int], pd.DataFrame]
+                       ) -> Dict[Key, Callable[[], pd.DataFrame]]:
+    """pyterrier-dr's vector-PRF baselines with their own defaults, by record key: ``queries`` with the query vector
+    the stage computes from ``feedback(k)`` (a ranking with its vectors, holding its top ``k``) in rank order."""
+    from pyterrier_dr import AveragePrf, VectorPrf
+
+    def expanded(stage: pt.Transformer) -> pd.DataFrame:
+        ranked = feedback(stage.k).sort_values(['qid', 'rank'], kind='stable')
+        return queries.drop(columns='query_vec').merge(stage.compile()(ranked)[['qid', 'query_vec']], on='qid')
+    return {('frames', name): functools.partial(expanded, stage)
+            for name, stage in (('Vector PRF', VectorPrf()), ('Average PRF', AveragePrf()))}
 
 
 def dime_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence[str], seeds: int, documents,
