@@ -142,7 +142,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
         scored = dime_importance(dime, (answers or {}).get(answer_source), source, candidates, model, index, qrels,
                                  judged, run, keep_ranking=True)
         systems = dime_stages(name, stages, controls, seeds, documents)
-        # the columns over the workers; the controls: numpy on the vectors in hand, cheaper than a round trip there
+        # the columns over the workers; the controls here: numpy on the vectors in hand, cheaper than the round trip
         grid.put(records.frames(list(systems), lambda missing: ((key, (run if key[1] in columns else Runner())(
             systems[key] >> VectorScorer(), scored)) for key in missing)))
         grid.put(records.frames([('sweep', (name, f)) for f in sweep], lambda missing: (
