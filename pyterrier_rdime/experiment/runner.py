@@ -246,14 +246,13 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
     dense = external if external is not None else dense_index(collection, model, encoder, cache_dir, needed,
                                                               batch_size=batch_size, verbose=verbose)
     watch.lap('index')
-    common = dict(sweep=options.fractions, controls=options.controls, seeds=options.control_seeds, records=records)
     if options.mode == 'rerank':
-        return replace(rerank_grid(first, model, dense, answers, options.dimes, stages, collection.qrels, judged,
-                                   options.feedback, options.depth, run, **common), source=source)
+        return replace(rerank_grid(first, model, dense, answers, stages, collection.qrels, judged, run, options,
+                                   records or SystemRecords()), source=source)
     search = retriever(dense, options.retriever, options.num_results, shards=options.shards, cache_dir=cache_dir,
                        verbose=verbose)
-    return retrieve_grid(topics, model, dense, search, options.retriever, answers, options.dimes, stages,
-                         collection.qrels, judged, options.num_results, run, **common)
+    return retrieve_grid(topics, model, dense, search, answers, stages, collection.qrels, judged, run, options,
+                         records or SystemRecords())
 
 
 def _judged_documents(collection: Collection, topics: pd.DataFrame, external) -> List[str]:

@@ -2,12 +2,11 @@
 fractions, RDIME and its soft modulators), in the references' protocol; and the LLM answers they read
 (``--answers``), by source: from files, a collection folder's ``llm_answers/<name>.tsv``, or the published ones."""
 import functools
-import itertools
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -15,7 +14,6 @@ import pyterrier as pt
 
 from ..dime import (
     ActiveFeedbackDime,
-    DimeScorer,
     EclipseDime,
     KernelDime,
     LlmDime,
@@ -29,7 +27,6 @@ from ..llm import LlmAnswers, read_answers_csv, read_answers_tsv
 from ..llm.published import CATALOGUE, fetch, published_entry
 from ..threshold import CONTROLS as SELECTIONS
 from ..threshold import Rdime, SameBudget, ScoreMass, TopK, VectorScorer
-from .batched import BATCH_QUERIES, search_together
 from .collection import Collection
 from .parity import random_runs, topk_runs
 from .progress import Key, SystemRecords
@@ -51,19 +48,8 @@ _NAME = re.compile(r'[A-Za-z0-9][\w.+-]*')
 _FILE_SUFFIXES = ('.tsv', '.csv', '.txt')
 #: The LLM answers of a run by source: source name -> (qid -> answer); source ``s`` makes the DIME ``llm@s``.
 AnswerSources = Dict[str, Dict[str, str]]
-
-
-def vector_prf_stages() -> Dict[str, pt.Transformer]:
-    """pyterrier-dr's vector-PRF baselines with their own defaults, by system name."""
-    from pyterrier_dr import AveragePrf, VectorPrf
-    return {'Vector PRF': VectorPrf(), 'Average PRF': AveragePrf()}
-
-
-def vector_prf_queries(stage: pt.Transformer, queries: pd.DataFrame, feedback: pd.DataFrame) -> pd.DataFrame:
-    """``queries`` with the query vector of ``stage`` applied to the ranking ``feedback`` in rank order (PRF reads
-    the first rows)."""
-    ranked = feedback.sort_values(['qid', 'rank'], kind='stable')
-    return queries.drop(columns='query_vec').merge(stage.compile()(ranked)[['qid', 'query_vec']], on='qid')
+#: Query rows per retriever call (eleven systems of DL19's 43 queries): bounds the call's result frame and heaps.
+BATCH_QUERIES = 512
 
 
 #: The grid's DIMEs: name -> (row label, estimator, its arguments), with the reference implementations' defaults.
@@ -92,18 +78,6 @@ def expand_dimes(dimes: Sequence[str], answers: Optional[AnswerSources]) -> Dict
     """The grid's DIMEs: system name -> (DIME, answer source); those of :data:`NEEDS_ANSWERS` once per source."""
     return {f'{dime}@{source}' if source else dime: (dime, source)
             for dime in dimes for source in (list(answers or {}) if dime in NEEDS_ANSWERS else [''])}
-
-
-def _with_answers(frame: pd.DataFrame, source: str, answers: Optional[AnswerSources], dime: str) -> pd.DataFrame:
-    """``frame`` with the ``query_answer`` of ``source`` where ``dime`` reads answers."""
-    return LlmAnswers(answers=answers[source])(frame) if dime in NEEDS_ANSWERS else frame
-
-
-def make_dime(name: str, qrels: pd.DataFrame, model, keep_ranking: bool) -> DimeScorer:
-    """The DIME ``name`` of :data:`DIMES`, given the qrels or the encoder (for the answers) that it reads."""
-    _, estimator, arguments = DIMES[name]
-    reads = {'qrels': qrels} if name in NEEDS_QRELS else {'encoder': model} if name in NEEDS_ANSWERS else {}
-    return estimator(**arguments, **reads, keep_ranking=keep_ranking)
 
 
 def thresholds(ks: Sequence[float], modulators: Sequence[str], masses: Sequence[float] = ()
@@ -144,47 +118,33 @@ class Runner:
         return stage(frame)
 
 
-def oracle_importance(qrels: pd.DataFrame, judged_docnos: Sequence[str], queries: pd.DataFrame,
-                      vec_loader: pt.Transformer, run: Runner) -> pd.DataFrame:
-    """``qid, query_dime`` of Oracle DIME over **all** judged documents of each query the index holds (as the
-    references compute it), not only those of the ranking."""
-    judged = qrels[qrels['qid'].isin(set(queries['qid'])) & qrels['docno'].isin(set(judged_docnos))]
-    frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged[['qid', 'docno']], on='qid')
-    return run(OracleDime(qrels=qrels, keep_ranking=False), vec_loader(frame.assign(score=0.0)))[['qid', 'query_dime']]
-
-
-def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSources], dimes: Sequence[str],
-                stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], feedback: str,
-                depth: int, run: Runner, sweep: Sequence[float] = (), controls: Sequence[str] = (),
-                seeds: int = 1, records: Optional[SystemRecords] = None) -> Grid:
-    """Re-ranking: the first stage's top-``depth`` re-scored by the (pruned) query vector. With
+def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSources], stages: Dict[str, pt.Transformer],
+                qrels: pd.DataFrame, judged: Sequence[str], run: Runner, options, records: SystemRecords) -> Grid:
+    """Re-ranking: the first stage's top-``options.depth`` re-scored by the (pruned) query vector. With
     ``feedback='dense'`` (the references' protocol) the feedback documents are the top of the candidates re-scored
-    with the full query vector; with ``'first-stage'`` the first stage's own top. The ``sweep`` fractions (and the
+    with the full query vector; with ``'first-stage'`` the first stage's own top. The sweep fractions (and the
     random selection) re-score the candidates from the vectors in hand; each RDIME column gets its same-budget
-    ``controls`` (:func:`control_stages`). Frames go through ``records``: read back where a run finished them."""
-    records = records or SystemRecords()
+    controls (:func:`dime_stages`). ``options``: the run's (:class:`~.options.Options`). Frames go through
+    ``records``: read back where a run finished them."""
     candidates = run(model.query_encoder() >> index.vec_loader(), first)
     # the feedback ranking, with its vectors, whether or not the Baseline's frame reads back
     dense = run(VectorScorer(), candidates)
-    grid = Grid({}, {}, '')
-    grid.put({BASELINE: records.frame(BASELINE, lambda: dense)})
-    source = dense if feedback == 'dense' else candidates
+    grid = Grid({'Baseline': records.frame(BASELINE, lambda: dense)}, {}, '')
+    source = dense if options.feedback == 'dense' else candidates
+    controls, sweep, seeds = options.controls, options.fractions, options.control_seeds
     # the vectors the variance control reads: one row per candidate document, in first-seen order
     documents = np.stack(candidates.drop_duplicates('docno')['doc_vec'].to_numpy()) if 'variance' in controls else None
-    order = 'dense re-ranking (full query vector)' if feedback == 'dense' else 'first-stage order'
-    notes = [f'Feedback documents: the top of the {order} of the top-{depth} candidates.']
-    expanded = expand_dimes(dimes, answers)
+    order = 'dense re-ranking (full query vector)' if options.feedback == 'dense' else 'first-stage order'
+    notes = [f'Feedback documents: the top of the {order} of the top-{options.depth} candidates.']
+    expanded = expand_dimes(options.dimes, answers)
     for name, (dime, answer_source) in expanded.items():
-        if dime == 'oracle':
-            scored = source.merge(oracle_importance(qrels, judged, candidates, index.vec_loader(), run), on='qid')
-        else:
-            scored = run(make_dime(dime, qrels, model, True), _with_answers(source, answer_source, answers, dime))
-        systems = {('frames', f'{name}/{column}'): functools.partial(run, stage >> VectorScorer())
-                   for column, stage in stages.items()}
-        # the controls: numpy on the vectors in hand, cheaper than a round trip through the workers
-        systems.update({key: stage >> VectorScorer()
-                        for key, stage in control_stages(name, stages, controls, seeds, documents).items()})
-        grid.put(records.frames(list(systems), lambda missing: ((key, systems[key](scored)) for key in missing)))
+        columns = {f'{name}/{column}' for column in stages}
+        scored = dime_importance(dime, (answers or {}).get(answer_source), source, candidates, model, index, qrels,
+                                 judged, run, keep_ranking=True)
+        systems = dime_stages(name, stages, controls, seeds, documents)
+        # the columns over the workers; the controls here: numpy on the vectors in hand, cheaper than the round trip
+        grid.put(records.frames(list(systems), lambda missing: ((key, (run if key[1] in columns else Runner())(
+            systems[key] >> VectorScorer(), scored)) for key in missing)))
         grid.put(records.frames([('sweep', (name, f)) for f in sweep], lambda missing: (
             (('sweep', (name, f)), frame) for f, frame in topk_runs(scored, [k[1][1] for k in missing]).items())))
     if 'random' in controls:
@@ -192,77 +152,137 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
         grid.put(records.frames(keys, lambda missing: (
             (('sweep', name), frame) for name, frame in random_runs(candidates, sweep, seeds).items())))
     if 'vector-prf' in controls:
-        for system, stage in vector_prf_stages().items():
-            grid.put({('frames', system): records.frame(('frames', system), lambda: run(
-                VectorScorer(), vector_prf_queries(stage, candidates, source)))})
+        systems = vector_prf_queries(candidates, lambda k: source)
+        grid.put(records.frames(list(systems), lambda missing: (
+            (key, run(VectorScorer(), systems[key]())) for key in missing)))
         notes.append(f'Vector PRF and Average PRF: pyterrier-dr\'s stages with their defaults (top 3 of the {order}).')
-    return _finished(grid, expanded, dimes, qrels, judged, candidates, notes, f'{order} of the top-{depth} candidates '
-                     '(the references: the bottom of a 1000-deep dense run)')
+    return _finished(grid, expanded, options.dimes, qrels, judged, candidates, notes, f'{order} of the top-'
+                     f'{options.depth} candidates (the references: the bottom of a 1000-deep dense run)')
 
 
-def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, backend: str,
-                  answers: Optional[AnswerSources], dimes: Sequence[str], stages: Dict[str, pt.Transformer],
-                  qrels: pd.DataFrame, judged: Sequence[str], num_results: int, run: Runner,
-                  sweep: Sequence[float] = (), controls: Sequence[str] = (), seeds: int = 1,
-                  records: Optional[SystemRecords] = None) -> Grid:
+def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, answers: Optional[AnswerSources],
+                  stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], run: Runner, options,
+                  records: SystemRecords) -> Grid:
     """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
-    ranking of the full query vector. ``sweep``, ``controls`` and ``records`` as in :func:`rerank_grid`. After the
-    Baseline, the systems still to compute are searched together (:func:`~.batched.search_together`)."""
-    records = records or SystemRecords()
+    ranking of the full query vector. ``options`` and ``records`` as in :func:`rerank_grid`. After the Baseline, the
+    systems still to compute are searched together (:func:`search_together`)."""
     queries = run(model.query_encoder(), topics)
-    grid = Grid({}, {}, f'dense retrieval ({backend}, top {num_results})')
-    grid.put({BASELINE: records.frame(BASELINE, lambda: run(retriever, queries))})
+    baseline = records.frame(BASELINE, lambda: run(retriever, queries))
+    grid = Grid({'Baseline': baseline}, {}, f'dense retrieval ({options.retriever}, top {options.num_results})')
     # the feedback ranking: the Baseline's documents beside the full query vectors, which its frame does not hold
-    baseline = grid.frames['Baseline']
-    retrieved = queries.merge(baseline[['qid'] + [c for c in baseline.columns if c not in queries.columns]],
-                              on='qid')
-    notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {num_results}).']
-
-    expanded = expand_dimes(dimes, answers)
+    retrieved = queries.merge(baseline.drop(columns=queries.columns.drop('qid'), errors='ignore'), on='qid')
+    notes = [f'Feedback documents: the top of the dense ranking (full query vector, top {options.num_results}).']
+    expanded = expand_dimes(options.dimes, answers)
 
     @functools.lru_cache(maxsize=None)
     def scored(name: str) -> pd.DataFrame:
         """The DIME's importance per query, computed on the first system that needs it."""
         dime, answer_source = expanded[name]
-        if dime == 'oracle':
-            return queries.merge(oracle_importance(qrels, judged, queries, index.vec_loader(), run), on='qid')
-        if dime in NO_FEEDBACK:
-            return run(make_dime(dime, qrels, model, False), _with_answers(queries, answer_source, answers, dime))
-        return run((index.vec_loader() >> make_dime(dime, qrels, model, False)).compile(),
-                   _with_answers(retrieved, answer_source, answers, dime))
-
-    def pruned(stage: pt.Transformer, source: Callable[[], pd.DataFrame]) -> Callable[[], pd.DataFrame]:
-        return lambda: run(stage, source())
+        return dime_importance(dime, (answers or {}).get(answer_source), retrieved, queries, model, index, qrels,
+                               judged, run, keep_ranking=False)
 
     searches: Dict[Key, Callable[[], pd.DataFrame]] = {}  # system -> its query frame, in the table's order
     for name in expanded:
-        mine = {('frames', f'{name}/{column}'): stage for column, stage in stages.items()}
-        mine.update({('sweep', (name, fraction)): TopK(fraction=fraction) for fraction in sweep})
-        mine.update(control_stages(name, stages, controls, seeds, index))
-        searches.update({key: pruned(stage, functools.partial(scored, name)) for key, stage in mine.items()})
-    if 'random' in controls:  # round(fraction · p) dimensions at random: MagnitudeDime >> TopK only fixes the count
-        for seed, fraction in itertools.product(range(seeds), sweep):
-            stage = (MagnitudeDime(keep_ranking=False) >> TopK(fraction=fraction)
-                     >> SameBudget(control='random', seed=seed))
-            searches['sweep', (f'random#{seed}', fraction)] = pruned(stage, lambda: queries)
-    if 'vector-prf' in controls:
-        for system, stage in vector_prf_stages().items():
-            searches['frames', system] = lambda stage=stage: vector_prf_queries(
-                stage, queries, run(index.vec_loader(), retrieved[retrieved['rank'] < stage.k]))
+        searches.update({key: lambda stage=stage, name=name: run(stage, scored(name)) for key, stage in dime_stages(
+            name, stages, options.controls, options.control_seeds, index, options.fractions).items()})
+    if 'random' in options.controls:  # round(fraction · p) dimensions at random: MagnitudeDime >> TopK fixes the count
+        searches.update({('sweep', (f'random#{seed}', fraction)): functools.partial(run, MagnitudeDime(
+            keep_ranking=False) >> TopK(fraction=fraction) >> SameBudget(control='random', seed=seed), queries)
+            for seed in range(options.control_seeds) for fraction in options.fractions})
+    if 'vector-prf' in options.controls:
+        searches.update(vector_prf_queries(queries, lambda k: run(index.vec_loader(),
+                                                                  retrieved[retrieved['rank'] < k])))
         notes.append("Vector PRF and Average PRF: pyterrier-dr's stages with their defaults (top 3 of the dense "
                      'ranking).')
     grid.put(records.frames(list(searches), lambda missing: (
         (key, frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame) for key, frame in search_together(
             retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES))))
-    return _finished(grid, expanded, dimes, qrels, judged, queries, notes, f'{num_results}-deep dense ranking')
+    return _finished(grid, expanded, options.dimes, qrels, judged, queries, notes,
+                     f'{options.num_results}-deep dense ranking')
 
 
-def control_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence[str], seeds: int, documents
-                   ) -> Dict[Key, pt.Transformer]:
-    """For each RDIME column of ``dime`` (not the Top-k ones), each same-budget selection of ``controls``: the
-    threshold-and-control stage under its record key (``random``: one per seed). ``documents`` are the vectors the
-    variance control reads."""
-    systems: Dict[Key, pt.Transformer] = {}
+def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.DataFrame, queries: pd.DataFrame,
+                    model, index, qrels: pd.DataFrame, judged_docnos: Sequence[str], run: Runner,
+                    keep_ranking: bool) -> pd.DataFrame:
+    """The ``query_dime`` of ``dime`` (reading ``answers`` where it reads some) on the feedback ``ranking``: beside
+    it in re-ranking (``keep_ranking``, where the ranking holds its vectors), beside ``queries`` in retrieval. Oracle
+    DIME reads **all** judged documents of each query the index holds (as the references), not only the ranking's."""
+    if dime == 'oracle':
+        judged = qrels[qrels['qid'].isin(set(queries['qid'])) & qrels['docno'].isin(set(judged_docnos))]
+        frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged[['qid', 'docno']], on='qid')
+        oracle = run(OracleDime(qrels=qrels, keep_ranking=False), index.vec_loader()(frame.assign(score=0.0)))
+        return (ranking if keep_ranking else queries).merge(oracle[['qid', 'query_dime']], on='qid')
+    _, estimator, arguments = DIMES[dime]  # given the qrels or the encoder (for the answers) it reads
+    reads = {'qrels': qrels} if dime in NEEDS_QRELS else {'encoder': model} if dime in NEEDS_ANSWERS else {}
+    stage: pt.Transformer = estimator(**arguments, **reads, keep_ranking=keep_ranking)
+    if not keep_ranking:
+        stage, ranking = (stage, queries) if dime in NO_FEEDBACK else ((index.vec_loader() >> stage).compile(), ranking)
+    return run(stage, LlmAnswers(answers=answers)(ranking) if dime in NEEDS_ANSWERS else ranking)
+
+
+def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[[], pd.DataFrame]],
+                    run: Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame] = Runner(),
+                    batch_queries: int = BATCH_QUERIES) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
+    """Yields ``(key, retriever(queries[key]()))`` for each key, in order, stacking consecutive systems' frames up to
+    ``batch_queries`` rows into one call of ``run(retriever, frame)`` (default ``retriever(frame)``).
+
+    Each row is searched under a qid of its own, then each system's result is rebuilt as the retriever builds one.
+    A retriever that scores each query on its own gives the frames of one call per system bit for bit; a BLAS matrix
+    product may differ in the last bits (~1e-6 relative), as with ``--workers``."""
+    chunk: List[Tuple[Hashable, pd.DataFrame]] = []
+    for key, build in queries.items():
+        frame = build().reset_index(drop=True)
+        if chunk and sum(len(f) for _, f in chunk) + len(frame) > batch_queries:
+            yield from _search(retriever, run, chunk)
+            chunk = []
+        chunk.append((key, frame))
+    if chunk:
+        yield from _search(retriever, run, chunk)
+
+
+def _search(retriever: pt.Transformer, run: Callable, chunk: List[Tuple[Hashable, pd.DataFrame]]
+            ) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
+    if len(chunk) == 1:
+        key, frame = chunk[0]
+        yield key, run(retriever, frame)
+        return
+    offsets = np.cumsum([0] + [len(frame) for _, frame in chunk])
+    vectors = np.concatenate([frame['query_vec'].to_numpy(dtype=object) for _, frame in chunk])
+    batch = pd.DataFrame({'qid': np.arange(offsets[-1]).astype(str), 'query_vec': vectors})
+    result = run(retriever, batch)
+    batch_row = result['qid'].astype(np.int64).to_numpy()
+    order = np.argsort(batch_row, kind='stable')  # the batch's row order: a no-op for a retriever that keeps it
+    result, batch_row = result.iloc[order].reset_index(drop=True), batch_row[order]
+    bounds = np.searchsorted(batch_row, offsets)
+    added = [c for c in result.columns if c not in ('qid', 'query_vec')]
+    for i, (key, frame) in enumerate(chunk):
+        part = result.iloc[bounds[i]:bounds[i + 1]].reset_index(drop=True)
+        out = frame.iloc[batch_row[bounds[i]:bounds[i + 1]] - offsets[i]].reset_index(drop=True)
+        if 'query_vec' not in result.columns:  # a retriever that drops it (drop_query_vec=True)
+            out = out.drop(columns='query_vec')
+        yield key, out.assign(**{column: part[column] for column in added})
+
+
+def vector_prf_queries(queries: pd.DataFrame, feedback: Callable[[int], pd.DataFrame]
+                       ) -> Dict[Key, Callable[[], pd.DataFrame]]:
+    """pyterrier-dr's vector-PRF baselines with their own defaults, by record key: ``queries`` with the query vector
+    the stage computes from ``feedback(k)`` (a ranking with its vectors, holding its top ``k``) in rank order."""
+    from pyterrier_dr import AveragePrf, VectorPrf
+
+    def expanded(stage: pt.Transformer) -> pd.DataFrame:
+        ranked = feedback(stage.k).sort_values(['qid', 'rank'], kind='stable')
+        return queries.drop(columns='query_vec').merge(stage.compile()(ranked)[['qid', 'query_vec']], on='qid')
+    return {('frames', name): functools.partial(expanded, stage)
+            for name, stage in (('Vector PRF', VectorPrf()), ('Average PRF', AveragePrf()))}
+
+
+def dime_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence[str], seeds: int, documents,
+                sweep: Sequence[float] = ()) -> Dict[Key, pt.Transformer]:
+    """The query-level stages of ``dime``'s systems under their record keys: each column of ``stages``, the Top-k of
+    each ``sweep`` fraction, then for each RDIME column (not the Top-k ones) each same-budget selection of
+    ``controls`` (``random``: one per seed). ``documents`` are the vectors the variance control reads."""
+    systems: Dict[Key, pt.Transformer] = {('frames', f'{dime}/{column}'): stage for column, stage in stages.items()}
+    systems.update({('sweep', (dime, fraction)): TopK(fraction=fraction) for fraction in sweep})
     for column, stage in stages.items():
         if column.startswith('k='):
             continue

@@ -9,7 +9,7 @@ from test_experiment import _mini_collection
 
 from pyterrier_rdime import SameBudget, TopK
 from pyterrier_rdime.experiment import runner, systems
-from pyterrier_rdime.experiment.batched import search_together
+from pyterrier_rdime.experiment.systems import search_together
 from pyterrier_rdime.pruned import PrunedRetriever
 
 DIMS = 16
