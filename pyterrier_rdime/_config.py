@@ -7,7 +7,7 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 import pyterrier as pt
@@ -181,3 +181,12 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def fork_guard(started: Callable[[], bool]) -> Dict[str, bool]:
+    """``{'forked': False}``, set True in a child process forked once ``started()`` holds: a thread pool that ran in
+    the parent (GNU OpenMP, torch's) cannot serve such a child, which must then compute on one thread."""
+    guard = {'forked': False}
+    if hasattr(os, 'register_at_fork'):
+        os.register_at_fork(after_in_child=lambda: guard.update(forked=guard['forked'] or started()))
+    return guard

@@ -3,12 +3,12 @@ kept rows of a dimension-major ``(dims, docs)`` float32 matrix (or its int8 copy
 pass) and keeps a running top-k per chunk of documents."""
 import contextlib
 import math
-import os
 import threading
 
 import numba
 import numpy as np
 
+from .._config import fork_guard
 from .dense import Result, kept_dims, merge_heaps
 
 #: Documents per block of one query's scores: 64 KiB, held in L2 while every kept row adds to them.
@@ -25,16 +25,8 @@ CHUNKS_PER_THREAD = 4
 _KERNEL_LOCK = threading.Lock()
 # GNU OpenMP cannot run in a process forked after it started (numba then terminates the child): a child forked after
 # the parallel kernel ran on that layer (multiprocessing's default on Linux) scores on one thread instead.
-_PARALLEL = {'layer': None, 'forked': False}
-
-
-def _after_fork_in_child() -> None:
-    if _PARALLEL['layer'] == 'omp':
-        _PARALLEL['forked'] = True
-
-
-if hasattr(os, 'register_at_fork'):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_PARALLEL = {'layer': None}
+_FORKED = fork_guard(lambda: _PARALLEL['layer'] == 'omp')
 
 
 def fused_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, one_pass: bool) -> Result:
@@ -253,7 +245,7 @@ _SERIAL = {}
 
 def _runnable(kernel):
     """``(kernel, threads)``: the parallel kernel, or its serial twin in a child forked after GNU OpenMP ran."""
-    if _PARALLEL['forked']:
+    if _FORKED['forked']:
         return _serial(kernel), 1
     return kernel, numba.get_num_threads()
 
@@ -263,7 +255,7 @@ def _running():
     """Around every parallel kernel call: one at a time, noting the threading layer after the first."""
     with _KERNEL_LOCK:
         yield
-        if _PARALLEL['layer'] is None and not _PARALLEL['forked']:
+        if _PARALLEL['layer'] is None and not _FORKED['forked']:
             _PARALLEL['layer'] = numba.threading_layer()
 
 

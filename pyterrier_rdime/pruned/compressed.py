@@ -9,12 +9,12 @@ With ``one_pass`` a batch is scored in integers by int8 matrix products (:func:`
 two steps with :func:`integer_bound`.
 """
 import importlib.util
-import os
 import warnings
 from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
+from .._config import fork_guard
 from .dense import Result, best_k, kept_dims, top_k
 from .layout import CODE_MAX, Codes
 
@@ -173,16 +173,8 @@ def integer_bound(copy: Codes, query_vec: np.ndarray, step: float, weights: np.n
 
 # torch's OpenMP threads cannot serve a process forked after they ran (the child would wait for them forever): a
 # child forked after the int8 product ran (multiprocessing's default on Linux) multiplies in float64 instead.
-_TORCH_STATE = {'ran': False, 'forked': False}
-
-
-def _after_fork_in_child() -> None:
-    if _TORCH_STATE['ran']:
-        _TORCH_STATE['forked'] = True
-
-
-if hasattr(os, 'register_at_fork'):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_TORCH_STATE = {'ran': False}
+_TORCH_FORKED = fork_guard(lambda: _TORCH_STATE['ran'])
 
 
 def _torch():
@@ -203,7 +195,7 @@ def integer_slabs(codes: np.ndarray, weights: np.ndarray) -> Iterator[Tuple[int,
     n_docs = codes.shape[1]
     low = (weights + WEIGHT_BASE // 2) % WEIGHT_BASE - WEIGHT_BASE // 2
     parts = np.concatenate([(weights - low) // WEIGHT_BASE, low]).astype(np.int8)
-    torch = _torch() if INT8_PRODUCT == 'torch' and not _TORCH_STATE['forked'] else None
+    torch = _torch() if INT8_PRODUCT == 'torch' and not _TORCH_FORKED['forked'] else None
     if torch is None:
         for d0 in range(0, n_docs, SLAB_DOCS):
             yield d0, (parts.astype(np.float64) @ codes[:, d0:d0 + SLAB_DOCS].astype(np.float64)).astype(np.int32)
