@@ -1,6 +1,5 @@
 """The PrunedRetriever transformer: exact dense retrieval that scores only the dimensions a pruned query keeps."""
 import functools
-import inspect
 import logging
 import time
 from pathlib import Path
@@ -43,8 +42,7 @@ class ExactRetriever(ConfigTransformer):
     def _keep_arguments(self, arguments: dict) -> None:
         """Stores the checked constructor ``arguments`` (its ``locals()``) under their own names, where
         ``ConfigTransformer`` reads them."""
-        params = inspect.signature(type(self).__init__).parameters
-        vars(self).update((name, arguments[name]) for name in params if name != 'self')
+        ConfigTransformer.__init__(self, **{name: arguments[name] for name in self._parameters()})
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """One row per result, input columns first: ``_rank(inp)`` gives each query's ``scores`` and ``docids`` and
