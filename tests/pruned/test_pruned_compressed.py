@@ -143,8 +143,9 @@ def test_integer_slabs_are_exact(monkeypatch, product):
     weights = rng.integers(-16256, 16257, size=(5, 768))
     weights[0] = 16256
     slabs = list(compressed.integer_slabs(codes, weights))
-    assert [d0 for d0, _ in slabs] == [0, 1000, 2000] and all(parts.dtype == np.int32 for _, parts in slabs)
-    got = np.concatenate([compressed.WEIGHT_BASE * parts[:5].astype(np.int64) + parts[5:] for _, parts in slabs],
+    assert [d0 for d0, _, _ in slabs] == [0, 1000, 2000] and all(parts.dtype == np.int32 for _, parts, _ in slabs)
+    assert all(ready.shape == (0, parts.shape[1]) for _, parts, ready in slabs)  # no nested rows
+    got = np.concatenate([compressed.WEIGHT_BASE * parts[:5].astype(np.int64) + parts[5:] for _, parts, _ in slabs],
                          axis=1)
     assert got.tolist() == (weights @ codes.astype(np.int64)).tolist()
     assert got[0, 0] == 16256 * 127 * 768
