@@ -102,8 +102,7 @@ NESTED_BLOCK_DOCS = 1024
 
 def nested_scores(ready: np.ndarray, codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, starts: np.ndarray,
                   parents: np.ndarray, d0: int):
-    """Fills ``ready`` (rows, width) with the exact int32 scores of documents ``d0:d0 + width``: each row its parent's
-    (an earlier row; -1: none) plus its ``weights`` (int32) times the ``codes`` of its ``dims`` (from ``starts``)."""
+    """Fills ``ready`` with the int32 scores of documents ``d0:``: each row its parent's (-1: none) plus its dims'."""
     kernel = _runnable(_nested_slab)[0]
     with _running():
         kernel(ready, codes, dims, weights, starts, parents, d0, NESTED_BLOCK_DOCS)

@@ -141,18 +141,17 @@ def nested_trees(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.nda
     ``parents``: the position in ``rows`` of each one's parent (-1: a root); ``roots``: each row's root (or itself)."""
     vecs = np.asarray(query_vecs, dtype=np.float32)
     n, dims = vecs.shape
-    kept, order = vecs != 0, np.arange(n)
+    kept, order, bits = vecs != 0, np.arange(n), vecs.view(np.uint32)
     sizes = kept.sum(axis=1)
     # a parent's candidates by a hash of each (dimension, value) below 2^53 / dims (exact sums in float64), checked
-    mixed = (vecs.view(np.uint32) * np.uint64(0x9E3779B97F4A7C15) + np.arange(dims, dtype=np.uint64)
-             * np.uint64(0xC2B2AE3D27D4EB4F)) >> np.uint64(11 + dims.bit_length())
+    mixed = (bits * np.uint64(0x9E3779B97F4A7C15) + np.arange(dims, dtype=np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+             ) >> np.uint64(11 + dims.bit_length())
     shared, agree = kept @ kept.T.astype(np.float64), kept @ mixed.T.astype(np.float64)
     extends = ((shared == sizes[:, None]) & (agree == np.diag(agree)[:, None]) & (sizes[:, None] > 0)
                & ((sizes[:, None] < sizes) | ((sizes[:, None] == sizes) & (order[:, None] < order))))
     key = np.where(extends, sizes[:, None] * n + n - 1 - order[:, None], -1)
     parents = np.where(key.max(axis=0) >= 0, key.argmax(axis=0), order)
-    agrees = ((vecs.view(np.uint32) == vecs[parents].view(np.uint32)) | ~kept[parents]).all(axis=1)
-    parents = np.where(agrees, parents, order)
+    parents = np.where(((bits == bits[parents]) | ~kept[parents]).all(axis=1), parents, order)
     roots = parents.copy()
     while not np.array_equal(roots[roots], roots):
         roots = roots[roots]
@@ -160,8 +159,7 @@ def nested_trees(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.nda
     members = np.bincount(roots, minlength=n)
     pays = NESTED_ADD_COST * np.bincount(roots, weights=adds, minlength=n) < 2 * members * dims
     nested = (members > 1)[roots] & pays[roots]
-    rows = np.lexsort((order, sizes, roots))
-    rows = rows[nested[rows]]
+    rows = np.flatnonzero(nested)[np.lexsort((sizes[nested], roots[nested]))]  # parents first
     position = np.full(n, -1)
     position[rows] = np.arange(len(rows))
     return np.where(nested, roots, order), rows, np.where(parents[rows] != rows, position[parents[rows]], -1)
@@ -264,9 +262,8 @@ def integer_slabs(codes: np.ndarray, weights: np.ndarray,
 
 def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, *, use_numba: bool,
                        nested=None):
-    """``(best, candidates, overflow)`` per query: its ``k`` best docids, ``(docids, integer scores)`` within
-    ``slack[q]`` of the k-th best, and whether those overflowed the compiled kernel's buffer; ``nested`` rows as
-    :func:`integer_slabs` scores them."""
+    """``(best, candidates, overflow)`` per query (``nested``: see :func:`integer_slabs`): its ``k`` best docids,
+    ``(docids, integer scores)`` within ``slack[q]`` of the k-th best, and whether those overflowed the buffer."""
     n_queries = len(weights)
     rows = nested[0] if nested is not None else np.empty(0, dtype=np.int64)
     source = np.argsort(np.concatenate([np.delete(np.arange(n_queries), rows), rows]))  # its row in a slab's scores

@@ -26,12 +26,13 @@ NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
 NEEDS_TORCH = pytest.mark.skipif(compressed._torch() is None, reason="the int8 product needs torch's _int_mm")
 FIRST_PASS = [pytest.param(True, id='numba', marks=NEEDS_NUMBA), pytest.param(False, id='numpy')]
 #: How a batch is searched: query after query (numba or numpy), or in one pass with each int8 product and each
-#: selection of the integer scores (numba or numpy).
+#: selection of the integer scores (numba or numpy), or with every tree of nested rows by prefix sums.
 MODES = [pytest.param(('query after query', True, None), id='numba', marks=NEEDS_NUMBA),
          pytest.param(('query after query', False, None), id='numpy'),
          pytest.param(('one pass', True, 'torch'), id='one-pass-torch-numba', marks=[NEEDS_NUMBA, NEEDS_TORCH]),
          pytest.param(('one pass', False, 'float64'), id='one-pass-float64-numpy'),
-         pytest.param(('one pass', True, 'float64'), id='one-pass-float64-numba', marks=NEEDS_NUMBA)]
+         pytest.param(('one pass', True, 'float64'), id='one-pass-float64-numba', marks=NEEDS_NUMBA),
+         pytest.param(('one pass nested', True, 'float64'), id='one-pass-nested', marks=NEEDS_NUMBA)]
 
 
 @pytest.fixture(scope='module')
@@ -52,7 +53,9 @@ def search(request, small_blocks, monkeypatch):
     """``search(docs, query_vecs, k)`` in one of the :data:`MODES`; one pass in slabs of 1024 documents (not a
     divisor of the corpus's) with candidate buffers of 64 documents (compacted often)."""
     mode, use_numba, product = request.param
-    if mode == 'one pass':
+    if mode == 'one pass nested':
+        monkeypatch.setattr(compressed, 'NESTED_ADD_COST', 0)
+    if mode.startswith('one pass'):
         monkeypatch.setattr(compressed, 'INT8_PRODUCT', product)
         monkeypatch.setattr(compressed, 'SLAB_DOCS', 1024)
         if use_numba:
@@ -60,7 +63,7 @@ def search(request, small_blocks, monkeypatch):
             monkeypatch.setattr(_numba, 'MIN_CANDIDATES', 64)
             monkeypatch.setattr(_numba, 'CANDIDATES_PER_RESULT', 1)
 
-    return lambda docs, query_vecs, k: search_with(docs, query_vecs, k, use_numba, one_pass=mode == 'one pass')
+    return lambda docs, query_vecs, k: search_with(docs, query_vecs, k, use_numba, one_pass=mode != 'query after query')
 
 
 def search_with(docs, query_vecs, k, use_numba, one_pass=False, rows=True):
