@@ -96,8 +96,8 @@ def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.n
     return list(heap_i), candidates, overflow
 
 
-#: Documents per block of the nested kernel: every kept row of this many codes stays in L2 (768 KiB at 768 dims).
-NESTED_BLOCK_DOCS = 1024
+#: Documents per block of the nested kernel: the codes of 768 dims and the scores of 128 rows fit a 1 MiB L2.
+NESTED_BLOCK_DOCS = 512
 
 
 def nested_scores(ready: np.ndarray, codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, starts: np.ndarray,
@@ -260,8 +260,7 @@ def _push_integer_slab(parts, ready, source, base, d0, heap_s, heap_i, slack, bu
 
 @_parallel_jit
 def _nested_slab(ready, codes, dims, weights, starts, parents, d0, block):
-    # parallel over blocks of documents whose codes stay in the cache while every row adds to them; sums that fit
-    # an int32 (the weights' bound) wrap back to the exact value when the wider products are stored
+    # parallel over blocks of documents whose codes stay in L2 for every row; exact: the sums fit an int32
     n_rows, width = ready.shape
     for b in _prange((width + block - 1) // block):
         lo, hi = b * block, min(width, b * block + block)
