@@ -147,11 +147,13 @@ def nested_trees(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.nda
     # a parent's candidates by a hash of each (dimension, value) below 2^53 / dims (exact sums in float64), checked
     mixed = (bits * np.uint64(0x9E3779B97F4A7C15) + np.arange(dims, dtype=np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
              ) >> np.uint64(11 + dims.bit_length())
-    shared, agree = kept @ kept.T.astype(np.float64), kept @ mixed.T.astype(np.float64)
-    extends = ((shared == sizes[:, None]) & (agree == np.diag(agree)[:, None]) & (sizes[:, None] > 0)
-               & ((sizes[:, None] < sizes) | ((sizes[:, None] == sizes) & (order[:, None] < order))))
-    key = np.where(extends, sizes[:, None] * n + n - 1 - order[:, None], -1)
-    parents = np.where(key.max(axis=0) >= 0, key.argmax(axis=0), order)
+    own, parents = (kept * mixed.astype(np.float64)).sum(axis=1), order.copy()
+    for child in np.array_split(order, -(-n // 256)):  # 256 children at a time: memory linear in the batch
+        extends = ((kept @ kept[child].T.astype(np.float64) == sizes[:, None])
+                   & (kept @ mixed[child].T.astype(np.float64) == own[:, None])
+                   & ((sizes[:, None] < sizes[child]) | ((sizes[:, None] == sizes[child]) & (order[:, None] < child))))
+        key = np.where(extends, sizes[:, None] * n + n - 1 - order[:, None], -1)  # below n: nothing kept
+        parents[child] = np.where(key.max(axis=0) >= n, key.argmax(axis=0), child)
     parents = np.where(((bits == bits[parents]) | ~kept[parents]).all(axis=1), parents, order)
     roots = parents.copy()
     while not np.array_equal(roots[roots], roots):

@@ -51,6 +51,33 @@ def test_nested_trees_by_hand(monkeypatch):
     assert rows.tolist() == [0, 3, 1, 5, 2, 4] and roots.tolist() == [0] * 6 + list(range(6, 12))
 
 
+def test_nested_trees_of_a_large_batch_against_brute_force(monkeypatch):
+    # 300 rows (children taken 256 at a time): prefixes of 10 vectors in 2 orders each, random subsets, duplicates
+    monkeypatch.setattr(compressed, 'NESTED_ADD_COST', 0)
+    rng = np.random.default_rng(8)
+    base = rng.standard_normal((10, DIMS)).astype(np.float32)
+    orders = [rng.permutation(DIMS) for _ in range(2)]
+    vecs = np.stack([prefix(base[rng.integers(10)], orders[rng.integers(2)], rng.integers(0, DIMS + 1))
+                     if rng.random() < 0.8 else np.where(rng.random(DIMS) < 0.5, base[rng.integers(10)], 0)
+                     for _ in range(300)]).astype(np.float32)
+    vecs[250:] = vecs[rng.integers(0, 250, 50)]
+    kept_ = vecs != 0
+    sizes = kept_.sum(axis=1)
+    expected = {}
+    for b in range(300):
+        inside = [a for a in range(300) if a != b and 0 < sizes[a] and (sizes[a], a) < (sizes[b], b)
+                  and np.all(vecs[b][kept_[a]] == vecs[a][kept_[a]]) and not np.any(kept_[a] & ~kept_[b])]
+        if inside:
+            expected[b] = max(inside, key=lambda a: (sizes[a], -a))
+    roots, rows, parents = compressed.nested_trees(vecs)
+    found = {int(rows[i]): int(rows[p]) for i, p in enumerate(parents) if p >= 0}
+    assert found == expected and len(found) > 200
+    has_child = set(expected.values())
+    assert sorted(rows.tolist()) == sorted(set(expected) | has_child)
+    for b in range(300):  # a root is its own root; a child shares its parent's
+        assert roots[b] == (roots[expected[b]] if b in expected else b)
+
+
 def test_one_step_per_tree():
     scale = np.linspace(0.5, 2, DIMS).astype(np.float32)
     copy = layout.Codes(np.zeros((DIMS, 1), dtype=np.int8), scale, np.zeros(DIMS))
