@@ -36,7 +36,7 @@ Usage (from the repository root)::
     python benchmarks/run.py search --docs 200000        # a quick check
     python benchmarks/run.py search --calibrate --json out.json
     python benchmarks/run.py search --threads 1 --timing interleaved
-    python benchmarks/run.py search --single 0 --batches '' --int8-product float64   # 2b alone (and 0, 4's copy)
+    python benchmarks/run.py search --single 0 --batches '' --collection none --int8-product float64   # ~2b alone
     python benchmarks/run.py search --docs 200000 --batches '' --faiss   # + FAISS (needs faiss-cpu)
     python benchmarks/faiss_indexes.py && python benchmarks/run.py search --single 6 --rounds 3 --batches '' --faiss
 """
