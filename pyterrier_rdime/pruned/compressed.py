@@ -154,8 +154,7 @@ def nested_trees(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.nda
                    & ((sizes[:, None] < sizes[child]) | ((sizes[:, None] == sizes[child]) & (order[:, None] < child))))
         key = np.where(extends, sizes[:, None] * n + n - 1 - order[:, None], -1)  # below n: nothing kept
         parents[child] = np.where(key.max(axis=0) >= n, key.argmax(axis=0), child)
-    parents = np.where(((bits == bits[parents]) | ~kept[parents]).all(axis=1), parents, order)
-    roots = parents.copy()
+    roots = parents = np.where(((bits == bits[parents]) | ~kept[parents]).all(axis=1), parents, order)
     while not np.array_equal(roots[roots], roots):
         roots = roots[roots]
     adds = sizes - np.where(parents != order, sizes[parents], 0) + 1
