@@ -10,11 +10,11 @@ two steps with :func:`integer_bound`; rows that extend one another (:func:`neste
 """
 import importlib.util
 import warnings
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, Optional, Set, Tuple
 
 import numpy as np
 
-from .._config import fork_guard
+from .._config import cpu_info, fork_guard
 from .dense import Result, best_k, kept_dims, top_k
 from .layout import CODE_MAX, Codes
 
@@ -226,8 +226,13 @@ def _torch():
     return torch if hasattr(torch, '_int_mm') else None
 
 
-#: How :func:`integer_slabs` multiplies int8: ``'torch'`` (VNNI / AMX), else ``'float64'`` (exact but slow).
-INT8_PRODUCT = 'torch' if importlib.util.find_spec('torch') is not None else 'float64'
+def int8_product(flags: Set[str]) -> str:
+    """How :func:`integer_slabs` multiplies int8 on a CPU with these ``/proc/cpuinfo`` flags: ``'torch'`` where it has
+    int8 dot-product instructions (VNNI, AMX), else ``'float64'`` (exact; with AVX2 alone ~25x faster than torch's)."""
+    return 'torch' if flags & {'avx512_vnni', 'amx_int8'} and importlib.util.find_spec('torch') else 'float64'
+
+
+INT8_PRODUCT = int8_product(set(cpu_info().get('flags', '').split()))
 
 
 def integer_slabs(codes: np.ndarray, weights: np.ndarray,

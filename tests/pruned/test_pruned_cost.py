@@ -3,13 +3,15 @@ calibration on the machine in use (cached per CPU model and thread count, re-use
 matrix that sits in the caches). No timed assertions: the calibration's values depend on the machine."""
 import dataclasses
 import functools
+import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pyterrier_rdime.pruned import calibration, kept, planner
+from pyterrier_rdime import _config
+from pyterrier_rdime.pruned import calibration, compressed, kept, planner
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -285,3 +287,36 @@ def test_the_key_counts_the_threads_of_numpy_s_blas_only(monkeypatch):
     if not any(p.parent.name.startswith('numpy') for p in paths):
         pytest.skip("numpy uses the system's BLAS here")
     assert paths and all(p.parent.name.startswith('numpy') for p in paths)
+
+
+ZEN3 = ('processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n'
+        'flags\t\t: fpu avx2\n')
+ZEN4 = ZEN3.replace(': 1\n', ': 17\n').replace('avx2', 'avx2 avx512f avx512_vnni')
+
+
+@pytest.mark.parametrize('cpuinfo', [ZEN3, ZEN4])
+def test_cpu_info_reads_the_first_processor(tmp_path, cpuinfo):
+    path = tmp_path / 'cpuinfo'
+    path.write_text(cpuinfo + '\n' + cpuinfo.replace('processor\t: 0', 'processor\t: 1').replace('EPYC', 'other'))
+    info = _config.cpu_info(str(path))
+    assert (info['model name'], info['cpu family']) == ('AMD EPYC', '25') and 'avx2' in info['flags'].split()
+    assert _config.cpu_info(str(tmp_path / 'absent')) == {}
+
+
+def test_one_cpu_name_of_two_generations_gets_two_calibrations(tmp_path, monkeypatch):
+    """Zen 3 and Zen 4 are both "AMD EPYC": a cost model timed on one (int8 products 25x apart) must not serve the
+    other, so the key names the family, model and widest instructions."""
+    keys = []
+    for text in (ZEN3, ZEN4):
+        (tmp_path / 'cpuinfo').write_text(text)
+        monkeypatch.setattr(calibration, 'cpu_info', lambda: _config.cpu_info.__wrapped__(str(tmp_path / 'cpuinfo')))
+        calibration._cpu.cache_clear()
+        keys.append(calibration.machine_key())
+    calibration._cpu.cache_clear()
+    assert keys[0].startswith('amd-epyc-25-1-avx2-') and keys[1].startswith('amd-epyc-25-17-avx512vnni-')
+
+
+def test_the_int8_product_is_torch_only_with_int8_dot_product_instructions():
+    assert compressed.int8_product({'avx2', 'avx512f'}) == 'float64'
+    expected = 'torch' if importlib.util.find_spec('torch') else 'float64'
+    assert compressed.int8_product({'avx2', 'avx512_vnni'}) == compressed.int8_product({'amx_int8'}) == expected
