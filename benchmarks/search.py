@@ -18,7 +18,7 @@ top-10, then RDIME or Top-k at 25/35/50/75 % kept.
    each path (whether ``strategy='auto'`` takes the fastest is ``run.py auto``'s question);
    2b. a batch shaped like the experiment's retrieve-mode cell (``--nested`` queries, each pruned 18 ways, most of
    them nested kept sets): the compressed one pass with every row by the int8 product against nested rows by prefix
-   sums (``compressed.nested_trees``), best of 3, results compared;
+   sums (``dense.nested_trees``), best of 3, results compared;
 3. exactness: the pruned top-100 against the dense one, identical / differing only by float ties / mismatched;
 4. the compressed path (``strategy='compressed'``) in the same rounds as 1. and 2., with the size and build
    time of its int8 copy;
@@ -353,19 +353,19 @@ def nested_cell(matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.ndarra
     """Section 2b: :func:`cell_batch` in one call of the compressed one pass, every row by the int8 product (as
     before nested rows) against the nested rows by prefix sums; best of 3 rounds (interleaved), results identical."""
     queries = cell_batch(sets, raw, args.nested)
-    _, rows, _ = compressed.nested_trees(queries)
+    _, rows, _ = dense.nested_trees(queries)
     product = compressed.INT8_PRODUCT
     compressed.INT8_PRODUCT = args.int8_product or product
-    default_cost = compressed.NESTED_ADD_COST
+    default_cost = dense.NESTED_ADD_COST
 
     def one_pass(cost):
-        compressed.NESTED_ADD_COST = cost
+        dense.NESTED_ADD_COST = cost
         return carry_out(matrix, queries, Plan('compressed one pass'), copy)
     try:
         results = {side: one_pass(cost) for side, cost in (('unnested', 1e18), ('nested', default_cost))}
         times = interleaved({'unnested': lambda: one_pass(1e18), 'nested': lambda: one_pass(default_cost)}, 3)
     finally:
-        compressed.NESTED_ADD_COST, compressed.INT8_PRODUCT = default_cost, product
+        dense.NESTED_ADD_COST, compressed.INT8_PRODUCT = default_cost, product
     same = all(np.array_equal(a, b) for side in (0, 1) for a, b in zip(results['unnested'][side],
                                                                       results['nested'][side]))
     ref = dense.search_dense(matrix, queries, K)

@@ -6,16 +6,16 @@ dimension-major matrix (:mod:`.layout`), reading a quarter of the bytes of the f
    lowest exact score less one float32 step (:func:`tie_floor`): the exact top-k of the float32-rounded scores.
 
 With ``one_pass`` a batch is scored in integers by int8 matrix products (:func:`integer_slabs`), then the same
-two steps with :func:`integer_bound`; rows that extend one another (:func:`nested_trees`) by prefix sums instead.
+two steps with :func:`integer_bound`; rows that extend one another (:func:`.dense.nested_trees`) by prefix sums
+instead.
 """
-import importlib.util
 import warnings
-from typing import Iterator, Optional, Set, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
-from .._config import cpu_info, fork_guard
-from .dense import Result, best_k, kept_dims, top_k
+from .._config import fork_guard
+from .dense import INT8_PRODUCT, Result, best_k, kept_dims, nested_trees, top_k
 from .layout import CODE_MAX, Codes
 
 #: Unit roundoff of float32: each float32 operation is exact to within this relative error.
@@ -24,10 +24,6 @@ UNIT_ROUNDOFF = 2.0 ** -24
 WEIGHT_BASE = 128
 #: Documents per int8 matrix product of the one pass (its products still in the cache when pushed).
 SLAB_DOCS = 16384
-#: One row-add of the nested kernel per document, in multiply-adds of the int8 product (8: estimated for VNNI/AMX;
-#: measured on a 2-core AMD EPYC with AVX2 only: ~1.5 of the float64 product's, ~0.06 of torch's): a tree of rows is
-#: scored by prefix sums when this times its row-adds is below its product's ``2 x rows x dims`` (:func:`nested_trees`).
-NESTED_ADD_COST = 8
 
 
 def error_bound(copy: Codes, dims: np.ndarray, values: np.ndarray, weights: np.ndarray, *,
@@ -135,38 +131,6 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
     return [s for s, _ in found], [d for _, d in found]
 
 
-def nested_trees(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(roots, rows, parents)`` of a batch: its rows that extend one another, scored by prefix sums. A row's parent
-    is the largest other row whose every kept value it keeps bit for bit (ties: the lower row); rows under one root
-    share one integer step. ``rows``: those scored so (trees whose :data:`NESTED_ADD_COST` pays), parents first;
-    ``parents``: the position in ``rows`` of each one's parent (-1: a root); ``roots``: each row's root (or itself)."""
-    vecs = np.asarray(query_vecs, dtype=np.float32)
-    n, dims = vecs.shape
-    kept, order, bits = vecs != 0, np.arange(n), vecs.view(np.uint32)
-    sizes = kept.sum(axis=1)
-    # a parent's candidates by a hash of each (dimension, value) below 2^53 / dims (exact sums in float64), checked
-    mixed = (bits * np.uint64(0x9E3779B97F4A7C15) + np.arange(dims, dtype=np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
-             ) >> np.uint64(11 + dims.bit_length())
-    own, parents = (kept * mixed.astype(np.float64)).sum(axis=1), order.copy()
-    for child in np.array_split(order, -(-n // 256)):  # 256 children at a time: memory linear in the batch
-        extends = ((kept @ kept[child].T.astype(np.float64) == sizes[:, None])
-                   & (kept @ mixed[child].T.astype(np.float64) == own[:, None])
-                   & ((sizes[:, None] < sizes[child]) | ((sizes[:, None] == sizes[child]) & (order[:, None] < child))))
-        key = np.where(extends, sizes[:, None] * n + n - 1 - order[:, None], -1)  # below n: nothing kept
-        parents[child] = np.where(key.max(axis=0) >= n, key.argmax(axis=0), child)
-    roots = parents = np.where(((bits == bits[parents]) | ~kept[parents]).all(axis=1), parents, order)
-    while not np.array_equal(roots[roots], roots):
-        roots = roots[roots]
-    adds = sizes - np.where(parents != order, sizes[parents], 0) + 1
-    members = np.bincount(roots, minlength=n)
-    pays = NESTED_ADD_COST * np.bincount(roots, weights=adds, minlength=n) < 2 * members * dims
-    nested = (members > 1)[roots] & pays[roots]
-    rows = np.flatnonzero(nested)[np.lexsort((sizes[nested], roots[nested]))]  # parents first
-    position = np.full(n, -1)
-    position[rows] = np.arange(len(rows))
-    return np.where(nested, roots, order), rows, np.where(parents[rows] != rows, position[parents[rows]], -1)
-
-
 def one_pass_weights(copy: Codes, query_vecs: np.ndarray, roots: Optional[np.ndarray] = None):
     """``(steps, weights, bounds, slack)`` of a batch: :func:`integer_weights`, :func:`integer_bound`, the slack."""
     steps, weights = integer_weights(copy, query_vecs, roots)
@@ -226,20 +190,11 @@ def _torch():
     return torch if hasattr(torch, '_int_mm') else None
 
 
-def int8_product(flags: Set[str]) -> str:
-    """How :func:`integer_slabs` multiplies int8 on a CPU with these ``/proc/cpuinfo`` flags: ``'torch'`` where it has
-    int8 dot-product instructions (VNNI, AMX), else ``'float64'`` (exact; with AVX2 alone ~25x faster than torch's)."""
-    return 'torch' if flags & {'avx512_vnni', 'amx_int8'} and importlib.util.find_spec('torch') else 'float64'
-
-
-INT8_PRODUCT = int8_product(set(cpu_info().get('flags', '').split()))
-
-
 def integer_slabs(codes: np.ndarray, weights: np.ndarray,
                   nested=None) -> Iterator[Tuple[int, np.ndarray, np.ndarray]]:
     """``(d0, parts, ready)`` per slab of ``SLAB_DOCS`` documents: the exact int32 products of the ``high`` then ``low``
     weight rows (see :data:`WEIGHT_BASE`) with the slab's codes, of every row but those ``nested`` (``(rows, parents)``
-    of :func:`nested_trees`), and the exact int32 scores of those from the compiled prefix sums."""
+    of :func:`.dense.nested_trees`), and the exact int32 scores of those from the compiled prefix sums."""
     rows, parents = nested if nested is not None else (np.empty(0, dtype=np.int64), None)
     multiplied = np.delete(weights, rows, axis=0)
     low = (multiplied + WEIGHT_BASE // 2) % WEIGHT_BASE - WEIGHT_BASE // 2

@@ -75,7 +75,7 @@ def test_the_cell_batch_stacks_systems_whose_prefixes_nest():
     # section 2b's batch: system after system, each query's Top-k prefixes and RDIME-like set (of one importance
     # order) and its full query nest in one tree per query; the two random subsets of half the dimensions (here none
     # holds a query's smallest prefix, 6 of 64 dimensions) nest in nothing
-    from pyterrier_rdime.pruned import compressed
+    from pyterrier_rdime.pruned import dense
     rng = np.random.default_rng(4)
     raw = rng.standard_normal((3, 64)).astype(np.float32)
     rank = np.argsort(np.argsort(rng.random((3, 64)), axis=1), axis=1)
@@ -87,5 +87,5 @@ def test_the_cell_batch_stacks_systems_whose_prefixes_nest():
     assert batch.shape == (2 * 18, 64)
     assert np.array_equal(batch[:2], kept(16)[:2]) and np.array_equal(batch[30:32], raw[:2])  # 25 %, then the full
     assert all(((batch[i] == 0) | (batch[i] == raw[i % 2])).all() for i in range(32, 36))  # subsets of the query
-    roots, rows, _ = compressed.nested_trees(batch)
+    roots, rows, _ = dense.nested_trees(batch)
     assert sorted(rows.tolist()) == list(range(32)) and sorted(set(roots[rows].tolist())) == [8, 9]  # 10 % first

@@ -19,7 +19,7 @@ import pytest
 from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, store
-from pyterrier_rdime.pruned import compressed, kept, layout, sharded
+from pyterrier_rdime.pruned import compressed, dense, kept, layout, sharded
 
 NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                                  reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -54,7 +54,7 @@ def search(request, small_blocks, monkeypatch):
     divisor of the corpus's) with candidate buffers of 64 documents (compacted often)."""
     mode, use_numba, product = request.param
     if mode == 'one pass nested':
-        monkeypatch.setattr(compressed, 'NESTED_ADD_COST', 0)
+        monkeypatch.setattr(dense, 'NESTED_ADD_COST', 0)
     if mode.startswith('one pass'):
         monkeypatch.setattr(compressed, 'INT8_PRODUCT', product)
         monkeypatch.setattr(compressed, 'SLAB_DOCS', 1024)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pyterrier_rdime import _config
-from pyterrier_rdime.pruned import calibration, compressed, kept, planner
+from pyterrier_rdime.pruned import calibration, dense, kept, planner
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -60,8 +60,12 @@ def test_costs_by_hand():
     assert planner.batch_features(ten).tolist() == [10, 0.5, 5.0]
     assert costs(ten)['one pass'] == pytest.approx(2.5)
     assert costs(ten)['compressed'] == pytest.approx(10 * costs(half)['compressed'])  # query after query
-    # one pass: 1 + 0.05 x 10, and per query 1 ms + 6 ms of re-scoring over a 10 kB matrix (a 10 ms gemv)
-    assert costs(ten, matrix_bytes=10_000)['compressed one pass'] == pytest.approx(1.5 + 10 * 0.7)
+    # one pass: 1 + 0.05 x 10, and per query 1 ms + 6 ms of re-scoring over a 10 kB matrix (a 10 ms gemv); the
+    # same rows nested (the second extends the first...) cost (4 dims + 10 rows) x NESTED_ADD_COST / 16 rows
+    ten_others = ten * np.arange(1, 11, dtype=np.float32)[:, None]
+    assert costs(ten_others, matrix_bytes=10_000)['compressed one pass'] == pytest.approx(1.5 + 10 * 0.7)
+    assert costs(ten, matrix_bytes=10_000)['compressed one pass'] == pytest.approx(
+        1 + 0.05 * 14 * dense.NESTED_ADD_COST / 16 + 10 * 0.7)
     assert costs(ten)['dense'] == pytest.approx(3.0) and list(costs(ten)) == ['dense', 'pruned', 'one pass',
                                                                              'compressed', 'compressed one pass']
     assert list(costs(ten, one_pass=False)) == ['dense', 'pruned', 'compressed']
@@ -317,6 +321,21 @@ def test_one_cpu_name_of_two_generations_gets_two_calibrations(tmp_path, monkeyp
 
 
 def test_the_int8_product_is_torch_only_with_int8_dot_product_instructions():
-    assert compressed.int8_product({'avx2', 'avx512f'}) == 'float64'
+    assert dense.int8_product({'avx2', 'avx512f'}) == 'float64'
     expected = 'torch' if importlib.util.find_spec('torch') else 'float64'
-    assert compressed.int8_product({'avx2', 'avx512_vnni'}) == compressed.int8_product({'amx_int8'}) == expected
+    assert dense.int8_product({'avx2', 'avx512_vnni'}) == dense.int8_product({'amx_int8'}) == expected
+
+
+def test_a_nested_batch_costs_the_one_pass_its_own_dimensions_only(monkeypatch):
+    """Five prefixes of one query's ordering (Top-k fractions up to the whole query) and an unrelated subset: the
+    prefixes cost NESTED_ADD_COST / (2 dims) per dimension, once (768 of them), the subset a whole product row."""
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 2)
+    rng = np.random.default_rng(0)
+    query = rng.standard_normal(768).astype(np.float32)
+    rows = np.zeros((6, 768), dtype=np.float32)
+    order = np.argsort(-np.abs(query))
+    for row, size in enumerate((192, 269, 384, 576, 768)):
+        rows[row, order[:size]] = query[order[:size]]
+    rows[5, rng.choice(768, 300, replace=False)] = 1.0
+    assert planner.one_pass_rows(rows) == pytest.approx(1 + 2 * (768 + 5) / (2 * 768))  # and a copy per row
+    assert planner.one_pass_rows(rows[[0, 5]]) == 2  # one prefix alone extends nothing

@@ -1,4 +1,4 @@
-"""The compressed one pass's nested rows (:func:`compressed.nested_trees`): rows of a batch that keep a subset of one
+"""The compressed one pass's nested rows (:func:`dense.nested_trees`): rows of a batch that keep a subset of one
 another's values bit for bit are scored by prefix sums, each row its parent's integer scores plus its own dims. The
 trees by hand; their prefix sums against int64 brute force; a batch shaped like the experiment's (Top-k prefixes, an
 RDIME-like set, the full query, unrelated subsets, a reweighted row, a zero row, a second query) ranked exactly as
@@ -9,7 +9,7 @@ import pytest
 from pruned_data import query_frame
 
 from pyterrier_rdime import PrunedRetriever
-from pyterrier_rdime.pruned import compressed, kept, layout
+from pyterrier_rdime.pruned import compressed, dense, kept, layout
 
 NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                                  reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -37,8 +37,8 @@ def batch(seed=3):
 
 
 def test_nested_trees_by_hand(monkeypatch):
-    monkeypatch.setattr(compressed, 'NESTED_ADD_COST', 1)
-    roots, rows, parents = compressed.nested_trees(batch())
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 1)
+    roots, rows, parents = dense.nested_trees(batch())
     # each row's parent is the largest row it contains (row 5 repeats row 1: its parent, the lower row); rows 6-8
     # extend nothing and nothing extends them; the second query's prefixes form their own tree, smallest first
     assert rows.tolist() == [0, 3, 1, 5, 2, 4, 10, 11, 9]
@@ -46,14 +46,14 @@ def test_nested_trees_by_hand(monkeypatch):
     assert roots.tolist() == [0, 0, 0, 0, 0, 0, 6, 7, 8, 10, 10, 10]
     # a tree is scored by prefix sums only where its row-adds cost less than its int8 product
     # (the second query's: 3 x 21 row-adds against 2 x 3 rows x 96 dims; the first's: 102 against 2 x 6 x 96)
-    monkeypatch.setattr(compressed, 'NESTED_ADD_COST', 2 * 3 * DIMS / (3 * 21) + 0.01)
-    roots, rows, _ = compressed.nested_trees(batch())
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 2 * 3 * DIMS / (3 * 21) + 0.01)
+    roots, rows, _ = dense.nested_trees(batch())
     assert rows.tolist() == [0, 3, 1, 5, 2, 4] and roots.tolist() == [0] * 6 + list(range(6, 12))
 
 
 def test_nested_trees_of_a_large_batch_against_brute_force(monkeypatch):
     # 300 rows (children taken 256 at a time): prefixes of 10 vectors in 2 orders each, random subsets, duplicates
-    monkeypatch.setattr(compressed, 'NESTED_ADD_COST', 0)
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 0)
     rng = np.random.default_rng(8)
     base = rng.standard_normal((10, DIMS)).astype(np.float32)
     orders = [rng.permutation(DIMS) for _ in range(2)]
@@ -69,7 +69,7 @@ def test_nested_trees_of_a_large_batch_against_brute_force(monkeypatch):
                   and np.all(vecs[b][kept_[a]] == vecs[a][kept_[a]]) and not np.any(kept_[a] & ~kept_[b])]
         if inside:
             expected[b] = max(inside, key=lambda a: (sizes[a], -a))
-    roots, rows, parents = compressed.nested_trees(vecs)
+    roots, rows, parents = dense.nested_trees(vecs)
     found = {int(rows[i]): int(rows[p]) for i, p in enumerate(parents) if p >= 0}
     assert found == expected and len(found) > 200
     has_child = set(expected.values())
@@ -159,17 +159,17 @@ def test_nested_one_pass_is_exact(near_duplicates, monkeypatch, k):
     vecs[:, :4] = np.where(vecs[:, :4] != 0, 0.5, 0)  # equal values: more exact ties
     monkeypatch.setattr(compressed, 'SLAB_DOCS', 512)
     monkeypatch.setattr(_numba, 'NESTED_BLOCK_DOCS', 200)
-    monkeypatch.setattr(compressed, 'NESTED_ADD_COST', 1)
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 1)
     calls = []
     monkeypatch.setattr(_numba, 'nested_scores', lambda ready, *args: (calls.append(len(ready)),
                                                                         _numba._nested_slab(ready, *args, 200)))
     nested = one_pass(docs, vecs, k, use_numba=True)
     assert calls == [9, 9, 9]  # prefix sums scored nine rows, slab after slab
     assert nested == brute_force(docs, vecs, k)
-    monkeypatch.setattr(compressed, 'NESTED_ADD_COST', 1e9)
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 1e9)
     assert one_pass(docs, vecs, k, use_numba=True) == nested and calls == [9, 9, 9]  # the int8 product alone
     assert one_pass(docs, vecs, k, use_numba=False) == nested  # the numpy one pass (no prefix sums)
-    dense = PrunedRetriever(index=docs, num_results=k, strategy='dense')(query_frame(vecs))
+    by_dense = PrunedRetriever(index=docs, num_results=k, strategy='dense')(query_frame(vecs))
     for q, (scores, docids) in enumerate(nested):
-        found = dense[dense['qid'] == f'q{q}']
+        found = by_dense[by_dense['qid'] == f'q{q}']
         assert found['docid'].tolist() == docids and found['score'].astype(np.float32).tolist() == scores
