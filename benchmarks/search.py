@@ -351,7 +351,8 @@ CELL_FRACTIONS = (0.25, 0.35, 0.5, 0.75) + tuple(np.round(np.linspace(0.1, 1.0, 
 
 def nested_cell(matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.ndarray, args) -> dict:
     """Section 2b: :func:`cell_batch` in one call of the compressed one pass, every row by the int8 product (as
-    before nested rows) against the nested rows by prefix sums; best of 3 rounds (interleaved), results identical."""
+    before nested rows) against the nested rows by prefix sums, and the compressed path query after query and the
+    dense path on the same rows; best of 3 rounds (interleaved), results identical."""
     queries = cell_batch(sets, raw, args.nested)
     _, rows, _ = dense.nested_trees(queries)
     product = compressed.INT8_PRODUCT
@@ -363,7 +364,9 @@ def nested_cell(matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.ndarra
         return carry_out(matrix, queries, Plan('compressed one pass'), copy)
     try:
         results = {side: one_pass(cost) for side, cost in (('unnested', 1e18), ('nested', default_cost))}
-        times = interleaved({'unnested': lambda: one_pass(1e18), 'nested': lambda: one_pass(default_cost)}, 3)
+        times = interleaved({'unnested': lambda: one_pass(1e18), 'nested': lambda: one_pass(default_cost),
+                             'query after query': lambda: carry_out(matrix, queries, Plan('compressed'), copy),
+                             'dense': lambda: carry_out(matrix, queries, Plan('dense'), copy)}, 3)
     finally:
         dense.NESTED_ADD_COST, compressed.INT8_PRODUCT = default_cost, product
     same = all(np.array_equal(a, b) for side in (0, 1) for a, b in zip(results['unnested'][side],
@@ -373,14 +376,17 @@ def nested_cell(matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.ndarra
                          1e-5 * float(np.abs(q).sum())) for i, q in enumerate(queries)]
     row = {'rows': len(queries), 'nested_rows': len(rows), 'kept': float(np.mean(queries != 0)),
            'int8_product': args.int8_product or product, 'load_average': load(),
-           'unnested_s': float(np.min(times['unnested'])), 'nested_s': float(np.min(times['nested'])),
+           **{f'{side.replace(" ", "_")}_s': float(np.min(seconds)) for side, seconds in times.items()},
            'identical_to_unnested': same, 'check_vs_dense': {s: status.count(s) for s in ('identical', 'ties',
                                                                                            'MISMATCH')}}
     log('\n### 2b. A cell-shaped batch in one call of the compressed one pass (best of 3, interleaved)\n')
     log(f'{args.nested} queries x {len(queries) // args.nested} systems = {len(queries)} rows ({row["kept"]:.2f} '
         f'kept), {len(rows)} of them nested; int8 product: {row["int8_product"]}; load {row["load_average"]}: every '
         f'row by the int8 product {row["unnested_s"]:.2f} s, nested rows by prefix sums {row["nested_s"]:.2f} s, '
-        f'**{row["unnested_s"] / row["nested_s"]:.2f}×**; results identical: {same}; top-{K} against the dense path '
+        f'**{row["unnested_s"] / row["nested_s"]:.2f}×**; the compressed path query after query '
+        f'{row["query_after_query_s"]:.2f} s ({row["query_after_query_s"] / row["nested_s"]:.2f}× the nested pass), '
+        f'dense {row["dense_s"]:.2f} s ({row["dense_s"] / row["nested_s"]:.2f}×); results identical: {same}; '
+        f'top-{K} against the dense path '
         f'(id./ties/mism.): {"/".join(str(c) for c in row["check_vs_dense"].values())}')
     return row
 

@@ -20,7 +20,7 @@ import pyterrier as pt
 from .. import store
 from .._config import cpu_info, default_cache_dir
 from . import compressed, dense, layout
-from .planner import RESCORED_PER_RESULT, CostModel, batch_features, nonzero_fractions
+from .planner import RESCORED_PER_RESULT, CostModel, batch_features, nonzero_fractions, one_pass_rows
 
 #: The calibration matrix, float32: 192 MiB, streamed from memory (six times a 32 MiB L3) as a real index is.
 CALIBRATION_DIMS, CALIBRATION_DOCS = 768, 65536
@@ -200,7 +200,8 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     pass_fit = fit_non_negative(np.stack([np.ones(len(sizes)), sizes], axis=1),
                                 np.array([t[f'compressed first pass {n}'] for n in compressed_batch]))
     rescore_only = dataclasses.replace(_ZERO, rescore_seconds=rescore_seconds)
-    pass_rest = [(t[f'compressed pass {n}'] - t[f'compressed first pass {n}']) * unit
+    # the first pass timed is every row's int8 product; the pass's own nests rows where that pays (one_pass_rows)
+    pass_rest = [(t[f'compressed pass {n}'] - pass_fit[0] - pass_fit[1] * one_pass_rows(q)) * unit
                  - rescore_only.compressed_seconds(q, CALIBRATION_K, 0.0) for n, q in compressed_batch.items()]
     pass_call_seconds = max(0.0, float(np.sum(pass_rest) / np.sum(sizes)))
     # the constants in the order of CostModel's fields

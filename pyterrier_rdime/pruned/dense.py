@@ -149,7 +149,7 @@ def nested_trees(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.nda
     adds = sizes - np.where(parents != order, sizes[parents], 0) + 1
     members = np.bincount(roots, minlength=n)
     pays = NESTED_ADD_COST * np.bincount(roots, weights=adds, minlength=n) < 2 * members * dims
-    nested = (members > 1)[roots] & pays[roots]
+    nested = pays[roots]
     rows = np.flatnonzero(nested)[np.lexsort((sizes[nested], roots[nested]))]  # parents first
     position = np.full(n, -1)
     position[rows] = np.arange(len(rows))

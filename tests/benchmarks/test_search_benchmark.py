@@ -71,10 +71,10 @@ def test_sq8_with_refinement_finds_the_exact_top_k():
     assert faiss_indexes.recall_at(list(found), list(exact)) == 1.0
 
 
-def test_the_cell_batch_stacks_systems_whose_prefixes_nest():
+def test_the_cell_batch_stacks_systems_whose_prefixes_nest(monkeypatch):
     # section 2b's batch: system after system, each query's Top-k prefixes and RDIME-like set (of one importance
     # order) and its full query nest in one tree per query; the two random subsets of half the dimensions (here none
-    # holds a query's smallest prefix, 6 of 64 dimensions) nest in nothing
+    # holds a query's smallest prefix, 6 of 64 dimensions) nest in nothing: trees of one row
     from pyterrier_rdime.pruned import dense
     rng = np.random.default_rng(4)
     raw = rng.standard_normal((3, 64)).astype(np.float32)
@@ -87,5 +87,8 @@ def test_the_cell_batch_stacks_systems_whose_prefixes_nest():
     assert batch.shape == (2 * 18, 64)
     assert np.array_equal(batch[:2], kept(16)[:2]) and np.array_equal(batch[30:32], raw[:2])  # 25 %, then the full
     assert all(((batch[i] == 0) | (batch[i] == raw[i % 2])).all() for i in range(32, 36))  # subsets of the query
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 8)  # torch's int8 product (VNNI): a subset alone is multiplied
     roots, rows, _ = dense.nested_trees(batch)
     assert sorted(rows.tolist()) == list(range(32)) and sorted(set(roots[rows].tolist())) == [8, 9]  # 10 % first
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 1.5)  # the float64 product: its 33 row-adds beat 2 x 64
+    assert sorted(dense.nested_trees(batch)[1].tolist()) == list(range(36))

@@ -45,7 +45,8 @@ def costs(queries, k=1, matrix_bytes=2 ** 30, one_pass=None):
     return ROUND.path_costs(queries, k=k, matrix_bytes=matrix_bytes, one_pass=one_pass)
 
 
-def test_costs_by_hand():
+def test_costs_by_hand(monkeypatch):
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 8)  # a row alone is cheaper by the int8 product
     # one unit per dense gemv
     half = np.zeros((1, 8), dtype=np.float32)
     half[0, :4] = 1
@@ -64,8 +65,7 @@ def test_costs_by_hand():
     # same rows nested (the second extends the first...) cost (4 dims + 10 rows) x NESTED_ADD_COST / 16 rows
     ten_others = ten * np.arange(1, 11, dtype=np.float32)[:, None]
     assert costs(ten_others, matrix_bytes=10_000)['compressed one pass'] == pytest.approx(1.5 + 10 * 0.7)
-    assert costs(ten, matrix_bytes=10_000)['compressed one pass'] == pytest.approx(
-        1 + 0.05 * 14 * dense.NESTED_ADD_COST / 16 + 10 * 0.7)
+    assert costs(ten, matrix_bytes=10_000)['compressed one pass'] == pytest.approx(1 + 0.05 * 14 * 8 / 16 + 10 * 0.7)
     assert costs(ten)['dense'] == pytest.approx(3.0) and list(costs(ten)) == ['dense', 'pruned', 'one pass',
                                                                              'compressed', 'compressed one pass']
     assert list(costs(ten, one_pass=False)) == ['dense', 'pruned', 'compressed']
@@ -329,7 +329,7 @@ def test_the_int8_product_is_torch_only_with_int8_dot_product_instructions():
 def test_a_nested_batch_costs_the_one_pass_its_own_dimensions_only(monkeypatch):
     """Five prefixes of one query's ordering (Top-k fractions up to the whole query) and an unrelated subset: the
     prefixes cost NESTED_ADD_COST / (2 dims) per dimension, once (768 of them), the subset a whole product row."""
-    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 2)
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 8)  # the chain pays (8 x 773 < 2 x 5 x 768), a row alone not
     rng = np.random.default_rng(0)
     query = rng.standard_normal(768).astype(np.float32)
     rows = np.zeros((6, 768), dtype=np.float32)
@@ -337,5 +337,5 @@ def test_a_nested_batch_costs_the_one_pass_its_own_dimensions_only(monkeypatch):
     for row, size in enumerate((192, 269, 384, 576, 768)):
         rows[row, order[:size]] = query[order[:size]]
     rows[5, rng.choice(768, 300, replace=False)] = 1.0
-    assert planner.one_pass_rows(rows) == pytest.approx(1 + 2 * (768 + 5) / (2 * 768))  # and a copy per row
+    assert planner.one_pass_rows(rows) == pytest.approx(1 + 8 * (768 + 5) / (2 * 768))  # and a copy per row
     assert planner.one_pass_rows(rows[[0, 5]]) == 2  # one prefix alone extends nothing
