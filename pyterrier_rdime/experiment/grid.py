@@ -15,8 +15,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import pandas as pd
 import pyterrier as pt
 
+from .. import store
 from .._config import check_int, default_cache_dir
-from ..store import atomic_open
 from .collection import Collection, load_collection, slug
 from .encoders import encoder_fingerprint
 from .options import OPTION_NAMES, Options
@@ -232,7 +232,7 @@ def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings
                                                                      'kept_fraction.csv')]
     if needed:
         return _failed(cell, '; '.join(needed))
-    with atomic_open(cell.folder / CELL_FILE) as f:  # a crash leaves the old record or none, never half of one
+    with store.atomic_open(cell.folder / CELL_FILE) as f:  # a crash leaves the old record or none, never half of one
         json.dump({'key': cell.key, 'inputs': cell.inputs, 'finished': True, 'collection': cell.collection.name,
                    'encoder': cell.encoder, 'problems': problems}, f, indent=2)
     progress.clear()  # the record is complete: the systems' frames are no longer needed
@@ -369,11 +369,6 @@ def _file_digest(option: Optional[Union[str, Path]], pattern: str = '*') -> Opti
     path = Path(option).expanduser() if option is not None else None
     if path is None or not path.exists():
         return None
-    digest = hashlib.sha256()
-    for file in sorted(p for p in ([path] if path.is_file() else path.rglob(pattern)) if p.is_file()):
-        digest.update(file.relative_to(path).as_posix().encode() + b'\0' if file != path else b'\0')
-        with open(file, 'rb') as f:
-            for chunk in iter(lambda: f.read(1 << 22), b''):
-                digest.update(chunk)
-    return digest.hexdigest()[:16]
+    files = sorted(p for p in ([path] if path.is_file() else path.rglob(pattern)) if p.is_file())
+    return _digest([(file.relative_to(path).as_posix(), store.fingerprint(file)['sha256']) for file in files])
 

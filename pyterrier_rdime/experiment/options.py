@@ -3,7 +3,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .._config import check_bool, check_choice, check_fraction, check_int
+from .._config import check_bool, check_choice, check_fraction, check_int, reject
 from . import parity
 from .indexes import RETRIEVERS, require_faiss
 from .systems import CONTROLS, DEFAULT_CONTROLS, DIME_NAMES, FEEDBACKS, MODULATORS
@@ -63,10 +63,9 @@ class Options:
             check_int(STAGE, option, value, 1)
         check_int(STAGE, '--folds', self.folds, 2, 'cross-validation needs at least 2 folds of queries')
         check_bool(STAGE, '--sweep', self.sweep)
-        margin = self.margin
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
-            raise ValueError(f'{STAGE}: --margin must be a fraction of the Baseline in (0, 1), got {margin!r}; e.g. '
-                             f'{parity.DEFAULT_MARGIN} (±{100 * parity.DEFAULT_MARGIN:g} % of the Baseline)')
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 < self.margin < 1:
+            reject(STAGE, '--margin', 'a fraction of the Baseline in (0, 1)', self.margin,
+                   f'e.g. {parity.DEFAULT_MARGIN} (±{100 * parity.DEFAULT_MARGIN:g} % of the Baseline)')
         if self.mode == 'retrieve' and self.feedback == 'first-stage':
             raise ValueError(f'{STAGE}: --feedback first-stage applies to --mode rerank; --mode retrieve has no first '
                              'stage (its feedback documents come from the dense ranking): leave --feedback out')
