@@ -16,7 +16,7 @@ import pandas as pd
 import pyterrier as pt
 
 from .. import store
-from .._tsv import read_qid_tsv, utf8_lines
+from .._frames import read_qid_tsv, utf8_lines
 from ..llm import read_answers_tsv
 
 REQUIRED_FILES = ('docs.jsonl', 'queries.tsv', 'qrels')

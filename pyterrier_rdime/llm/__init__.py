@@ -34,8 +34,7 @@ from .._config import (
     hub_offline,
     reject,
 )
-from .._frames import check_qids, check_qids_written_alike, float_twin
-from .._tsv import read_qid_tsv, utf8_lines
+from .._frames import check_qids, check_qids_written_alike, float_twin, read_qid_tsv
 
 __all__ = ['LlmAnswers', 'read_answers_tsv', 'read_answers_csv', 'LlmGenerator', 'smollm2_gguf_path']
 
@@ -61,14 +60,7 @@ _KEY_FIELDS = ('model', 'prompt', 'settings')  # of a cached answer's key (LlmGe
 def read_answers_tsv(path: Union[str, os.PathLike]) -> Dict[str, str]:
     """Read ``qid<TAB>answer`` lines (no header, UTF-8) into a dict; an answer may hold tabs or be empty. A bad line,
     a repeated qid or a qid written as a float is a ValueError naming the file and line."""
-    answers = read_qid_tsv(path, what='answer', allow_empty=True)
-    floats = [qid for qid in answers if '.' in qid and float_twin(qid) is not None]
-    if floats:
-        line_no = next(n for n, line in utf8_lines(path) if line.partition('\t')[0] == floats[0])
-        raise ValueError(f'{path}:{line_no}: qid {floats[0]!r} is an integer written as a float, which matches no '
-                         f'query (qids are compared as written); write it as {float_twin(floats[0])!r} (a file '
-                         "written by pandas: read the qids with dtype={'qid': str})")
-    return answers
+    return read_qid_tsv(path, what='answer', allow_empty=True, float_qids=False)
 
 
 def read_answers_csv(path: Union[str, os.PathLike]) -> Dict[str, str]:
