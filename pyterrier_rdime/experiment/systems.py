@@ -155,8 +155,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
         systems = vector_prf_queries(candidates, lambda k: source)
         grid.put(records.frames(list(systems), lambda missing: (
             (key, run(VectorScorer(), systems[key]())) for key in missing)))
-        notes.append(f'Vector PRF and Average PRF: pyterrier-dr\'s stages with their defaults (top 3 of the {order}).')
-    return _finished(grid, expanded, options.dimes, qrels, judged, candidates, notes, f'{order} of the top-'
+    return _finished(grid, expanded, options, qrels, judged, candidates, notes, order, f'{order} of the top-'
                      f'{options.depth} candidates (the references: the bottom of a 1000-deep dense run)')
 
 
@@ -192,12 +191,10 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     if 'vector-prf' in options.controls:
         searches.update(vector_prf_queries(queries, lambda k: run(index.vec_loader(),
                                                                   retrieved[retrieved['rank'] < k])))
-        notes.append("Vector PRF and Average PRF: pyterrier-dr's stages with their defaults (top 3 of the dense "
-                     'ranking).')
     grid.put(records.frames(list(searches), lambda missing: (
         (key, frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame) for key, frame in search_together(
             retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES))))
-    return _finished(grid, expanded, options.dimes, qrels, judged, queries, notes,
+    return _finished(grid, expanded, options, qrels, judged, queries, notes, 'dense ranking',
                      f'{options.num_results}-deep dense ranking')
 
 
@@ -297,19 +294,21 @@ def dime_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence
     return systems
 
 
-def _finished(grid: Grid, expanded: Dict[str, Tuple[str, str]], dimes: Sequence[str], qrels: pd.DataFrame,
-              judged: Sequence[str], queries: pd.DataFrame, notes: List[str], eclipse: str) -> Grid:
-    """``grid`` with its systems' row labels and ``notes``, then what the oracle, Eclipse (negatives: the bottom 5 of
-    the ``eclipse`` ranking) and active-feedback DIMEs read."""
-    if 'oracle' in dimes:
+def _finished(grid: Grid, expanded: Dict[str, Tuple[str, str]], options, qrels: pd.DataFrame, judged: Sequence[str],
+              queries: pd.DataFrame, notes: List[str], order: str, eclipse: str) -> Grid:
+    """``grid`` with its systems' row labels and ``notes``, then what vector PRF (the top 3 of the ``order``), the
+    oracle, Eclipse (negatives: the bottom 5 of the ``eclipse``) and active-feedback DIMEs read."""
+    if 'vector-prf' in options.controls:
+        notes.append(f"Vector PRF and Average PRF: pyterrier-dr's stages with their defaults (top 3 of the {order}).")
+    if 'oracle' in options.dimes:
         mine = qrels[qrels['qid'].isin(set(queries['qid']))]
         used = int(mine['docno'].isin(set(judged)).sum())
         notes.append(f'Oracle DIME: correlation over every judged document of the query ({used} judgments)'
                      + (f'; {len(mine) - used} judged documents are not in the corpus/index and were left out.'
                         if used < len(mine) else '.'))
-    if {'eclipse', 'llm-eclipse'} & set(dimes):
+    if {'eclipse', 'llm-eclipse'} & set(options.dimes):
         notes.append(f'Eclipse negatives: the bottom 5 of the {eclipse}.')
-    active = [d for d in dimes if d in ('active', 'active-neg')]
+    active = [d for d in options.dimes if d in ('active', 'active-neg')]
     if active:
         notes.append(f'{", ".join(active)}: active feedback reads the judged documents of the ranking (the '
                      'highest-labelled one, and for active-neg the lowest-labelled one); an oracle-like upper bound, '

@@ -94,10 +94,8 @@ def read_answers_csv(path: Union[str, os.PathLike]) -> Dict[str, str]:
             if '.' in qid and float_twin(qid) is not None:
                 raise ValueError(f'{path}:{start}: qid {qid!r} is an integer written as a float, which matches no '
                                  f'query; write it as {float_twin(qid)!r}')
-            if qid in first_line:
-                raise ValueError(f'{path}:{start}: qid {qid!r} is also on line {first_line[qid]}; give each qid one '
-                                 'answer')
-            first_line[qid] = start
+            if (earlier := first_line.setdefault(qid, start)) != start:
+                raise ValueError(f'{path}:{start}: qid {qid!r} is also on line {earlier}; give each qid one answer')
             answers[qid] = answer
     except csv.Error as e:
         raise ValueError(f'{path}:{reader.line_num}: {e}; each record is qid,query,"answer" with any " in a quoted '
