@@ -19,10 +19,9 @@ from .. import store
 from .._config import check_int, default_cache_dir
 from .collection import Collection, load_collection, slug
 from .encoders import encoder_fingerprint
-from .options import OPTION_NAMES, Options
 from .progress import PROGRESS, SystemRecords
 from .report import ExperimentResult, write_combined
-from .runner import DEFAULT_MEASURES, check_rel, parse_measures, run_experiment
+from .runner import DEFAULT_MEASURES, OPTION_NAMES, Options, check_rel, parse_measures, run_experiment
 from .systems import AnswerSources, answer_sources
 
 logger = logging.getLogger(__name__)
