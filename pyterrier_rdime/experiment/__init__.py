@@ -2,7 +2,7 @@
 
 Heavy dependencies (torch, transformers, PISA, ir_datasets, matplotlib) load only when the runner runs. Modules by
 job: inputs and caches (``collection``, ``encoders``, ``dense_cache``, ``indexes``); statistics (``parity``); outputs
-(``report``); orchestration (``progress``, ``systems``, ``runner`` with its ``Options``, ``grid``, ``cli``).
+(``report``); orchestration (``systems`` with its records, ``runner`` with its ``Options``, ``grid``, ``cli``).
 """
 from pyterrier_rdime.experiment.collection import Collection, load_collection
 from pyterrier_rdime.experiment.runner import ExperimentResult, run_experiment

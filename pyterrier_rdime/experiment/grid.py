@@ -19,10 +19,9 @@ from .. import store
 from .._config import check_int, default_cache_dir
 from .collection import Collection, load_collection, slug
 from .encoders import encoder_fingerprint
-from .progress import PROGRESS, SystemRecords
 from .report import ExperimentResult, write_combined
 from .runner import DEFAULT_MEASURES, OPTION_NAMES, Options, check_rel, parse_measures, run_experiment
-from .systems import AnswerSources, answer_sources
+from .systems import PROGRESS, AnswerSources, SystemRecords, answer_sources
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +193,7 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     whose ``cell.json`` records the same inputs is read back instead; one whose inputs changed is recomputed with a
     warning. Then writes the combined outputs (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf).
     A cell's error is recorded and the grid goes on (a lone cell's error propagates). A cell killed midway resumes
-    at the first system it had not finished (:class:`~.progress.SystemRecords`). ``cells`` > 1 runs that many cells
+    at the first system it had not finished (:class:`~.systems.SystemRecords`). ``cells`` > 1 runs that many cells
     at once as Ray tasks (:func:`run_cells`). ``run_cell`` replaces :func:`run_experiment` (tests)."""
     check_int('run_grid', 'cells', cells, 1, hint='the cells run at once on a Ray cluster; 1 runs them one by one')
     run_cell = run_cell or run_experiment

@@ -18,7 +18,6 @@ from .collection import Collection, load_collection
 from .dense_cache import dense_index
 from .encoders import DEFAULT_ENCODER, load_encoder
 from .indexes import check_docnos_in_index, check_index_matches, existing_index, first_stage_results, retriever
-from .progress import SystemRecords
 from .report import SEED_COLUMNS, ExperimentResult, kept_fractions
 from .systems import NEEDS_ANSWERS, Grid, Runner, answer_sources, rerank_grid, retrieve_grid, thresholds
 
@@ -149,7 +148,7 @@ def run_experiment(
     workers: int = 1,
     parallel_backend: str = 'joblib',
     verbose: bool = True,
-    progress: Optional[SystemRecords] = None,
+    progress: Optional[systems.SystemRecords] = None,
     **option_values,
 ) -> ExperimentResult:
     """Run the paper's grid on a collection, in the reference implementations' protocol.
@@ -169,7 +168,7 @@ def run_experiment(
         batch_size: encoder batch size.
         llm_generator: generate the LLM answers with :class:`LlmGenerator` (``'smollm2'`` or a hub model).
         workers, parallel_backend: processes for the query-level work (``'joblib'`` or ``'ray'``).
-        progress: where each finished system is recorded for a re-run (:class:`~.progress.SystemRecords`).
+        progress: where each finished system is recorded for a re-run (:class:`~.systems.SystemRecords`).
     """
     unknown = sorted(set(option_values) - set(OPTION_NAMES))
     if unknown:
@@ -324,7 +323,7 @@ def _means(perquery: pd.DataFrame) -> pd.DataFrame:
 
 def build_systems(collection, topics, model, encoder, external, index_spec, answers, options: Options, stages,
                   cache_dir, batch_size, run: Runner, verbose, watch: Stopwatch,
-                  records: Optional[SystemRecords] = None) -> Grid:
+                  records: Optional[systems.SystemRecords] = None) -> Grid:
     """The first stage (rerank mode), the dense index, and every system's result frame."""
     judged = _judged_documents(collection, topics, external) if 'oracle' in options.dimes else []
     watch.lap('load')
@@ -341,11 +340,11 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
     watch.lap('index')
     if options.mode == 'rerank':
         return replace(rerank_grid(first, model, dense, answers, stages, collection.qrels, judged, run, options,
-                                   records or SystemRecords()), source=source)
+                                   records or systems.SystemRecords()), source=source)
     search = retriever(dense, options.retriever, options.num_results, shards=options.shards, cache_dir=cache_dir,
                        verbose=verbose)
     return retrieve_grid(topics, model, dense, search, answers, stages, collection.qrels, judged, run, options,
-                         records or SystemRecords())
+                         records or systems.SystemRecords())
 
 
 def _judged_documents(collection: Collection, topics: pd.DataFrame, external) -> List[str]:
