@@ -15,7 +15,6 @@ from .._config import check_bool, check_choice, check_fraction, check_int, defau
 from ..llm import LlmGenerator, missing_answers
 from . import indexes, parity, systems
 from .collection import Collection, load_collection
-from .dense_cache import dense_index
 from .encoders import DEFAULT_ENCODER, load_encoder
 from .indexes import check_docnos_in_index, check_index_matches, existing_index, first_stage_results, retriever
 from .report import SEED_COLUMNS, ExperimentResult, kept_fractions
@@ -335,8 +334,8 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
         needed = list(dict.fromkeys([*first['docno'], *judged]))
         if external is not None:
             check_docnos_in_index(external, needed, index_spec)
-    dense = external if external is not None else dense_index(collection, model, encoder, cache_dir, needed,
-                                                              batch_size=batch_size, verbose=verbose)
+    dense = external if external is not None else indexes.dense_index(collection, model, encoder, cache_dir, needed,
+                                                                      batch_size=batch_size, verbose=verbose)
     watch.lap('index')
     if options.mode == 'rerank':
         return replace(rerank_grid(first, model, dense, answers, stages, collection.qrels, judged, run, options,
