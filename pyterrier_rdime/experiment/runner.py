@@ -12,7 +12,7 @@ import pandas as pd
 import pyterrier as pt
 
 from .._config import check_bool, check_choice, check_fraction, check_int, default_cache_dir, reject
-from ..llm import LlmGenerator, missing_answers
+from ..llm import LlmGenerator
 from . import indexes, parity, systems
 from .collection import Collection, load_collection
 from .encoders import DEFAULT_ENCODER, load_encoder
@@ -370,8 +370,10 @@ def _measure_notes(measures: list, rel: Optional[int], depth: int) -> List[str]:
 
 
 def _unanswered_notes(sources: Dict[str, Dict[str, str]], topics: pd.DataFrame) -> List[str]:
-    """A note per answer source that leaves queries of the run unanswered: how many, and which."""
-    missing = {source: missing_answers(answers, topics['qid']) for source, answers in sources.items()}
+    """A note per answer source that leaves queries of the run unanswered (absent, None or blank): how many, which."""
+    missing = {source: [qid for qid in dict.fromkeys(topics['qid'])
+                        if not isinstance(answers.get(qid), str) or not answers[qid].strip()]
+               for source, answers in sources.items()}
     return [f'LLM answers{f" {source}" if source else ""}: no answer for {len(qids)} of {topics["qid"].nunique()} '
             f'queries ({", ".join(qids[:10]) + (" …" if len(qids) > 10 else "")}); LLM DIME used q ⊙ q for them.'
             for source, qids in missing.items() if qids]

@@ -103,12 +103,6 @@ def read_answers_csv(path: Union[str, os.PathLike]) -> Dict[str, str]:
     return answers
 
 
-def missing_answers(answers: Mapping[str, Optional[str]], qids) -> list:
-    """The qids of ``qids`` (in their order) that ``answers`` does not answer (absent, ``None`` or blank)."""
-    return [qid for qid in dict.fromkeys(qids)
-            if not isinstance(answers.get(qid), str) or not answers[qid].strip()]
-
-
 class LlmAnswers(ConfigTransformer):
     """Adds ``query_answer``, an LLM-generated answer per query, from a qid -> text mapping (see :meth:`from_tsv`).
 
