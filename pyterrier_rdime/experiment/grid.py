@@ -124,12 +124,6 @@ def check_writable(option: str, folder: Path) -> None:
         raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
 
 
-def answers_key(sources: AnswerSources) -> str:
-    """The content key of a run's answer sources: each source's name and answers."""
-    return _digest(sorted(sources[''].items()) if list(sources) == [''] else
-                   sorted((name, sorted(answers.items())) for name, answers in sources.items()))
-
-
 def collection_inputs(collection: Collection, sources: Optional[AnswerSources] = None) -> Dict[str, Optional[str]]:
     """A fingerprint of each of a collection's files that a cell's numbers depend on (``sources``: --answers')."""
     if sources is None and collection.answers is not None:
@@ -137,7 +131,9 @@ def collection_inputs(collection: Collection, sources: Optional[AnswerSources] =
     return {'documents': collection.fingerprint, 'queries': _digest(collection.topics),
             'qrels': _digest(collection.qrels),
             'first-stage run': None if collection.run is None else _digest(collection.run),
-            'answers': None if sources is None else answers_key(sources)}
+            'answers': None if sources is None else _digest(
+                sorted(sources[''].items()) if list(sources) == [''] else
+                sorted((name, sorted(answers.items())) for name, answers in sources.items()))}
 
 
 @functools.lru_cache(maxsize=1)

