@@ -1,11 +1,12 @@
 """The paper's comparison as one call: Baseline, and for each DIME each Top-k and RDIME, through pt.Experiment,
 in the reference implementations' protocol (the one-cell pipeline the CLI and the grid share), and the run's protocol
 options (:class:`Options`), checked when built."""
+import functools
 import re
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import ir_measures
 import pandas as pd
@@ -18,7 +19,7 @@ from .collection import Collection, load_collection
 from .encoders import DEFAULT_ENCODER, load_encoder
 from .indexes import check_docnos_in_index, check_index_matches, existing_index, first_stage_results, retriever
 from .report import SEED_COLUMNS, ExperimentResult, kept_fractions
-from .systems import NEEDS_ANSWERS, Grid, Runner, answer_sources, rerank_grid, retrieve_grid, thresholds
+from .systems import NEEDS_ANSWERS, Grid, answer_sources, rerank_grid, retrieve_grid, run_stage, thresholds
 
 DEFAULT_MEASURES = ('nDCG@10', 'AP')
 #: Added by default in retrieve mode, where the ranking is deep enough (as the author's dime-library reports them).
@@ -221,7 +222,8 @@ def run_experiment(
 
     stages = thresholds(options.ks, options.modulators, options.masses)
     grid = build_systems(collection, topics, model, encoder, external, index, llm_answers, options, stages, cache_dir,
-                         batch_size, Runner(workers, parallel_backend), verbose, watch, progress)
+                         batch_size, functools.partial(run_stage, workers=workers, backend=parallel_backend), verbose,
+                         watch, progress)
     watch.lap('systems')
 
     perquery = evaluate(grid.frames, topics, collection.qrels, measure_objects)
@@ -321,7 +323,7 @@ def _means(perquery: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_systems(collection, topics, model, encoder, external, index_spec, answers, options: Options, stages,
-                  cache_dir, batch_size, run: Runner, verbose, watch: Stopwatch,
+                  cache_dir, batch_size, run: Callable, verbose, watch: Stopwatch,
                   records: Optional[systems.SystemRecords] = None) -> Grid:
     """The first stage (rerank mode), the dense index, and every system's result frame."""
     judged = _judged_documents(collection, topics, external) if 'oracle' in options.dimes else []

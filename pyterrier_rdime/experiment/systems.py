@@ -117,16 +117,11 @@ class Grid:
             getattr(self, key[0])[key[1]] = frame
 
 
-@dataclass
-class Runner:
+def run_stage(stage: pt.Transformer, frame: pd.DataFrame, workers: int = 1, backend: str = 'joblib') -> pd.DataFrame:
     """Applies a query-level stage to a frame, serially or over ``workers`` processes (PyTerrier's ``.parallel``)."""
-    workers: int = 1
-    backend: str = 'joblib'
-
-    def __call__(self, stage: pt.Transformer, frame: pd.DataFrame) -> pd.DataFrame:
-        if self.workers > 1 and len(frame):
-            stage = stage.parallel(self.workers, backend=self.backend)
-        return stage(frame)
+    if workers > 1 and len(frame):
+        stage = stage.parallel(workers, backend=backend)
+    return stage(frame)
 
 
 def without_vectors(frame: pd.DataFrame) -> pd.DataFrame:
@@ -207,7 +202,7 @@ class SystemRecords:
 
 
 def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSources], stages: Dict[str, pt.Transformer],
-                qrels: pd.DataFrame, judged: Sequence[str], run: Runner, options, records: SystemRecords) -> Grid:
+                qrels: pd.DataFrame, judged: Sequence[str], run: Callable, options, records: SystemRecords) -> Grid:
     """Re-ranking: the first stage's top-``options.depth`` re-scored by the (pruned) query vector. With
     ``feedback='dense'`` (the references' protocol) the feedback documents are the top of the candidates re-scored
     with the full query vector; with ``'first-stage'`` the first stage's own top. The sweep fractions (and the
@@ -231,7 +226,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
                                  judged, run, keep_ranking=True)
         systems = dime_stages(name, stages, controls, seeds, documents)
         # the columns over the workers; the controls here: numpy on the vectors in hand, cheaper than the round trip
-        grid.put(records.frames(list(systems), lambda missing: ((key, (run if key[1] in columns else Runner())(
+        grid.put(records.frames(list(systems), lambda missing: ((key, (run if key[1] in columns else run_stage)(
             systems[key] >> VectorScorer(), scored)) for key in missing)))
         grid.put(records.frames([('sweep', (name, f)) for f in sweep], lambda missing: (
             (('sweep', (name, f)), frame) for f, frame in topk_runs(scored, [k[1][1] for k in missing]).items())))
@@ -248,7 +243,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
 
 
 def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, answers: Optional[AnswerSources],
-                  stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], run: Runner, options,
+                  stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], run: Callable, options,
                   records: SystemRecords) -> Grid:
     """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
     ranking of the full query vector. ``options`` and ``records`` as in :func:`rerank_grid`. After the Baseline, the
@@ -287,7 +282,7 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
 
 
 def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.DataFrame, queries: pd.DataFrame,
-                    model, index, qrels: pd.DataFrame, judged_docnos: Sequence[str], run: Runner,
+                    model, index, qrels: pd.DataFrame, judged_docnos: Sequence[str], run: Callable,
                     keep_ranking: bool) -> pd.DataFrame:
     """The ``query_dime`` of ``dime`` (reading ``answers`` where it reads some) on the feedback ``ranking``: beside
     it in re-ranking (``keep_ranking``, where the ranking holds its vectors), beside ``queries`` in retrieval. Oracle
@@ -306,7 +301,7 @@ def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.Da
 
 
 def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[[], pd.DataFrame]],
-                    run: Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame] = Runner(),
+                    run: Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame] = run_stage,
                     batch_queries: int = BATCH_QUERIES) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
     """Yields ``(key, retriever(queries[key]()))`` for each key, in order, stacking consecutive systems' frames up to
     ``batch_queries`` rows into one call of ``run(retriever, frame)`` (default ``retriever(frame)``).
