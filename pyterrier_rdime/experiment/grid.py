@@ -211,7 +211,7 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     return GridResult(planned, problems)
 
 
-def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict, lone: bool = False) -> Cell:
+def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict, lone: bool = False) -> None:
     """Runs ``cell``, writes its outputs, then its record; sets its status and result, or its error."""
     (cell.folder / CELL_FILE).unlink(missing_ok=True)
     progress = SystemRecords(cell.folder / PROGRESS, cell.key)
@@ -231,7 +231,6 @@ def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings
                    'encoder': cell.encoder, 'problems': problems}, f, indent=2)
     progress.clear()  # the record is complete: the systems' frames are no longer needed
     cell.result, cell.status, cell.problems = result, 'done', problems
-    return cell
 
 
 def _compute_on_node(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict) -> Tuple[Cell, str]:
@@ -303,10 +302,9 @@ def _finish(ray, ref, cell) -> None:
     logger.info('cell %s: %s on node %s', cell.name, cell.status, node)
 
 
-def _failed(cell: Cell, error: str) -> Cell:
+def _failed(cell: Cell, error: str) -> None:
     cell.status, cell.error, cell.result = 'failed', error, None
     logger.error('cell %s failed: %s', cell.name, error)
-    return cell
 
 
 def _cpus(ray) -> float:
