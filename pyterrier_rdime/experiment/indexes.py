@@ -47,8 +47,10 @@ RETRIEVERS = {
 }
 
 
-def check_index_spec(spec: str) -> None:
-    """Fails, with the fix, when ``--index`` is neither a FlexIndex folder nor a reachable hub repository."""
+def existing_index(spec: str):
+    """An existing pyterrier-dr FlexIndex: a local folder, or a Hugging Face repository (``FlexIndex.from_hf``); an
+    incomplete folder, a malformed id or an unreachable hub fails, with the fix, before pyterrier-dr (and torch) load,
+    in milliseconds."""
     local = Path(spec).expanduser()
     if local.exists():
         problem = flex_index_problem(local)
@@ -56,21 +58,14 @@ def check_index_spec(spec: str) -> None:
             raise ValueError(f'--index {spec}: not a complete pyterrier-dr FlexIndex: {problem}; build it with '
                              "(model >> FlexIndex(path).indexer(mode='overwrite')).index(docs), or pass a Hugging "
                              'Face repository id such as macavaney/msmarco-passage.tasb.flex')
-        return
-    if not re.fullmatch(r'[\w.-]+/[\w.-]+(@[\w.-]+)?', spec):
+    elif not re.fullmatch(r'[\w.-]+/[\w.-]+(@[\w.-]+)?', spec):
         raise ValueError(f'--index {spec!r} is neither an existing folder nor a Hugging Face repository id '
                          '(owner/name)')
-    if hub_offline():
+    elif hub_offline():
         raise ConnectionError(f'--index {spec!r}: the Hugging Face hub cannot be reached (offline), so the prebuilt '
                               'index cannot be downloaded. Run on a machine with network, or download it there and '
                               'pass the local folder.')
-
-
-def existing_index(spec: str):
-    """An existing pyterrier-dr FlexIndex: a local folder, or a Hugging Face repository (``FlexIndex.from_hf``)."""
-    check_index_spec(spec)  # before importing pyterrier-dr (and torch): an unusable spec fails in milliseconds
     from pyterrier_dr import FlexIndex
-    local = Path(spec).expanduser()
     return FlexIndex(str(local), verbose=False) if local.exists() else FlexIndex.from_hf(spec, verbose=False)
 
 
