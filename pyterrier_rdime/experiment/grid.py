@@ -2,6 +2,7 @@
 own, read back on a re-run where none of its inputs changed, then the combined tables and Figure (its cells on a Ray
 cluster with ``--cells``). Every option is checked before any cell runs; a cell that fails loses no other one.
 """
+import contextlib
 import functools
 import hashlib
 import json
@@ -140,13 +141,11 @@ def collection_inputs(collection: Collection, sources: Optional[AnswerSources] =
 def code_digest() -> str:
     """The content of this package's modules and the libraries' versions: other code recomputes a cell."""
     import importlib.metadata
-    versions = {}
-    for library in ('python-terrier', 'pyterrier-dr', 'pyterrier-pisa', 'ir-measures', 'numpy', 'scipy',
-                    'statsmodels', 'sentence-transformers', 'torch'):
-        try:
+    versions = dict.fromkeys(('python-terrier', 'pyterrier-dr', 'pyterrier-pisa', 'ir-measures', 'numpy', 'scipy',
+                              'statsmodels', 'sentence-transformers', 'torch'))  # None: not installed
+    for library in versions:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[library] = importlib.metadata.version(library)
-        except importlib.metadata.PackageNotFoundError:
-            versions[library] = None
     return _digest([_file_digest(Path(__file__).resolve().parents[1], '*.py'), versions])
 
 
