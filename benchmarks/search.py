@@ -16,6 +16,9 @@ top-10, then RDIME or Top-k at 25/35/50/75 % kept.
 2. batches of 8 and 64 queries: the pruned and compressed paths against one dense matrix product per batch
    (the dense path, top-k included; the bare product without top-k is shown too), with the cost model's estimate of
    each path (whether ``strategy='auto'`` takes the fastest is ``run.py auto``'s question);
+   2b. a batch shaped like the experiment's retrieve-mode cell (``--nested`` queries, each pruned 18 ways, most of
+   them nested kept sets): the compressed one pass with every row by the int8 product against nested rows by prefix
+   sums (``dense.nested_trees``), best of 3, results compared;
 3. exactness: the pruned top-100 against the dense one, identical / differing only by float ties / mismatched;
 4. the compressed path (``strategy='compressed'``) in the same rounds as 1. and 2., with the size and build
    time of its int8 copy;
@@ -33,6 +36,7 @@ Usage (from the repository root)::
     python benchmarks/run.py search --docs 200000        # a quick check
     python benchmarks/run.py search --calibrate --json out.json
     python benchmarks/run.py search --threads 1 --timing interleaved
+    python benchmarks/run.py search --single 0 --batches '' --collection none --int8-product float64   # ~2b alone
     python benchmarks/run.py search --docs 200000 --batches '' --faiss   # + FAISS (needs faiss-cpu)
     python benchmarks/faiss_indexes.py && python benchmarks/run.py search --single 6 --rounds 3 --batches '' --faiss
 """
@@ -331,6 +335,56 @@ def batches(matrix: np.ndarray, copy: Compressed, sets: dict, args) -> dict:
     return result
 
 
+def cell_batch(sets: dict, raw: np.ndarray, n: int, seed: int = 5) -> np.ndarray:
+    """The rows of a retrieve-mode cell's call, system after system as ``search_together`` stacks them: ``n``
+    queries pruned by Top-k at 25/35/50/75 %, a 10-point sweep (10-100 %), RDIME, the full query and two random
+    subsets of half the dimensions (nested in nothing)."""
+    rng = np.random.default_rng(seed)
+    systems = [sets[f'Top-k {f:.2f}'][:n] for f in CELL_FRACTIONS] + [sets['RDIME'][:n], raw[:n]]
+    systems += [np.where(rng.random(raw[:n].shape) < 0.5, raw[:n], 0) for _ in range(2)]
+    return np.concatenate(systems).astype(np.float32)
+
+
+#: The Top-k fractions of :func:`cell_batch`: the experiment's four, then its sweep.
+CELL_FRACTIONS = (0.25, 0.35, 0.5, 0.75) + tuple(np.round(np.linspace(0.1, 1.0, 10), 2))
+
+
+def nested_cell(matrix: np.ndarray, copy: Compressed, sets: dict, raw: np.ndarray, args) -> dict:
+    """Section 2b: :func:`cell_batch` in one call of the compressed one pass, every row by the int8 product (as
+    before nested rows) against the nested rows by prefix sums; best of 3 rounds (interleaved), results identical."""
+    queries = cell_batch(sets, raw, args.nested)
+    _, rows, _ = dense.nested_trees(queries)
+    product = compressed.INT8_PRODUCT
+    compressed.INT8_PRODUCT = args.int8_product or product
+    default_cost = dense.NESTED_ADD_COST
+
+    def one_pass(cost):
+        dense.NESTED_ADD_COST = cost
+        return carry_out(matrix, queries, Plan('compressed one pass'), copy)
+    try:
+        results = {side: one_pass(cost) for side, cost in (('unnested', 1e18), ('nested', default_cost))}
+        times = interleaved({'unnested': lambda: one_pass(1e18), 'nested': lambda: one_pass(default_cost)}, 3)
+    finally:
+        dense.NESTED_ADD_COST, compressed.INT8_PRODUCT = default_cost, product
+    same = all(np.array_equal(a, b) for side in (0, 1) for a, b in zip(results['unnested'][side],
+                                                                      results['nested'][side]))
+    ref = dense.search_dense(matrix, queries, K)
+    status = [check_topk(matrix, q, (ref[0][i], ref[1][i]), (results['nested'][0][i], results['nested'][1][i]),
+                         1e-5 * float(np.abs(q).sum())) for i, q in enumerate(queries)]
+    row = {'rows': len(queries), 'nested_rows': len(rows), 'kept': float(np.mean(queries != 0)),
+           'int8_product': args.int8_product or product, 'load_average': load(),
+           'unnested_s': float(np.min(times['unnested'])), 'nested_s': float(np.min(times['nested'])),
+           'identical_to_unnested': same, 'check_vs_dense': {s: status.count(s) for s in ('identical', 'ties',
+                                                                                           'MISMATCH')}}
+    log('\n### 2b. A cell-shaped batch in one call of the compressed one pass (best of 3, interleaved)\n')
+    log(f'{args.nested} queries x {len(queries) // args.nested} systems = {len(queries)} rows ({row["kept"]:.2f} '
+        f'kept), {len(rows)} of them nested; int8 product: {row["int8_product"]}; load {row["load_average"]}: every '
+        f'row by the int8 product {row["unnested_s"]:.2f} s, nested rows by prefix sums {row["nested_s"]:.2f} s, '
+        f'**{row["unnested_s"] / row["nested_s"]:.2f}×**; results identical: {same}; top-{K} against the dense path '
+        f'(id./ties/mism.): {"/".join(str(c) for c in row["check_vs_dense"].values())}')
+    return row
+
+
 def cost_model(args) -> dict:
     """The cost model of this machine: calibrated now with ``--calibrate``, else loaded (or calibrated once)."""
     start = time.perf_counter()
@@ -577,6 +631,9 @@ def main(argv=None) -> int:
                              "first call absorbs most of the other side's spinning threads; benchmark 'switch' shows "
                              'the rest); interleaved: one call per side per round')
     parser.add_argument('--per-block', type=int, default=3)
+    parser.add_argument('--nested', type=int, default=8, help='queries of the cell-shaped batch of 2b (0: none)')
+    parser.add_argument('--int8-product', choices=('torch', 'float64'),
+                        help="the one pass's int8 product in 2b (default: the package's, compressed.INT8_PRODUCT)")
     parser.add_argument('--collection', type=Path, default=common.DEFAULT_COLLECTION)
     parser.add_argument('--calibrate', action='store_true', help="re-calibrate the cost model of strategy='auto'")
     parser.add_argument('--faiss', action='store_true',
@@ -600,8 +657,9 @@ def main(argv=None) -> int:
     copy_s, codes = timed(retriever._layout.codes)
     copy = Compressed(codes, retriever._layout.doc_rows())
     results = {'compressed_copy': compressed_copy(retriever, matrix, codes, copy_s)}
-    raw = make_queries(state, max(args.batches + [args.single, 6]))
-    prep_s, sets = timed(lambda: pruned_query_sets(index, matrix, raw, (0.25, 0.35, 0.5, 0.75)))
+    raw = make_queries(state, max(args.batches + [args.single, args.nested, 6]))
+    fractions = (0.25, 0.35, 0.5, 0.75) + (CELL_FRACTIONS if args.nested else ())
+    prep_s, sets = timed(lambda: pruned_query_sets(index, matrix, raw, sorted(set(fractions))))
     kept.search_pruned(matrix, sets['RDIME'][:2], K)  # compile (or load) the kernel, warm the page cache
     log(f'{len(raw)} queries pruned in {prep_s:.0f} s (PRF DIME M=2 from the exact top-10); kept fraction of RDIME: '
         f'mean {np.mean(sets["RDIME"] != 0):.2f}')
@@ -610,6 +668,8 @@ def main(argv=None) -> int:
         results['single'] = single_queries(matrix, copy, sets, raw, args)
         results['split'] = quantisation_split(matrix, copy, sets, raw, args)
     results['batches'] = batches(matrix, copy, sets, args)
+    if args.nested:
+        results['nested_cell'] = nested_cell(matrix, copy, sets, raw, args)
     if args.collection.is_dir():
         results['real_pool'] = real_pool(args)
     if args.faiss:

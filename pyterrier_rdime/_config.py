@@ -1,6 +1,8 @@
 """The transformers' configuration (repr, equality, hash from their arguments), the argument checks (each ValueError
 names the stage, the option, the value and what is accepted, and ``hint`` the fix), the cache folder and whether the
 Hugging Face hub is offline."""
+import contextlib
+import functools
 import inspect
 import numbers
 import os
@@ -190,3 +192,17 @@ def fork_guard(started: Callable[[], bool]) -> Dict[str, bool]:
     if hasattr(os, 'register_at_fork'):
         os.register_at_fork(after_in_child=lambda: guard.update(forked=guard['forked'] or started()))
     return guard
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_info(path: str = '/proc/cpuinfo') -> Dict[str, str]:
+    """The first processor's fields of ``/proc/cpuinfo`` (``model name``, ``cpu family``, ``model``, ``flags``, ...);
+    empty where there is no such file."""
+    fields: Dict[str, str] = {}
+    with contextlib.suppress(OSError), open(path) as f:
+        for line in f:
+            if not line.strip():
+                break
+            name, _, value = line.partition(':')
+            fields[name.strip()] = value.strip()
+    return fields

@@ -71,10 +71,11 @@ MIN_CANDIDATES = 4096
 EMPTY_SCORE = -2 ** 62
 
 
-def integer_candidates(slabs, base: int, n_queries: int, k: int, slack: np.ndarray):
-    """The compiled :func:`.compressed.integer_candidates` over ``slabs`` (``(d0, parts)``, ``base * high + low``):
-    per query a heap of its ``k`` best integer scores and a buffer of candidates within ``slack[q]`` of the running
-    k-th best; a buffer full after compaction overflows."""
+def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.ndarray):
+    """The compiled :func:`.compressed.integer_candidates` over ``slabs`` (``(d0, parts, ready)``, scores ``base * high
+    + low`` then ready ones; query ``q``'s at row ``source[q]``): per query a heap of its ``k`` best integer scores and
+    a buffer of candidates within ``slack[q]`` of the running k-th best; a buffer full after compaction overflows."""
+    n_queries = len(source)
     capacity = max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES)
     heap_s = np.full((n_queries, k), EMPTY_SCORE, dtype=np.int64)
     heap_i = np.full((n_queries, k), -1, dtype=np.int64)
@@ -84,15 +85,27 @@ def integer_candidates(slabs, base: int, n_queries: int, k: int, slack: np.ndarr
     counts = np.zeros(n_queries, dtype=np.int64)
     overflow = np.zeros(n_queries, dtype=np.bool_)
     kernel = _runnable(_push_integer_slab)[0]
-    for d0, parts in slabs:
+    for d0, parts, ready in slabs:
         with _running():
-            kernel(parts, base, d0, heap_s, heap_i, slack, buf_s, buf_i, counts, overflow)
+            kernel(parts, ready, source, base, d0, heap_s, heap_i, slack, buf_s, buf_i, counts, overflow)
     floors = heap_s[:, 0] - slack
     candidates = []
     for q in range(n_queries):
         ids, scores = buf_i[q, :counts[q]], buf_s[q, :counts[q]]
         candidates.append((ids[scores >= floors[q]], scores[scores >= floors[q]]))
     return list(heap_i), candidates, overflow
+
+
+#: Documents per block of the nested kernel: the codes of 768 dims and the scores of 128 rows fit a 1 MiB L2.
+NESTED_BLOCK_DOCS = 512
+
+
+def nested_scores(ready: np.ndarray, codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, starts: np.ndarray,
+                  parents: np.ndarray, d0: int):
+    """Fills ``ready`` with the int32 scores of documents ``d0:``: each row its parent's (-1: none) plus its dims'."""
+    kernel = _runnable(_nested_slab)[0]
+    with _running():
+        kernel(ready, codes, dims, weights, starts, parents, d0, NESTED_BLOCK_DOCS)
 
 
 _jit = numba.njit(cache=True, nogil=True, fastmath={'contract'})
@@ -207,15 +220,20 @@ def _fused_kernel(matrix, dims, weights, starts, k, block, tile, chunks, approx)
 
 
 @_parallel_jit
-def _push_integer_slab(parts, base, d0, heap_s, heap_i, slack, buf_s, buf_i, counts, overflow):
-    n_queries, width = heap_s.shape[0], parts.shape[1]
+def _push_integer_slab(parts, ready, source, base, d0, heap_s, heap_i, slack, buf_s, buf_i, counts, overflow):
+    n_queries, n_parts, width = heap_s.shape[0], parts.shape[0] // 2, ready.shape[1]
     capacity = buf_s.shape[1]
+    zero = np.zeros(width, dtype=np.int32)
     for q in _prange(n_queries):
-        high, low = parts[q], parts[n_queries + q]
+        row = source[q]  # of the int8 product's ``base * high + low`` rows, then of the ready scores
+        if row < n_parts:
+            high, low, times = parts[row], parts[n_parts + row], base
+        else:
+            high, low, times = ready[row - n_parts], zero, 1
         bar, c = heap_s[q, 0], counts[q]
         floor = bar - slack[q]
         for t in range(width):
-            s = base * np.int64(high[t]) + low[t]
+            s = times * np.int64(high[t]) + low[t]
             if s < floor:
                 continue
             if not overflow[q]:
@@ -238,6 +256,20 @@ def _push_integer_slab(parts, base, d0, heap_s, heap_i, slack, buf_s, buf_i, cou
                 bar = heap_s[q, 0]
                 floor = bar - slack[q]
         counts[q] = c
+
+
+@_parallel_jit
+def _nested_slab(ready, codes, dims, weights, starts, parents, d0, block):
+    # parallel over blocks of documents whose codes stay in L2 for every row; exact: the sums fit an int32
+    n_rows, width = ready.shape
+    for b in _prange((width + block - 1) // block):
+        lo, hi = b * block, min(width, b * block + block)
+        for r in range(n_rows):
+            if parents[r] >= 0:
+                ready[r, lo:hi] = ready[parents[r], lo:hi]
+            else:
+                ready[r, lo:hi] = 0
+            _add_rows(ready[r, lo:hi], codes, dims, weights, starts[r], starts[r + 1], d0 + lo, hi - lo)
 
 
 _SERIAL = {}

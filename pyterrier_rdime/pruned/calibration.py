@@ -20,7 +20,7 @@ import numpy as np
 import pyterrier as pt
 
 from .. import store
-from .._config import default_cache_dir
+from .._config import cpu_info, default_cache_dir
 from . import compressed, dense, layout
 from .planner import RESCORED_PER_RESULT, CostModel, batch_features, choose, nonzero_fractions
 
@@ -65,11 +65,14 @@ _ZERO = CostModel(**{field.name: 0.0 for field in dataclasses.fields(CostModel)}
 
 @functools.lru_cache(maxsize=1)
 def _cpu() -> str:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError), open('/proc/cpuinfo') as f:
-        cpu = next((line.split(':', 1)[1] for line in f if line.startswith('model name')), cpu)
-    slug = re.sub(r'[^A-Za-z0-9]+', '-', cpu).strip('-').lower() or 'cpu'
-    return f'{slug}-{os.cpu_count()}cpus'
+    """The CPU as a file name: model name, family and model (one name can cover generations: AMD EPYC Zen 3 without
+    AVX-512, Zen 4 with it), its widest vector or int8 instructions and its cores."""
+    info = cpu_info()
+    slug = re.sub(r'[^A-Za-z0-9]+', '-', info.get('model name') or platform.processor() or platform.machine())
+    generation = f'-{info["cpu family"]}-{info["model"]}' if 'cpu family' in info and 'model' in info else ''
+    flags = set(info.get('flags', '').split())
+    isa = next((flag for flag in ('amx_int8', 'avx512_vnni', 'avx512f', 'avx2') if flag in flags), 'base')
+    return f'{slug.strip("-").lower() or "cpu"}{generation}-{isa.replace("_", "")}-{os.cpu_count()}cpus'
 
 
 @functools.lru_cache(maxsize=1)

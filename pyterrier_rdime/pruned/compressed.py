@@ -6,16 +6,16 @@ dimension-major matrix (:mod:`.layout`), reading a quarter of the bytes of the f
    lowest exact score less one float32 step (:func:`tie_floor`): the exact top-k of the float32-rounded scores.
 
 With ``one_pass`` a batch is scored in integers by int8 matrix products (:func:`integer_slabs`), then the same
-two steps with :func:`integer_bound`.
+two steps with :func:`integer_bound`; rows that extend one another (:func:`.dense.nested_trees`) by prefix sums
+instead.
 """
-import importlib.util
 import warnings
 from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
 from .._config import fork_guard
-from .dense import Result, best_k, kept_dims, top_k
+from .dense import INT8_PRODUCT, Result, best_k, kept_dims, nested_trees, top_k
 from .layout import CODE_MAX, Codes
 
 #: Unit roundoff of float32: each float32 operation is exact to within this relative error.
@@ -109,8 +109,9 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
     """:func:`search_compressed` of a batch in one pass (:func:`integer_candidates`); a query whose candidates
     overflow (many near-duplicates) is scored on its own."""
     k = min(k, copy.codes.shape[1])
-    steps, weights, bounds, slack = one_pass_weights(copy, query_vecs)
-    best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, use_numba=use_numba)
+    roots, *nested = nested_trees(query_vecs) if use_numba else (None, np.empty(0, dtype=np.int64), None)
+    steps, weights, bounds, slack = one_pass_weights(copy, query_vecs, roots)
+    best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, use_numba=use_numba, nested=nested)
     found = []  # (scores, docids) of each query
     for q, query_vec in enumerate(query_vecs):
         if overflow[q] and query_vec.any():
@@ -130,9 +131,9 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
     return [s for s, _ in found], [d for _, d in found]
 
 
-def one_pass_weights(copy: Codes, query_vecs: np.ndarray):
+def one_pass_weights(copy: Codes, query_vecs: np.ndarray, roots: Optional[np.ndarray] = None):
     """``(steps, weights, bounds, slack)`` of a batch: :func:`integer_weights`, :func:`integer_bound`, the slack."""
-    steps, weights = integer_weights(copy, query_vecs)
+    steps, weights = integer_weights(copy, query_vecs, roots)
     bounds = np.array([integer_bound(copy, q, step, w) if q.any() else 0.0
                        for q, step, w in zip(query_vecs, steps, weights)])
     # every document of the exact top-k has an integer score of at least the k-th best one less twice the bound
@@ -155,12 +156,16 @@ def _rescored(dim_major: np.ndarray, query_vec: np.ndarray, best: np.ndarray, be
     return s[order], ids[order]
 
 
-def integer_weights(copy: Codes, query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def integer_weights(copy: Codes, query_vecs: np.ndarray,
+                    roots: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """``(steps, weights)``: per query a float64 step and int64 weights with ``steps[q] * weights[q, j]`` within half
-    a step of ``values_j scale_j``, small enough that the sums fit in an int32."""
+    a step of ``values_j scale_j``, small enough that the sums fit in an int32; one step for the rows of each root."""
     weight_max = min(CODE_MAX * WEIGHT_BASE, (2 ** 31 - 1) // (CODE_MAX * copy.codes.shape[0]))
     exact = np.asarray(query_vecs, dtype=np.float32).astype(np.float64) * copy.scale.astype(np.float64)
     steps = np.abs(exact).max(axis=1, initial=0) / weight_max
+    if roots is not None:
+        np.maximum.at(steps, roots, steps.copy())
+        steps = steps[roots]
     steps[steps == 0] = 1
     return steps, np.rint(exact / steps[:, None]).astype(np.int64)
 
@@ -185,41 +190,55 @@ def _torch():
     return torch if hasattr(torch, '_int_mm') else None
 
 
-#: How :func:`integer_slabs` multiplies int8: ``'torch'`` (VNNI / AMX), else ``'float64'`` (exact but slow).
-INT8_PRODUCT = 'torch' if importlib.util.find_spec('torch') is not None else 'float64'
-
-
-def integer_slabs(codes: np.ndarray, weights: np.ndarray) -> Iterator[Tuple[int, np.ndarray]]:
-    """``(d0, parts)`` per slab of ``SLAB_DOCS`` documents: the exact int32 products of the ``high`` then ``low``
-    weight rows with the slab's codes (see :data:`WEIGHT_BASE`)."""
-    n_docs = codes.shape[1]
-    low = (weights + WEIGHT_BASE // 2) % WEIGHT_BASE - WEIGHT_BASE // 2
-    parts = np.concatenate([(weights - low) // WEIGHT_BASE, low]).astype(np.int8)
-    torch = _torch() if INT8_PRODUCT == 'torch' and not _TORCH_FORKED['forked'] else None
-    if torch is None:
-        for d0 in range(0, n_docs, SLAB_DOCS):
-            yield d0, (parts.astype(np.float64) @ codes[:, d0:d0 + SLAB_DOCS].astype(np.float64)).astype(np.int32)
-        return
-    _TORCH_STATE['ran'] = True
-    parts = torch.from_numpy(parts)
+def integer_slabs(codes: np.ndarray, weights: np.ndarray,
+                  nested=None) -> Iterator[Tuple[int, np.ndarray, np.ndarray]]:
+    """``(d0, parts, ready)`` per slab of ``SLAB_DOCS`` documents: the exact int32 products of the ``high`` then ``low``
+    weight rows (see :data:`WEIGHT_BASE`) with the slab's codes, of every row but those ``nested`` (``(rows, parents)``
+    of :func:`.dense.nested_trees`), and the exact int32 scores of those from the compiled prefix sums."""
+    rows, parents = nested if nested is not None else (np.empty(0, dtype=np.int64), None)
+    multiplied = np.delete(weights, rows, axis=0)
+    low = (multiplied + WEIGHT_BASE // 2) % WEIGHT_BASE - WEIGHT_BASE // 2
+    parts = np.concatenate([(multiplied - low) // WEIGHT_BASE, low]).astype(np.int8)
+    torch = _torch() if INT8_PRODUCT == 'torch' and len(parts) and not _TORCH_FORKED['forked'] else None
+    if torch is not None:
+        _TORCH_STATE['ran'] = True
+        parts = torch.from_numpy(parts)
+    if len(rows):
+        from . import _numba
+        own = weights[rows] * ((parents < 0)[:, None] | (weights[rows[parents]] == 0))  # the dims its parent lacks
+        dims, own_weights, starts = kept_dims(own)
+        own_weights = own_weights.astype(np.int32)  # exact: |weight| < 2^24
     with warnings.catch_warnings():  # a read-only memory map: torch warns that it could write it; it does not
         warnings.simplefilter('ignore', UserWarning)
-        for d0 in range(0, n_docs, SLAB_DOCS):
-            yield d0, torch._int_mm(parts, torch.from_numpy(codes[:, d0:d0 + SLAB_DOCS])).numpy()
+        for d0 in range(0, codes.shape[1], SLAB_DOCS):
+            slab = codes[:, d0:d0 + SLAB_DOCS]
+            ready = np.empty((len(rows), slab.shape[1]), dtype=np.int32)
+            if len(rows):
+                _numba.nested_scores(ready, codes, dims, own_weights, starts, parents, d0)
+            if torch is not None:
+                yield d0, torch._int_mm(parts, torch.from_numpy(slab)).numpy(), ready
+            else:  # exact but slow
+                yield d0, (parts.astype(np.float64) @ slab.astype(np.float64) if len(parts) else ready[:0]).astype(
+                    np.int32), ready
 
 
-def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, *, use_numba: bool):
-    """``(best, candidates, overflow)`` per query: its ``k`` best docids, ``(docids, integer scores)`` within
-    ``slack[q]`` of the k-th best, and whether those overflowed the compiled kernel's buffer."""
+def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, *, use_numba: bool,
+                       nested=None):
+    """``(best, candidates, overflow)`` per query (``nested``: see :func:`integer_slabs`): its ``k`` best docids,
+    ``(docids, integer scores)`` within ``slack[q]`` of the k-th best, and whether those overflowed the buffer."""
     n_queries = len(weights)
+    rows = nested[0] if nested is not None else np.empty(0, dtype=np.int64)
+    source = np.argsort(np.concatenate([np.delete(np.arange(n_queries), rows), rows]))  # its row in a slab's scores
+    slabs = integer_slabs(codes, weights, nested)
     if use_numba:
         from . import _numba
-        return _numba.integer_candidates(integer_slabs(codes, weights), WEIGHT_BASE, n_queries, k, slack)
+        return _numba.integer_candidates(slabs, WEIGHT_BASE, source, k, slack)
     best_s = [np.empty(0, dtype=np.int64)] * n_queries
     best_i = [np.empty(0, dtype=np.int64)] * n_queries
     near: list = [[] for _ in range(n_queries)]  # per query, (docids, scores) kept from each slab
-    for d0, parts in integer_slabs(codes, weights):
-        totals = WEIGHT_BASE * parts[:n_queries].astype(np.int64) + parts[n_queries:]
+    for d0, parts, ready in slabs:
+        half = len(parts) // 2
+        totals = np.concatenate([WEIGHT_BASE * parts[:half].astype(np.int64) + parts[half:], ready])[source]
         for q in range(n_queries):
             s = np.concatenate([best_s[q], totals[q]])
             i = np.concatenate([best_i[q], d0 + np.arange(totals.shape[1])])

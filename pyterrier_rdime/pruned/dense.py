@@ -1,10 +1,13 @@
-"""What every scoring path shares: the kept dimensions of the queries and top-k selection (higher score first, exact
-ties to the lower docid); and the dense path: top-k inner-product search over every dimension with BLAS, the reference
-the pruned paths match. BLAS's float32 sums depend on the batch, so the top-k is re-scored in float64 and ranked
-rounded to float32. Pure numpy."""
-from typing import Iterable, List, Tuple
+"""What every scoring path shares: the kept dimensions of the queries (and which rows extend one another), top-k
+selection (higher score first, exact ties to the lower docid), the int8 product; and the dense path: top-k
+inner-product search over every dimension with BLAS, the reference the pruned paths match. BLAS's float32 sums depend
+on the batch, so the top-k is re-scored in float64 and ranked rounded to float32. Pure numpy."""
+import importlib.util
+from typing import Iterable, List, Set, Tuple
 
 import numpy as np
+
+from .._config import cpu_info
 
 Result = Tuple[List[np.ndarray], List[np.ndarray]]
 #: Below this many queries, one ``gemv`` per query: a matrix product of 2-3 rows is slower than as many ``gemv``.
@@ -106,3 +109,48 @@ def _search_blocks(read_block, product, docs: int, query_vecs: np.ndarray, k: in
                     bar[q0 + q] = s[-1]
                 best[q0 + q] = (s, i)
     return ranked(best, k)
+
+
+def int8_product(flags: Set[str]) -> str:
+    """How the compressed one pass multiplies int8 on a CPU with these ``/proc/cpuinfo`` flags: ``'torch'`` where it
+    has int8 dot-product instructions (VNNI, AMX), else ``'float64'`` (exact; 25x faster than torch's on AVX2 alone)."""
+    return 'torch' if flags & {'avx512_vnni', 'amx_int8'} and importlib.util.find_spec('torch') else 'float64'
+
+
+INT8_PRODUCT = int8_product(set(cpu_info().get('flags', '').split()))
+#: One row-add of the nested kernel per document, in multiply-adds of :data:`INT8_PRODUCT` (measured on a 2-core AMD
+#: EPYC Zen 3: ~1.5 of the float64 product's; 8 for torch's on VNNI / AMX, estimated): a tree of rows is scored by
+#: prefix sums when this times its row-adds is below its product's ``2 x rows x dims`` (:func:`nested_trees`).
+NESTED_ADD_COST = 8 if INT8_PRODUCT == 'torch' else 1.5
+
+
+def nested_trees(query_vecs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(roots, rows, parents)`` of a batch: its rows that extend one another, scored by prefix sums. A row's parent
+    is the largest other row whose every kept value it keeps bit for bit (ties: the lower row); rows under one root
+    share one integer step. ``rows``: those scored so (trees whose :data:`NESTED_ADD_COST` pays), parents first;
+    ``parents``: the position in ``rows`` of each one's parent (-1: a root); ``roots``: each row's root (or itself)."""
+    vecs = np.asarray(query_vecs, dtype=np.float32)
+    n, dims = vecs.shape
+    kept, order, bits = vecs != 0, np.arange(n), vecs.view(np.uint32)
+    sizes = kept.sum(axis=1)
+    # a parent's candidates by a hash of each (dimension, value) below 2^53 / dims (exact sums in float64), checked
+    mixed = (bits * np.uint64(0x9E3779B97F4A7C15) + np.arange(dims, dtype=np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+             ) >> np.uint64(11 + dims.bit_length())
+    own, parents = (kept * mixed.astype(np.float64)).sum(axis=1), order.copy()
+    for child in np.array_split(order, -(-n // 256)):  # 256 children at a time: memory linear in the batch
+        extends = ((kept @ kept[child].T.astype(np.float64) == sizes[:, None])
+                   & (kept @ mixed[child].T.astype(np.float64) == own[:, None])
+                   & ((sizes[:, None] < sizes[child]) | ((sizes[:, None] == sizes[child]) & (order[:, None] < child))))
+        key = np.where(extends, sizes[:, None] * n + n - 1 - order[:, None], -1)  # below n: nothing kept
+        parents[child] = np.where(key.max(axis=0) >= n, key.argmax(axis=0), child)
+    roots = parents = np.where(((bits == bits[parents]) | ~kept[parents]).all(axis=1), parents, order)
+    while not np.array_equal(roots[roots], roots):
+        roots = roots[roots]
+    adds = sizes - np.where(parents != order, sizes[parents], 0) + 1
+    members = np.bincount(roots, minlength=n)
+    pays = NESTED_ADD_COST * np.bincount(roots, weights=adds, minlength=n) < 2 * members * dims
+    nested = (members > 1)[roots] & pays[roots]
+    rows = np.flatnonzero(nested)[np.lexsort((sizes[nested], roots[nested]))]  # parents first
+    position = np.full(n, -1)
+    position[rows] = np.arange(len(rows))
+    return np.where(nested, roots, order), rows, np.where(parents[rows] != rows, position[parents[rows]], -1)

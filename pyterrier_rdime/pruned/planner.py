@@ -68,6 +68,17 @@ def nonzero_fractions(query_vecs: np.ndarray) -> np.ndarray:
     return np.mean(query_vecs != 0, axis=1)
 
 
+def one_pass_rows(query_vecs: np.ndarray) -> float:
+    """The rows of a compressed one pass in units of a row of its int8 product: a row that extends another one
+    (:func:`.dense.nested_trees`) copies its parent's scores and adds its own dimensions, at ``NESTED_ADD_COST /
+    (2 dims)`` each."""
+    from .dense import NESTED_ADD_COST, nested_trees
+    _, rows, parents = nested_trees(query_vecs)
+    sizes = np.count_nonzero(query_vecs[rows], axis=1)
+    adds = sizes - np.where(parents >= 0, sizes[parents], 0) + 1
+    return len(query_vecs) - len(rows) + NESTED_ADD_COST * float(adds.sum()) / (2 * query_vecs.shape[1])
+
+
 def batch_features(query_vecs: np.ndarray) -> np.ndarray:
     """``(queries, union of the kept fractions, sum of the kept fractions)`` of a batch."""
     if not len(query_vecs):
@@ -126,7 +137,7 @@ class CostModel:
 
     def compressed_one_pass_cost(self, query_vecs: np.ndarray, k: int, matrix_bytes: int) -> float:
         """Estimated cost of the compressed path for the whole batch in one pass."""
-        scan = self.compressed_pass_fixed + self.compressed_pass_per_query * len(query_vecs)
+        scan = self.compressed_pass_fixed + self.compressed_pass_per_query * one_pass_rows(query_vecs)
         seconds = self.compressed_seconds(query_vecs, k, self.compressed_pass_call_seconds)
         return scan + seconds / (self.gemv_seconds_per_byte * matrix_bytes)
 

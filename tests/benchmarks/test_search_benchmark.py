@@ -69,3 +69,23 @@ def test_sq8_with_refinement_finds_the_exact_top_k():
     found = index.search(queries, 10)[1]
     exact = np.argsort(-(queries @ vecs.T), axis=1)[:, :10]
     assert faiss_indexes.recall_at(list(found), list(exact)) == 1.0
+
+
+def test_the_cell_batch_stacks_systems_whose_prefixes_nest():
+    # section 2b's batch: system after system, each query's Top-k prefixes and RDIME-like set (of one importance
+    # order) and its full query nest in one tree per query; the two random subsets of half the dimensions (here none
+    # holds a query's smallest prefix, 6 of 64 dimensions) nest in nothing
+    from pyterrier_rdime.pruned import dense
+    rng = np.random.default_rng(4)
+    raw = rng.standard_normal((3, 64)).astype(np.float32)
+    rank = np.argsort(np.argsort(rng.random((3, 64)), axis=1), axis=1)
+
+    def kept(count):
+        return np.where(rank < count, raw, 0).astype(np.float32)
+    sets = {f'Top-k {f:.2f}': kept(round(f * 64)) for f in search.CELL_FRACTIONS} | {'RDIME': kept(20)}
+    batch = search.cell_batch(sets, raw, 2)
+    assert batch.shape == (2 * 18, 64)
+    assert np.array_equal(batch[:2], kept(16)[:2]) and np.array_equal(batch[30:32], raw[:2])  # 25 %, then the full
+    assert all(((batch[i] == 0) | (batch[i] == raw[i % 2])).all() for i in range(32, 36))  # subsets of the query
+    roots, rows, _ = dense.nested_trees(batch)
+    assert sorted(rows.tolist()) == list(range(32)) and sorted(set(roots[rows].tolist())) == [8, 9]  # 10 % first

@@ -19,19 +19,20 @@ import pytest
 from pruned_data import DIMS, K, flex_index, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, store
-from pyterrier_rdime.pruned import compressed, kept, layout, sharded
+from pyterrier_rdime.pruned import compressed, dense, kept, layout, sharded
 
 NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                                  reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
 NEEDS_TORCH = pytest.mark.skipif(compressed._torch() is None, reason="the int8 product needs torch's _int_mm")
 FIRST_PASS = [pytest.param(True, id='numba', marks=NEEDS_NUMBA), pytest.param(False, id='numpy')]
 #: How a batch is searched: query after query (numba or numpy), or in one pass with each int8 product and each
-#: selection of the integer scores (numba or numpy).
+#: selection of the integer scores (numba or numpy), or with every tree of nested rows by prefix sums.
 MODES = [pytest.param(('query after query', True, None), id='numba', marks=NEEDS_NUMBA),
          pytest.param(('query after query', False, None), id='numpy'),
          pytest.param(('one pass', True, 'torch'), id='one-pass-torch-numba', marks=[NEEDS_NUMBA, NEEDS_TORCH]),
          pytest.param(('one pass', False, 'float64'), id='one-pass-float64-numpy'),
-         pytest.param(('one pass', True, 'float64'), id='one-pass-float64-numba', marks=NEEDS_NUMBA)]
+         pytest.param(('one pass', True, 'float64'), id='one-pass-float64-numba', marks=NEEDS_NUMBA),
+         pytest.param(('one pass nested', True, 'float64'), id='one-pass-nested', marks=NEEDS_NUMBA)]
 
 
 @pytest.fixture(scope='module')
@@ -52,7 +53,9 @@ def search(request, small_blocks, monkeypatch):
     """``search(docs, query_vecs, k)`` in one of the :data:`MODES`; one pass in slabs of 1024 documents (not a
     divisor of the corpus's) with candidate buffers of 64 documents (compacted often)."""
     mode, use_numba, product = request.param
-    if mode == 'one pass':
+    if mode == 'one pass nested':
+        monkeypatch.setattr(dense, 'NESTED_ADD_COST', 0)
+    if mode.startswith('one pass'):
         monkeypatch.setattr(compressed, 'INT8_PRODUCT', product)
         monkeypatch.setattr(compressed, 'SLAB_DOCS', 1024)
         if use_numba:
@@ -60,7 +63,7 @@ def search(request, small_blocks, monkeypatch):
             monkeypatch.setattr(_numba, 'MIN_CANDIDATES', 64)
             monkeypatch.setattr(_numba, 'CANDIDATES_PER_RESULT', 1)
 
-    return lambda docs, query_vecs, k: search_with(docs, query_vecs, k, use_numba, one_pass=mode == 'one pass')
+    return lambda docs, query_vecs, k: search_with(docs, query_vecs, k, use_numba, one_pass=mode != 'query after query')
 
 
 def search_with(docs, query_vecs, k, use_numba, one_pass=False, rows=True):
@@ -143,8 +146,9 @@ def test_integer_slabs_are_exact(monkeypatch, product):
     weights = rng.integers(-16256, 16257, size=(5, 768))
     weights[0] = 16256
     slabs = list(compressed.integer_slabs(codes, weights))
-    assert [d0 for d0, _ in slabs] == [0, 1000, 2000] and all(parts.dtype == np.int32 for _, parts in slabs)
-    got = np.concatenate([compressed.WEIGHT_BASE * parts[:5].astype(np.int64) + parts[5:] for _, parts in slabs],
+    assert [d0 for d0, _, _ in slabs] == [0, 1000, 2000] and all(parts.dtype == np.int32 for _, parts, _ in slabs)
+    assert all(ready.shape == (0, parts.shape[1]) for _, parts, ready in slabs)  # no nested rows
+    got = np.concatenate([compressed.WEIGHT_BASE * parts[:5].astype(np.int64) + parts[5:] for _, parts, _ in slabs],
                          axis=1)
     assert got.tolist() == (weights @ codes.astype(np.int64)).tolist()
     assert got[0, 0] == 16256 * 127 * 768

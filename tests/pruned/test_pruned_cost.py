@@ -3,13 +3,15 @@ calibration on the machine in use (cached per CPU model and thread count, re-use
 matrix that sits in the caches). No timed assertions: the calibration's values depend on the machine."""
 import dataclasses
 import functools
+import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pyterrier_rdime.pruned import calibration, kept, planner
+from pyterrier_rdime import _config
+from pyterrier_rdime.pruned import calibration, dense, kept, planner
 
 COMPILED = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
                               reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
@@ -58,8 +60,12 @@ def test_costs_by_hand():
     assert planner.batch_features(ten).tolist() == [10, 0.5, 5.0]
     assert costs(ten)['one pass'] == pytest.approx(2.5)
     assert costs(ten)['compressed'] == pytest.approx(10 * costs(half)['compressed'])  # query after query
-    # one pass: 1 + 0.05 x 10, and per query 1 ms + 6 ms of re-scoring over a 10 kB matrix (a 10 ms gemv)
-    assert costs(ten, matrix_bytes=10_000)['compressed one pass'] == pytest.approx(1.5 + 10 * 0.7)
+    # one pass: 1 + 0.05 x 10, and per query 1 ms + 6 ms of re-scoring over a 10 kB matrix (a 10 ms gemv); the
+    # same rows nested (the second extends the first...) cost (4 dims + 10 rows) x NESTED_ADD_COST / 16 rows
+    ten_others = ten * np.arange(1, 11, dtype=np.float32)[:, None]
+    assert costs(ten_others, matrix_bytes=10_000)['compressed one pass'] == pytest.approx(1.5 + 10 * 0.7)
+    assert costs(ten, matrix_bytes=10_000)['compressed one pass'] == pytest.approx(
+        1 + 0.05 * 14 * dense.NESTED_ADD_COST / 16 + 10 * 0.7)
     assert costs(ten)['dense'] == pytest.approx(3.0) and list(costs(ten)) == ['dense', 'pruned', 'one pass',
                                                                              'compressed', 'compressed one pass']
     assert list(costs(ten, one_pass=False)) == ['dense', 'pruned', 'compressed']
@@ -285,3 +291,51 @@ def test_the_key_counts_the_threads_of_numpy_s_blas_only(monkeypatch):
     if not any(p.parent.name.startswith('numpy') for p in paths):
         pytest.skip("numpy uses the system's BLAS here")
     assert paths and all(p.parent.name.startswith('numpy') for p in paths)
+
+
+ZEN3 = ('processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n'
+        'flags\t\t: fpu avx2\n')
+ZEN4 = ZEN3.replace(': 1\n', ': 17\n').replace('avx2', 'avx2 avx512f avx512_vnni')
+
+
+@pytest.mark.parametrize('cpuinfo', [ZEN3, ZEN4])
+def test_cpu_info_reads_the_first_processor(tmp_path, cpuinfo):
+    path = tmp_path / 'cpuinfo'
+    path.write_text(cpuinfo + '\n' + cpuinfo.replace('processor\t: 0', 'processor\t: 1').replace('EPYC', 'other'))
+    info = _config.cpu_info(str(path))
+    assert (info['model name'], info['cpu family']) == ('AMD EPYC', '25') and 'avx2' in info['flags'].split()
+    assert _config.cpu_info(str(tmp_path / 'absent')) == {}
+
+
+def test_one_cpu_name_of_two_generations_gets_two_calibrations(tmp_path, monkeypatch):
+    """Zen 3 and Zen 4 are both "AMD EPYC": a cost model timed on one (int8 products 25x apart) must not serve the
+    other, so the key names the family, model and widest instructions."""
+    keys = []
+    for text in (ZEN3, ZEN4):
+        (tmp_path / 'cpuinfo').write_text(text)
+        monkeypatch.setattr(calibration, 'cpu_info', lambda: _config.cpu_info.__wrapped__(str(tmp_path / 'cpuinfo')))
+        calibration._cpu.cache_clear()
+        keys.append(calibration.machine_key())
+    calibration._cpu.cache_clear()
+    assert keys[0].startswith('amd-epyc-25-1-avx2-') and keys[1].startswith('amd-epyc-25-17-avx512vnni-')
+
+
+def test_the_int8_product_is_torch_only_with_int8_dot_product_instructions():
+    assert dense.int8_product({'avx2', 'avx512f'}) == 'float64'
+    expected = 'torch' if importlib.util.find_spec('torch') else 'float64'
+    assert dense.int8_product({'avx2', 'avx512_vnni'}) == dense.int8_product({'amx_int8'}) == expected
+
+
+def test_a_nested_batch_costs_the_one_pass_its_own_dimensions_only(monkeypatch):
+    """Five prefixes of one query's ordering (Top-k fractions up to the whole query) and an unrelated subset: the
+    prefixes cost NESTED_ADD_COST / (2 dims) per dimension, once (768 of them), the subset a whole product row."""
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 2)
+    rng = np.random.default_rng(0)
+    query = rng.standard_normal(768).astype(np.float32)
+    rows = np.zeros((6, 768), dtype=np.float32)
+    order = np.argsort(-np.abs(query))
+    for row, size in enumerate((192, 269, 384, 576, 768)):
+        rows[row, order[:size]] = query[order[:size]]
+    rows[5, rng.choice(768, 300, replace=False)] = 1.0
+    assert planner.one_pass_rows(rows) == pytest.approx(1 + 2 * (768 + 5) / (2 * 768))  # and a copy per row
+    assert planner.one_pass_rows(rows[[0, 5]]) == 2  # one prefix alone extends nothing

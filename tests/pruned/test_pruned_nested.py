@@ -1,0 +1,175 @@
+"""The compressed one pass's nested rows (:func:`dense.nested_trees`): rows of a batch that keep a subset of one
+another's values bit for bit are scored by prefix sums, each row its parent's integer scores plus its own dims. The
+trees by hand; their prefix sums against int64 brute force; a batch shaped like the experiment's (Top-k prefixes, an
+RDIME-like set, the full query, unrelated subsets, a reweighted row, a zero row, a second query) ranked exactly as
+brute-force float64, as the one pass without prefix sums, the numpy one pass and the dense path, on documents with
+near-duplicates and exact ties."""
+import numpy as np
+import pytest
+from pruned_data import query_frame
+
+from pyterrier_rdime import PrunedRetriever
+from pyterrier_rdime.pruned import compressed, dense, kept, layout
+
+NEEDS_NUMBA = pytest.mark.skipif(not kept.NUMBA_AVAILABLE,
+                                 reason='the compiled kernel needs numba: pip install pyterrier-rdime[fast]')
+DIMS, K = 96, 30
+
+
+def prefix(vec, order, count):
+    """``vec`` keeping only its first ``count`` dims in ``order``."""
+    out = np.zeros_like(vec)
+    out[order[:count]] = vec[order[:count]]
+    return out
+
+
+def batch(seed=3):
+    """Rows 0-5: one query's Top-k prefixes (of an importance order), an RDIME-like prefix, the full query and a
+    duplicate of row 1; 6: an unrelated random subset; 7: the query reweighted; 8: nothing kept; 9-11: a second
+    query's prefixes, given out of order."""
+    rng = np.random.default_rng(seed)
+    first, second = rng.standard_normal((2, DIMS)).astype(np.float32)
+    u, v = rng.permutation(DIMS), rng.permutation(DIMS)
+    rows = [prefix(first, u, c) for c in (24, 48, 72, 33, DIMS)] + [prefix(first, u, 48)]
+    rows += [np.where(rng.random(DIMS) < 0.5, first, 0), first * np.float32(1.5), np.zeros(DIMS)]
+    rows += [prefix(second, v, c) for c in (60, 20, 40)]
+    return np.stack(rows).astype(np.float32)
+
+
+def test_nested_trees_by_hand(monkeypatch):
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 1)
+    roots, rows, parents = dense.nested_trees(batch())
+    # each row's parent is the largest row it contains (row 5 repeats row 1: its parent, the lower row); rows 6-8
+    # extend nothing and nothing extends them; the second query's prefixes form their own tree, smallest first
+    assert rows.tolist() == [0, 3, 1, 5, 2, 4, 10, 11, 9]
+    assert [rows[p] if p >= 0 else -1 for p in parents] == [-1, 0, 3, 1, 1, 2, -1, 10, 11]
+    assert roots.tolist() == [0, 0, 0, 0, 0, 0, 6, 7, 8, 10, 10, 10]
+    # a tree is scored by prefix sums only where its row-adds cost less than its int8 product
+    # (the second query's: 3 x 21 row-adds against 2 x 3 rows x 96 dims; the first's: 102 against 2 x 6 x 96)
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 2 * 3 * DIMS / (3 * 21) + 0.01)
+    roots, rows, _ = dense.nested_trees(batch())
+    assert rows.tolist() == [0, 3, 1, 5, 2, 4] and roots.tolist() == [0] * 6 + list(range(6, 12))
+
+
+def test_nested_trees_of_a_large_batch_against_brute_force(monkeypatch):
+    # 300 rows (children taken 256 at a time): prefixes of 10 vectors in 2 orders each, random subsets, duplicates
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 0)
+    rng = np.random.default_rng(8)
+    base = rng.standard_normal((10, DIMS)).astype(np.float32)
+    orders = [rng.permutation(DIMS) for _ in range(2)]
+    vecs = np.stack([prefix(base[rng.integers(10)], orders[rng.integers(2)], rng.integers(0, DIMS + 1))
+                     if rng.random() < 0.8 else np.where(rng.random(DIMS) < 0.5, base[rng.integers(10)], 0)
+                     for _ in range(300)]).astype(np.float32)
+    vecs[250:] = vecs[rng.integers(0, 250, 50)]
+    kept_ = vecs != 0
+    sizes = kept_.sum(axis=1)
+    expected = {}
+    for b in range(300):
+        inside = [a for a in range(300) if a != b and 0 < sizes[a] and (sizes[a], a) < (sizes[b], b)
+                  and np.all(vecs[b][kept_[a]] == vecs[a][kept_[a]]) and not np.any(kept_[a] & ~kept_[b])]
+        if inside:
+            expected[b] = max(inside, key=lambda a: (sizes[a], -a))
+    roots, rows, parents = dense.nested_trees(vecs)
+    found = {int(rows[i]): int(rows[p]) for i, p in enumerate(parents) if p >= 0}
+    assert found == expected and len(found) > 200
+    has_child = set(expected.values())
+    assert sorted(rows.tolist()) == sorted(set(expected) | has_child)
+    for b in range(300):  # a root is its own root; a child shares its parent's
+        assert roots[b] == (roots[expected[b]] if b in expected else b)
+
+
+def test_one_step_per_tree():
+    scale = np.linspace(0.5, 2, DIMS).astype(np.float32)
+    copy = layout.Codes(np.zeros((DIMS, 1), dtype=np.int8), scale, np.zeros(DIMS))
+    vecs = batch()
+    roots = np.array([0, 0, 0, 0, 0, 0, 6, 7, 8, 10, 10, 10])
+    steps, weights = compressed.integer_weights(copy, vecs, roots)
+    own_steps, _ = compressed.integer_weights(copy, vecs)
+    # the largest of each tree's: its top row's
+    assert steps.tolist() == [own_steps[4]] * 6 + own_steps[6:9].tolist() + [own_steps[9]] * 3
+    assert own_steps[0] < own_steps[4]  # the smallest row takes a larger step than its own
+    # so each row's weights are its parent's where the parent keeps a dim: prefix sums give every row's integers
+    for row, parent in ((3, 0), (1, 3), (5, 1), (2, 1), (4, 2), (11, 10), (9, 11)):
+        assert np.array_equal(weights[row][vecs[parent] != 0], weights[parent][vecs[parent] != 0])
+
+
+@NEEDS_NUMBA
+@pytest.mark.parametrize('product', ['torch', 'float64'])
+def test_prefix_sums_are_the_exact_integer_scores(monkeypatch, product):
+    if product == 'torch' and compressed._torch() is None:
+        pytest.skip("the int8 product needs torch's _int_mm")
+    from pyterrier_rdime.pruned import _numba
+    monkeypatch.setattr(compressed, 'INT8_PRODUCT', product)
+    monkeypatch.setattr(compressed, 'SLAB_DOCS', 1000)
+    monkeypatch.setattr(_numba, 'NESTED_BLOCK_DOCS', 96)  # several blocks per slab, the last one short
+    rng = np.random.default_rng(9)
+    codes = rng.integers(-127, 128, size=(768, 2500)).astype(np.int8)
+    codes[:, 0] = 127  # the largest sum: every weight and code at its extreme
+    top = np.full(768, 16256)
+    order = rng.permutation(768)
+    weights = np.stack([prefix(top, order, 100), rng.integers(-16256, 16257, 768), prefix(top, order, 500), top,
+                        prefix(top, order, 300)])
+    nested = (np.array([0, 4, 2, 3]), np.array([-1, 0, 1, 2]))  # rows 0 < 4 < 2 < 3, each in the next
+    slabs = list(compressed.integer_slabs(codes, weights, nested))
+    assert [d0 for d0, _, _ in slabs] == [0, 1000, 2000]
+    assert all(parts.dtype == ready.dtype == np.int32 and len(parts) == 2 and len(ready) == 4
+               for _, parts, ready in slabs)
+    product_rows = np.concatenate([compressed.WEIGHT_BASE * parts[:1].astype(np.int64) + parts[1:]
+                                   for _, parts, _ in slabs], axis=1)
+    ready = np.concatenate([ready for _, _, ready in slabs], axis=1)
+    expected = weights @ codes.astype(np.int64)
+    assert product_rows.tolist() == expected[[1]].tolist() and ready.tolist() == expected[[0, 4, 2, 3]].tolist()
+    assert ready[3, 0] == 16256 * 127 * 768 < 2 ** 31
+
+
+@pytest.fixture(scope='module')
+def near_duplicates():
+    """1,500 documents: runs of twins (identical rows, exact ties), near-twins an ulp apart and random rows."""
+    rng = np.random.default_rng(11)
+    docs = rng.standard_normal((1500, DIMS)).astype(np.float32) * 0.3
+    docs[500:700] = docs[300:500]  # exact twins
+    docs[700:800] = np.nextafter(docs[300:400], np.float32(np.inf))  # near-twins
+    docs[1400:] = docs[0]  # a run of 100 copies of one document
+    return docs
+
+
+def brute_force(docs, query_vecs, k):
+    """The exact top-k of the scores the user sees: float64 rounded to float32, ties to the lower docid."""
+    out = []
+    for query_vec in query_vecs:
+        rounded = (docs.astype(np.float64) @ query_vec.astype(np.float64)).astype(np.float32)
+        ids = np.lexsort((np.arange(len(docs)), -rounded))[:k]
+        out.append((rounded[ids].tolist(), ids.tolist()))
+    return out
+
+
+def one_pass(docs, query_vecs, k, use_numba):
+    dim_major = np.ascontiguousarray(docs.T)
+    s, d = compressed.search_compressed(layout.quantise(dim_major), dim_major, query_vecs, k, use_numba=use_numba,
+                                        one_pass=True, doc_rows=docs)
+    return [(si.tolist(), di.tolist()) for si, di in zip(s, d)]
+
+
+@NEEDS_NUMBA
+@pytest.mark.parametrize('k', [1, K, 150])
+def test_nested_one_pass_is_exact(near_duplicates, monkeypatch, k):
+    from pyterrier_rdime.pruned import _numba
+    docs = near_duplicates
+    vecs = batch()
+    vecs[:, :4] = np.where(vecs[:, :4] != 0, 0.5, 0)  # equal values: more exact ties
+    monkeypatch.setattr(compressed, 'SLAB_DOCS', 512)
+    monkeypatch.setattr(_numba, 'NESTED_BLOCK_DOCS', 200)
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 1)
+    calls = []
+    monkeypatch.setattr(_numba, 'nested_scores', lambda ready, *args: (calls.append(len(ready)),
+                                                                        _numba._nested_slab(ready, *args, 200)))
+    nested = one_pass(docs, vecs, k, use_numba=True)
+    assert calls == [9, 9, 9]  # prefix sums scored nine rows, slab after slab
+    assert nested == brute_force(docs, vecs, k)
+    monkeypatch.setattr(dense, 'NESTED_ADD_COST', 1e9)
+    assert one_pass(docs, vecs, k, use_numba=True) == nested and calls == [9, 9, 9]  # the int8 product alone
+    assert one_pass(docs, vecs, k, use_numba=False) == nested  # the numpy one pass (no prefix sums)
+    by_dense = PrunedRetriever(index=docs, num_results=k, strategy='dense')(query_frame(vecs))
+    for q, (scores, docids) in enumerate(nested):
+        found = by_dense[by_dense['qid'] == f'q{q}']
+        assert found['docid'].tolist() == docids and found['score'].astype(np.float32).tolist() == scores
