@@ -316,7 +316,7 @@ def _plot(points: List[dict], path: Path, docs: int) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     from pyterrier_rdime.experiment.collection import load_collection
-    from pyterrier_rdime.experiment.dense_cache import encoder_slug
+    from pyterrier_rdime.experiment.indexes import encoder_slug
     cache, out = Path(args.cache), Path(args.out)
     info = machine()
     log(f'scale: {args.docs:,} passages x {args.dims} over {args.collection} ({describe_machine(info, None)})')

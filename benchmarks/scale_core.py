@@ -8,8 +8,8 @@ from typing import List, Tuple
 import numpy as np
 
 from pyterrier_rdime.experiment.collection import iter_texts, load_collection
-from pyterrier_rdime.experiment.dense_cache import encoder_slug
 from pyterrier_rdime.experiment.encoders import load_encoder
+from pyterrier_rdime.experiment.indexes import encoder_slug
 
 #: Passages per saved chunk: ~2 min of mpnet on 2 quiet cores, the most a killed run loses.
 CHUNK = 512

@@ -582,9 +582,8 @@ def faiss_quantised_rows(index, matrix: np.ndarray, copy: Compressed, sets: dict
 def real_pool(args) -> list:
     from pyterrier_rdime import SwcDime
     from pyterrier_rdime.experiment.collection import load_collection
-    from pyterrier_rdime.experiment.dense_cache import dense_index
     from pyterrier_rdime.experiment.encoders import load_encoder
-    from pyterrier_rdime.experiment.indexes import first_stage_results
+    from pyterrier_rdime.experiment.indexes import dense_index, first_stage_results
 
     collection = load_collection(str(args.collection))
     first, _ = first_stage_results(collection, 'run', 100, args.cache)

@@ -352,7 +352,6 @@ class OracleDime(DimeScorer):
         """Label 0 a random draw of unjudged candidates of each query that needs it, from its unjudged docnos in
         sorted order (so that the row order does not matter)."""
         judged = np.isfinite(row_labels)
-        n_judged = np.bincount(groups.codes, weights=judged, minlength=groups.size)
         relevant = np.bincount(groups.codes, weights=judged & (row_labels > 0), minlength=groups.size)
         non_relevant = np.bincount(groups.codes, weights=judged & (row_labels <= 0), minlength=groups.size)
         needs = (relevant > 0) & (non_relevant == 0)
@@ -366,7 +365,7 @@ class OracleDime(DimeScorer):
         qids = inp['qid'].to_numpy()[groups.first_rows]
         for query in np.flatnonzero(needs):
             pool = unjudged[bounds[query]:bounds[query + 1]]
-            take = int(min(n_judged[query], len(pool)))
+            take = int(min(relevant[query], len(pool)))  # as many as it has judged: all relevant
             chosen = pool[maths.query_rng(self.seed, str(qids[query])).choice(len(pool), take, replace=False)]
             row_labels[chosen] = 0.0
             padded[query] = take

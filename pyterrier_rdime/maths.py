@@ -218,21 +218,16 @@ def random_ranks(seeds: Iterable[Tuple[int, str]], dims: int) -> np.ndarray:
 def column_variance(blocks: Iterable[np.ndarray]) -> Tuple[np.ndarray, int]:
     """``(variance (p,), rows)``: each column's population variance over the ``(rows, p)`` blocks, in one pass
     (Chan et al.'s pairwise update, stable where ``E[x^2] - E[x]^2`` cancels)."""
-    count, mean, m2 = 0, None, None
+    count, mean, m2 = 0, 0.0, 0.0  # the first block's update gives its own mean and m2, exactly
     for block in blocks:
         block = np.asarray(block, dtype=np.float64)
         if not len(block):
             continue
         b_count, b_mean = len(block), block.mean(axis=0)
         b_m2 = ((block - b_mean) ** 2).sum(axis=0)
-        if mean is None:
-            count, mean, m2 = b_count, b_mean, b_m2
-            continue
         total = count + b_count
         delta = b_mean - mean
         mean = mean + delta * (b_count / total)
         m2 = m2 + b_m2 + delta ** 2 * (count * b_count / total)
         count = total
-    if mean is None:
-        return np.zeros(0), 0
-    return m2 / count, count
+    return (m2 / count, count) if count else (np.zeros(0), 0)

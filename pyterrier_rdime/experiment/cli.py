@@ -47,8 +47,8 @@ def missing_runner_packages() -> List[str]:
 
 def _parser() -> argparse.ArgumentParser:
     from .indexes import RETRIEVERS
-    from .options import Options
     from .parity import ALTERNATIVES, CV_FOLDS, CV_SEED, DEFAULT_MARGIN
+    from .runner import Options
     from .systems import CONTROLS, DEFAULT_CONTROLS, DIME_NAMES, MODULATORS
     p = argparse.ArgumentParser(
         prog='rdime-experiment',
@@ -160,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if missing:
         return _error(f'the runner needs {", ".join(missing)}, not installed. Install the runner with:\n{INSTALL}')
     _quiet_libraries(verbose=not args.quiet)
-    from .options import OPTION_NAMES
+    from .runner import OPTION_NAMES
     start = time.time()
     try:  # run_grid's keyword arguments: the options of the same name (the protocol's checked by Options)
         settings = {name: getattr(args, name) for name in (*OPTION_NAMES, *RUN_OPTIONS) if name != 'masses'}

@@ -1,5 +1,6 @@
 """Test collections for experiments: an ir_datasets id (``irds:…``) or a local folder of the shared-data format,
 its files checked line by line when loaded."""
+import contextlib
 import functools
 import hashlib
 import json
@@ -16,7 +17,7 @@ import pandas as pd
 import pyterrier as pt
 
 from .. import store
-from .._tsv import read_qid_tsv, utf8_lines
+from .._frames import read_qid_tsv, utf8_lines
 from ..llm import read_answers_tsv
 
 REQUIRED_FILES = ('docs.jsonl', 'queries.tsv', 'qrels')
@@ -158,11 +159,9 @@ def _load_irds(name: str) -> Collection:
     else:  # Robust04's title, description, narrative: default_text() is the title (PyTerrier gives no query column)
         topics = pd.DataFrame([(q.query_id, q.default_text()) for q in irds.queries_iter()], columns=['qid', 'query'])
     qrels = dataset.get_qrels()
-    try:
+    num_docs = None  # not every ir_datasets handler can count its documents without building a docstore
+    with contextlib.suppress(NotImplementedError, AttributeError):
         num_docs = irds.docs_count()
-    except (NotImplementedError, AttributeError):
-        # Not every ir_datasets handler can count its documents without building a docstore.
-        num_docs = None
 
     def absent(docnos: Sequence[str]) -> List[str]:
         found = irds.docs_store().get_many(list(dict.fromkeys(docnos)))

@@ -2,6 +2,7 @@
 own, read back on a re-run where none of its inputs changed, then the combined tables and Figure (its cells on a Ray
 cluster with ``--cells``). Every option is checked before any cell runs; a cell that fails loses no other one.
 """
+import contextlib
 import functools
 import hashlib
 import json
@@ -15,15 +16,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import pandas as pd
 import pyterrier as pt
 
+from .. import store
 from .._config import check_int, default_cache_dir
-from ..store import atomic_open
 from .collection import Collection, load_collection, slug
 from .encoders import encoder_fingerprint
-from .options import OPTION_NAMES, Options
-from .progress import PROGRESS, SystemRecords
 from .report import ExperimentResult, write_combined
-from .runner import DEFAULT_MEASURES, check_rel, parse_measures, run_experiment
-from .systems import AnswerSources, answer_sources
+from .runner import DEFAULT_MEASURES, OPTION_NAMES, Options, check_rel, parse_measures, run_experiment
+from .systems import PROGRESS, AnswerSources, SystemRecords, answer_sources
 
 logger = logging.getLogger(__name__)
 
@@ -126,12 +125,6 @@ def check_writable(option: str, folder: Path) -> None:
         raise ValueError(f'{option} {folder}: cannot write there ({e.strerror}); pass a writable folder') from None
 
 
-def answers_key(sources: AnswerSources) -> str:
-    """The content key of a run's answer sources: each source's name and answers."""
-    return _digest(sorted(sources[''].items()) if list(sources) == [''] else
-                   sorted((name, sorted(answers.items())) for name, answers in sources.items()))
-
-
 def collection_inputs(collection: Collection, sources: Optional[AnswerSources] = None) -> Dict[str, Optional[str]]:
     """A fingerprint of each of a collection's files that a cell's numbers depend on (``sources``: --answers')."""
     if sources is None and collection.answers is not None:
@@ -139,20 +132,20 @@ def collection_inputs(collection: Collection, sources: Optional[AnswerSources] =
     return {'documents': collection.fingerprint, 'queries': _digest(collection.topics),
             'qrels': _digest(collection.qrels),
             'first-stage run': None if collection.run is None else _digest(collection.run),
-            'answers': None if sources is None else answers_key(sources)}
+            'answers': None if sources is None else _digest(
+                sorted(sources[''].items()) if list(sources) == [''] else
+                sorted((name, sorted(answers.items())) for name, answers in sources.items()))}
 
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
     """The content of this package's modules and the libraries' versions: other code recomputes a cell."""
     import importlib.metadata
-    versions = {}
-    for library in ('python-terrier', 'pyterrier-dr', 'pyterrier-pisa', 'ir-measures', 'numpy', 'scipy',
-                    'statsmodels', 'sentence-transformers', 'torch'):
-        try:
+    versions = dict.fromkeys(('python-terrier', 'pyterrier-dr', 'pyterrier-pisa', 'ir-measures', 'numpy', 'scipy',
+                              'statsmodels', 'sentence-transformers', 'torch'))  # None: not installed
+    for library in versions:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[library] = importlib.metadata.version(library)
-        except importlib.metadata.PackageNotFoundError:
-            versions[library] = None
     return _digest([_file_digest(Path(__file__).resolve().parents[1], '*.py'), versions])
 
 
@@ -195,7 +188,7 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     whose ``cell.json`` records the same inputs is read back instead; one whose inputs changed is recomputed with a
     warning. Then writes the combined outputs (grid.md, grid.csv, grid_parity.csv, grid.tex, kept_fractions.png/pdf).
     A cell's error is recorded and the grid goes on (a lone cell's error propagates). A cell killed midway resumes
-    at the first system it had not finished (:class:`~.progress.SystemRecords`). ``cells`` > 1 runs that many cells
+    at the first system it had not finished (:class:`~.systems.SystemRecords`). ``cells`` > 1 runs that many cells
     at once as Ray tasks (:func:`run_cells`). ``run_cell`` replaces :func:`run_experiment` (tests)."""
     check_int('run_grid', 'cells', cells, 1, hint='the cells run at once on a Ray cluster; 1 runs them one by one')
     run_cell = run_cell or run_experiment
@@ -217,7 +210,7 @@ def run_grid(collections: Sequence[Union[str, Collection]], encoders: Sequence[s
     return GridResult(planned, problems)
 
 
-def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict, lone: bool = False) -> Cell:
+def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict, lone: bool = False) -> None:
     """Runs ``cell``, writes its outputs, then its record; sets its status and result, or its error."""
     (cell.folder / CELL_FILE).unlink(missing_ok=True)
     progress = SystemRecords(cell.folder / PROGRESS, cell.key)
@@ -232,12 +225,11 @@ def compute_cell(cell: Cell, run_cell: Callable[..., ExperimentResult], settings
                                                                      'kept_fraction.csv')]
     if needed:
         return _failed(cell, '; '.join(needed))
-    with atomic_open(cell.folder / CELL_FILE) as f:  # a crash leaves the old record or none, never half of one
+    with store.atomic_open(cell.folder / CELL_FILE) as f:  # a crash leaves the old record or none, never half of one
         json.dump({'key': cell.key, 'inputs': cell.inputs, 'finished': True, 'collection': cell.collection.name,
                    'encoder': cell.encoder, 'problems': problems}, f, indent=2)
     progress.clear()  # the record is complete: the systems' frames are no longer needed
     cell.result, cell.status, cell.problems = result, 'done', problems
-    return cell
 
 
 def _compute_on_node(cell: Cell, run_cell: Callable[..., ExperimentResult], settings: dict) -> Tuple[Cell, str]:
@@ -309,10 +301,9 @@ def _finish(ray, ref, cell) -> None:
     logger.info('cell %s: %s on node %s', cell.name, cell.status, node)
 
 
-def _failed(cell: Cell, error: str) -> Cell:
+def _failed(cell: Cell, error: str) -> None:
     cell.status, cell.error, cell.result = 'failed', error, None
     logger.error('cell %s failed: %s', cell.name, error)
-    return cell
 
 
 def _cpus(ray) -> float:
@@ -369,11 +360,6 @@ def _file_digest(option: Optional[Union[str, Path]], pattern: str = '*') -> Opti
     path = Path(option).expanduser() if option is not None else None
     if path is None or not path.exists():
         return None
-    digest = hashlib.sha256()
-    for file in sorted(p for p in ([path] if path.is_file() else path.rglob(pattern)) if p.is_file()):
-        digest.update(file.relative_to(path).as_posix().encode() + b'\0' if file != path else b'\0')
-        with open(file, 'rb') as f:
-            for chunk in iter(lambda: f.read(1 << 22), b''):
-                digest.update(chunk)
-    return digest.hexdigest()[:16]
+    files = sorted(p for p in ([path] if path.is_file() else path.rglob(pattern)) if p.is_file())
+    return _digest([(file.relative_to(path).as_posix(), store.fingerprint(file)['sha256']) for file in files])
 

@@ -342,10 +342,10 @@ class ExperimentResult:
         from matplotlib.figure import Figure
         fig = Figure(figsize=(1.6 * max(len(self.labels), 2) + 2.5, 3.5))
         ax = fig.subplots()
-        _boxes(ax, self.kept, self.labels)
+        entries = _boxes(ax, self.kept, self.labels)
         ax.set_ylabel('fraction of dimensions kept')
         ax.set_title(f'RDIME per-query kept fraction — {self._title()}', fontsize=9)
-        ax.legend(*_box_legend(ax), fontsize=7, loc='center left', bbox_to_anchor=(1, 0.5), handlelength=3)
+        ax.legend(*entries, fontsize=7, loc='center left', bbox_to_anchor=(1, 0.5), handlelength=3)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
 
@@ -630,12 +630,13 @@ def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]],
     axes = fig.subplots(rows, columns, squeeze=False, sharey=True)
     for ax in axes.flat[len(ordered):]:
         ax.set_axis_off()
+    entries = []  # of the first panel
     for ax, (collection, encoder, kept, labels) in zip(axes.flat, ordered):
-        _boxes(ax, kept, labels)
+        entries.append(_boxes(ax, kept, labels))
         ax.set_title(f'{collection} — {encoder}', fontsize=8)
     for row in axes:
         row[0].set_ylabel('fraction kept')
-    entries = _box_legend(axes.flat[0])
+    entries = entries[0]
     # one row of entries if it fits the figure's width, else as many columns as fit (a one-panel grid is narrow)
     for ncols in range(len(entries[1]), 0, -1):
         legend = fig.legend(*entries, fontsize=7, loc='lower center', ncols=ncols, handlelength=3, frameon=False)
@@ -649,8 +650,10 @@ def grid_kept_figure(cells: List[Tuple[str, str, pd.DataFrame, Dict[str, str]]],
     return fig
 
 
-def _boxes(ax, kept: pd.DataFrame, labels: Dict[str, str]) -> None:
-    """RDIME's per-query kept fraction, one box per DIME, and a line at each Top-k's kept fraction."""
+def _boxes(ax, kept: pd.DataFrame, labels: Dict[str, str]) -> Tuple[list, List[str]]:
+    """RDIME's per-query kept fraction, one box per DIME, and a line at each Top-k's kept fraction; returns the legend
+    entries: the boxes' median line and mean triangle, then the Top-k lines."""
+    from matplotlib.lines import Line2D
     rdime = kept[kept['threshold'] == 'RDIME']
     names = [d for d in labels if d in set(rdime['dime'])]
     ax.boxplot([rdime.loc[rdime['dime'] == d, 'kept_frac'] for d in names], showmeans=True,
@@ -662,11 +665,6 @@ def _boxes(ax, kept: pd.DataFrame, labels: Dict[str, str]) -> None:
     for i, (threshold, fraction) in enumerate(topk.items()):
         ax.axhline(fraction, color='dimgrey', linestyle=TOPK_STYLES[i % len(TOPK_STYLES)], linewidth=1,
                    label=f'Top-k {threshold}')
-
-
-def _box_legend(ax) -> Tuple[list, List[str]]:
-    """Legend entries of a box panel: the boxes' median line and mean triangle, then ``ax``'s Top-k lines."""
-    from matplotlib.lines import Line2D
     handles, names = ax.get_legend_handles_labels()
     return ([Line2D([], [], color=MEDIAN_COLOUR, label='median'),
              Line2D([], [], marker='^', color='tab:green', linestyle='none', label='mean')] + handles,

@@ -1,32 +1,124 @@
 """The paper's comparison as one call: Baseline, and for each DIME each Top-k and RDIME, through pt.Experiment,
-in the reference implementations' protocol (the one-cell pipeline the CLI and the grid share)."""
+in the reference implementations' protocol (the one-cell pipeline the CLI and the grid share), and the run's protocol
+options (:class:`Options`), checked when built."""
+import functools
 import re
 import time
-from dataclasses import replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import ir_measures
 import pandas as pd
 import pyterrier as pt
 
-from .._config import default_cache_dir
-from ..llm import LlmGenerator, missing_answers
-from . import parity
+from .._config import check_bool, check_choice, check_fraction, check_int, default_cache_dir, reject
+from ..llm import LlmGenerator
+from . import indexes, parity, systems
 from .collection import Collection, load_collection
-from .dense_cache import dense_index
 from .encoders import DEFAULT_ENCODER, load_encoder
 from .indexes import check_docnos_in_index, check_index_matches, existing_index, first_stage_results, retriever
-from .options import OPTION_NAMES, Options
-from .progress import SystemRecords
 from .report import SEED_COLUMNS, ExperimentResult, kept_fractions
-from .systems import NEEDS_ANSWERS, Grid, Runner, answer_sources, rerank_grid, retrieve_grid, thresholds
+from .systems import NEEDS_ANSWERS, Grid, answer_sources, rerank_grid, retrieve_grid, run_stage, thresholds
 
 DEFAULT_MEASURES = ('nDCG@10', 'AP')
 #: Added by default in retrieve mode, where the ranking is deep enough (as the author's dime-library reports them).
 DEEP_MEASURES = ('R@1000', 'RR@10')
 #: Binary measures whose relevance level ``--rel`` sets.
 BINARY = ('AP', 'R', 'RR', 'P', 'Success')
+#: The name :class:`Options`' errors begin with: the command's.
+STAGE = 'rdime-experiment'
+
+
+@dataclass(frozen=True)
+class Options:
+    """The run's protocol options, checked when built: each error names the option (as the command spells it) and
+    the fix. The command builds them from its parser; the grid's cell key and the recorded settings derive from the
+    fields (:data:`OPTION_NAMES`). Lists become tuples without repeats, fractions floats."""
+    mode: str = 'rerank'
+    first_stage: str = 'auto'
+    feedback: str = 'dense'
+    depth: int = 100
+    num_results: int = 1000
+    dimes: Tuple[str, ...] = ('prf', 'swc', 'llm')
+    ks: Tuple[float, ...] = (0.4, 0.6, 0.8)
+    modulators: Tuple[str, ...] = ()
+    masses: Tuple[float, ...] = ()
+    controls: Tuple[str, ...] = systems.DEFAULT_CONTROLS
+    control_seeds: int = 10
+    test: str = 't'
+    alternative: str = 'two-sided'
+    margin: float = parity.DEFAULT_MARGIN
+    sweep: bool = True
+    folds: int = parity.CV_FOLDS
+    retriever: str = 'numpy'
+    shards: int = 1
+    max_queries: Optional[int] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, 'first_stage', str(self.first_stage))
+        object.__setattr__(self, 'ks', tuple(self.ks))
+        for name in ('dimes', 'modulators', 'masses', 'controls'):
+            object.__setattr__(self, name, tuple(dict.fromkeys(getattr(self, name))))
+        if not self.dimes:
+            raise ValueError(f'{STAGE}: --dimes is empty; choose among {", ".join(systems.DIME_NAMES)}')
+        for option, values, choices in (('--mode', [self.mode], ('rerank', 'retrieve')),
+                                        ('--feedback', [self.feedback], systems.FEEDBACKS),
+                                        ('--retriever', [self.retriever], tuple(indexes.RETRIEVERS)),
+                                        ('--test', [self.test], parity.TESTS),
+                                        ('--alternative', [self.alternative], parity.ALTERNATIVES),
+                                        ('--dimes', self.dimes, systems.DIME_NAMES),
+                                        ('--modulators', self.modulators, tuple(systems.MODULATORS)),
+                                        ('--controls', self.controls, systems.CONTROLS)):
+            for value in values:
+                check_choice(STAGE, option, value, choices)
+        for mass in self.masses:
+            check_fraction(STAGE, '--score-mass', mass, hint='shares of the positive importance mass, e.g. 0.8')
+        for k in self.ks:
+            check_fraction(STAGE, '--ks', k, hint='Top-k values are fractions of the dimensions, e.g. 0.4,0.6,0.8')
+        for option, value in (('--control-seeds', self.control_seeds), ('--depth', self.depth),
+                              ('--num-results', self.num_results), ('--shards', self.shards),
+                              ('--max-queries', 1 if self.max_queries is None else self.max_queries)):
+            check_int(STAGE, option, value, 1)
+        check_int(STAGE, '--folds', self.folds, 2, 'cross-validation needs at least 2 folds of queries')
+        check_bool(STAGE, '--sweep', self.sweep)
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 < self.margin < 1:
+            reject(STAGE, '--margin', 'a fraction of the Baseline in (0, 1)', self.margin,
+                   f'e.g. {parity.DEFAULT_MARGIN} (±{100 * parity.DEFAULT_MARGIN:g} % of the Baseline)')
+        if self.mode == 'retrieve' and self.feedback == 'first-stage':
+            raise ValueError(f'{STAGE}: --feedback first-stage applies to --mode rerank; --mode retrieve has no first '
+                             'stage (its feedback documents come from the dense ranking): leave --feedback out')
+        if self.mode == 'rerank' and self.retriever != 'numpy':
+            raise ValueError(f'{STAGE}: --retriever {self.retriever!r} applies to --mode retrieve; re-ranking '
+                             're-scores the candidates with the vectors of the index')
+        if self.first_stage not in ('auto', 'bm25') and not Path(self.first_stage).is_file():
+            raise ValueError(f"{STAGE}: --first-stage {self.first_stage!r} is not 'auto', 'bm25' or an existing TREC "
+                             'run file')
+        if self.retriever.startswith('faiss-'):
+            indexes.require_faiss()
+        if self.shards != 1 and self.retriever != 'sharded':
+            raise ValueError(f'{STAGE}: --shards applies to --retriever sharded; pass both, or leave --shards out')
+        for name in ('ks', 'masses'):  # checked as given (a bool is no fraction), kept as floats
+            object.__setattr__(self, name, tuple(float(value) for value in getattr(self, name)))
+
+    def check_documents(self, num_docs: Optional[int], source: str) -> None:
+        """``--shards`` against the ``num_docs`` of ``source`` (``None``: unknown), checked before any work."""
+        if self.retriever == 'sharded' and num_docs is not None and self.shards > num_docs:
+            raise ValueError(f'{STAGE}: --shards {self.shards} is more than the {num_docs} documents of {source}, and '
+                             f'each shard holds at least one; pass --shards {num_docs} or fewer')
+
+    @property
+    def fractions(self) -> List[float]:
+        """The Top-k sweep's fractions (none without ``sweep``)."""
+        return list(parity.SWEEP) if self.sweep else []
+
+    def settings(self) -> Dict[str, object]:
+        """The options as recorded in a result and keyed in a grid cell (lists as lists)."""
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in asdict(self).items()}
+
+
+#: The options' names: the keyword arguments of :func:`run_experiment` that :class:`Options` checks.
+OPTION_NAMES = tuple(f.name for f in fields(Options))
 
 
 class Stopwatch:
@@ -56,7 +148,7 @@ def run_experiment(
     workers: int = 1,
     parallel_backend: str = 'joblib',
     verbose: bool = True,
-    progress: Optional[SystemRecords] = None,
+    progress: Optional[systems.SystemRecords] = None,
     **option_values,
 ) -> ExperimentResult:
     """Run the paper's grid on a collection, in the reference implementations' protocol.
@@ -76,7 +168,7 @@ def run_experiment(
         batch_size: encoder batch size.
         llm_generator: generate the LLM answers with :class:`LlmGenerator` (``'smollm2'`` or a hub model).
         workers, parallel_backend: processes for the query-level work (``'joblib'`` or ``'ray'``).
-        progress: where each finished system is recorded for a re-run (:class:`~.progress.SystemRecords`).
+        progress: where each finished system is recorded for a re-run (:class:`~.systems.SystemRecords`).
     """
     unknown = sorted(set(option_values) - set(OPTION_NAMES))
     if unknown:
@@ -130,7 +222,8 @@ def run_experiment(
 
     stages = thresholds(options.ks, options.modulators, options.masses)
     grid = build_systems(collection, topics, model, encoder, external, index, llm_answers, options, stages, cache_dir,
-                         batch_size, Runner(workers, parallel_backend), verbose, watch, progress)
+                         batch_size, functools.partial(run_stage, workers=workers, backend=parallel_backend), verbose,
+                         watch, progress)
     watch.lap('systems')
 
     perquery = evaluate(grid.frames, topics, collection.qrels, measure_objects)
@@ -230,8 +323,8 @@ def _means(perquery: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_systems(collection, topics, model, encoder, external, index_spec, answers, options: Options, stages,
-                  cache_dir, batch_size, run: Runner, verbose, watch: Stopwatch,
-                  records: Optional[SystemRecords] = None) -> Grid:
+                  cache_dir, batch_size, run: Callable, verbose, watch: Stopwatch,
+                  records: Optional[systems.SystemRecords] = None) -> Grid:
     """The first stage (rerank mode), the dense index, and every system's result frame."""
     judged = _judged_documents(collection, topics, external) if 'oracle' in options.dimes else []
     watch.lap('load')
@@ -243,16 +336,16 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
         needed = list(dict.fromkeys([*first['docno'], *judged]))
         if external is not None:
             check_docnos_in_index(external, needed, index_spec)
-    dense = external if external is not None else dense_index(collection, model, encoder, cache_dir, needed,
-                                                              batch_size=batch_size, verbose=verbose)
+    dense = external if external is not None else indexes.dense_index(collection, model, encoder, cache_dir, needed,
+                                                                      batch_size=batch_size, verbose=verbose)
     watch.lap('index')
     if options.mode == 'rerank':
         return replace(rerank_grid(first, model, dense, answers, stages, collection.qrels, judged, run, options,
-                                   records or SystemRecords()), source=source)
+                                   records or systems.SystemRecords()), source=source)
     search = retriever(dense, options.retriever, options.num_results, shards=options.shards, cache_dir=cache_dir,
                        verbose=verbose)
     return retrieve_grid(topics, model, dense, search, answers, stages, collection.qrels, judged, run, options,
-                         records or SystemRecords())
+                         records or systems.SystemRecords())
 
 
 def _judged_documents(collection: Collection, topics: pd.DataFrame, external) -> List[str]:
@@ -279,8 +372,10 @@ def _measure_notes(measures: list, rel: Optional[int], depth: int) -> List[str]:
 
 
 def _unanswered_notes(sources: Dict[str, Dict[str, str]], topics: pd.DataFrame) -> List[str]:
-    """A note per answer source that leaves queries of the run unanswered: how many, and which."""
-    missing = {source: missing_answers(answers, topics['qid']) for source, answers in sources.items()}
+    """A note per answer source that leaves queries of the run unanswered (absent, None or blank): how many, which."""
+    missing = {source: [qid for qid in dict.fromkeys(topics['qid'])
+                        if not isinstance(answers.get(qid), str) or not answers[qid].strip()]
+               for source, answers in sources.items()}
     return [f'LLM answers{f" {source}" if source else ""}: no answer for {len(qids)} of {topics["qid"].nunique()} '
             f'queries ({", ".join(qids[:10]) + (" …" if len(qids) > 10 else "")}); LLM DIME used q ⊙ q for them.'
             for source, qids in missing.items() if qids]

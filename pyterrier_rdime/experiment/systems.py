@@ -1,17 +1,23 @@
 """The grid of systems, built from the library's stages: Baseline, and for each DIME each threshold (Top-k
-fractions, RDIME and its soft modulators), in the references' protocol; and the LLM answers they read
-(``--answers``), by source: from files, a collection folder's ``llm_answers/<name>.tsv``, or the published ones."""
+fractions, RDIME and its soft modulators), in the references' protocol; each system's result frame recorded on disk as
+it is finished, so that a killed cell resumes (:class:`SystemRecords`); and the LLM answers they read (``--answers``),
+by source: from files, a collection folder's ``llm_answers/<name>.tsv``, or the published ones."""
 import functools
+import hashlib
+import logging
 import os
+import pickle
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from .. import store
 from ..dime import (
     ActiveFeedbackDime,
     EclipseDime,
@@ -27,9 +33,10 @@ from ..llm import LlmAnswers, read_answers_csv, read_answers_tsv
 from ..llm.published import CATALOGUE, fetch, published_entry
 from ..threshold import CONTROLS as SELECTIONS
 from ..threshold import Rdime, SameBudget, ScoreMass, TopK, VectorScorer
-from .collection import Collection
+from .collection import Collection, slug
 from .parity import random_runs, topk_runs
-from .progress import Key, SystemRecords
+
+logger = logging.getLogger(__name__)
 
 FEEDBACKS = ('dense', 'first-stage')
 #: Soft RDIME columns the runner can add (``modulators``): name -> (column label, ``Rdime(modulator=...)``).
@@ -40,7 +47,11 @@ NO_FEEDBACK = ('llm', 'magnitude')
 CONTROLS = SELECTIONS + ('vector-prf',)
 #: ``prefix`` (Matryoshka truncation) means something only for models trained for truncation: opt-in.
 DEFAULT_CONTROLS = ('random', 'magnitude', 'variance', 'vector-prf')
-#: The record key of the dense Baseline (:data:`~.progress.Key`).
+#: The folder of a cell's progress inside its output folder: one sub-folder per cell key.
+PROGRESS = '.progress'
+#: A system's record key: ``(kind, name)``, kind ``'frames'``, ``'seeded'`` or ``'sweep'``.
+Key = Tuple[str, Hashable]
+#: The record key of the dense Baseline (:data:`Key`).
 BASELINE: Key = ('frames', 'Baseline')
 #: A source name as ``--answers`` takes it, and as it appears in system names (``llm@<name>``).
 _NAME = re.compile(r'[A-Za-z0-9][\w.+-]*')
@@ -101,25 +112,97 @@ class Grid:
     seeded: Dict[Tuple[str, int], pd.DataFrame] = field(default_factory=dict)
 
     def put(self, frames: Dict[Key, pd.DataFrame]) -> None:
-        """Files the systems' frames under their record keys (:data:`~.progress.Key`)."""
+        """Files the systems' frames under their record keys (:data:`Key`)."""
         for key, frame in frames.items():
             getattr(self, key[0])[key[1]] = frame
 
 
-@dataclass
-class Runner:
+def run_stage(stage: pt.Transformer, frame: pd.DataFrame, workers: int = 1, backend: str = 'joblib') -> pd.DataFrame:
     """Applies a query-level stage to a frame, serially or over ``workers`` processes (PyTerrier's ``.parallel``)."""
-    workers: int = 1
-    backend: str = 'joblib'
+    if workers > 1 and len(frame):
+        stage = stage.parallel(workers, backend=backend)
+    return stage(frame)
 
-    def __call__(self, stage: pt.Transformer, frame: pd.DataFrame) -> pd.DataFrame:
-        if self.workers > 1 and len(frame):
-            stage = stage.parallel(self.workers, backend=self.backend)
-        return stage(frame)
+
+def without_vectors(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` without its vector columns (``query_vec``, ``doc_vec``, …): nothing later reads one."""
+    return frame.drop(columns=[c for c in frame.columns if len(frame) and frame[c].dtype == object
+                               and isinstance(frame[c].iloc[0], np.ndarray)])
+
+
+class SystemRecords:
+    """The finished systems of one cell, each its result frame (without vectors) in a checksummed record
+    (:mod:`pyterrier_rdime.store`) in ``<folder>/<key>/``, read back on the next run (a bad record is recomputed
+    with a warning). Other keys' folders are removed on opening; :meth:`clear` removes the records. With
+    ``folder=None`` nothing is written.
+
+    Example::
+
+        records = SystemRecords(cell_folder / PROGRESS, cell_key)
+        frame = records.frame(('frames', 'prf/RDIME'), lambda: (Rdime() >> retriever)(scored))
+    """
+
+    def __init__(self, folder: Optional[Union[str, Path]] = None, key: str = ''):
+        self.folder = Path(folder) / key if folder is not None else None
+        self.read_back = 0  # systems read back rather than computed, for the log and the tests
+        if folder is None:
+            return
+        if not key:
+            raise ValueError('SystemRecords: a recording folder needs the key of the cell it records (e.g. the '
+                             "grid's Cell.key)")
+        for stale in (p for p in Path(folder).glob('*') if p.is_dir() and p.name != key):
+            logger.info('removing the progress of an earlier run with other inputs: %s', stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def frame(self, key: Key, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        """The frame of the system ``key``: read back where recorded, else ``compute()``, recorded."""
+        return self.frames([key], lambda missing: [(key, compute())])[key]
+
+    def frames(self, keys: Sequence[Key], compute: Callable[[List[Key]], Iterable[Tuple[Key, pd.DataFrame]]]
+               ) -> Dict[Key, pd.DataFrame]:
+        """The frames of ``keys``, in order: the recorded ones read back, the others from ``compute(missing keys)``'s
+        ``(key, frame)`` pairs, each recorded as it is yielded."""
+        found = {key: frame for key in keys if (frame := self._read(key)) is not None}
+        if found and not self.read_back:
+            logger.info('resuming the cell: reading back the systems an interrupted run finished, from %s',
+                        self.folder)
+        self.read_back += len(found)
+        missing = [key for key in keys if key not in found]
+        for key, frame in compute(missing) if missing else ():
+            if key in missing and key not in found:
+                found[key] = self._write(key, without_vectors(frame))
+        return {key: found[key] for key in keys}
+
+    def clear(self) -> None:
+        """Removes every record of the cell (called once the cell's results and record are written)."""
+        if self.folder is not None:
+            shutil.rmtree(self.folder.parent, ignore_errors=True)
+
+    def _path(self, key: Key) -> Path:
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+        return self.folder / f'{slug(f"{key[0]}-{key[1]}", digest)}.pkl'
+
+    def _read(self, key: Key) -> Optional[pd.DataFrame]:
+        if self.folder is None or not self._path(key).is_file():
+            return None
+        try:
+            recorded_key, frame = pickle.loads(store.read_record(self._path(key), 'system-frame'))
+            if recorded_key != key or not isinstance(frame, pd.DataFrame):
+                raise TypeError(f'it holds no frame of {key!r}')
+        except Exception as e:  # a damaged record of any kind is recomputed, never the cell aborted
+            logger.warning('the record %s of %r does not read back (%s: %s); recomputing it', self._path(key), key,
+                           type(e).__name__, e)
+            return None
+        return frame
+
+    def _write(self, key: Key, frame: pd.DataFrame) -> pd.DataFrame:
+        if self.folder is not None:  # a kill leaves the record whole or absent
+            store.write_record(self._path(key), 'system-frame', pickle.dumps((key, frame), pickle.HIGHEST_PROTOCOL))
+        return frame
 
 
 def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSources], stages: Dict[str, pt.Transformer],
-                qrels: pd.DataFrame, judged: Sequence[str], run: Runner, options, records: SystemRecords) -> Grid:
+                qrels: pd.DataFrame, judged: Sequence[str], run: Callable, options, records: SystemRecords) -> Grid:
     """Re-ranking: the first stage's top-``options.depth`` re-scored by the (pruned) query vector. With
     ``feedback='dense'`` (the references' protocol) the feedback documents are the top of the candidates re-scored
     with the full query vector; with ``'first-stage'`` the first stage's own top. The sweep fractions (and the
@@ -143,7 +226,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
                                  judged, run, keep_ranking=True)
         systems = dime_stages(name, stages, controls, seeds, documents)
         # the columns over the workers; the controls here: numpy on the vectors in hand, cheaper than the round trip
-        grid.put(records.frames(list(systems), lambda missing: ((key, (run if key[1] in columns else Runner())(
+        grid.put(records.frames(list(systems), lambda missing: ((key, (run if key[1] in columns else run_stage)(
             systems[key] >> VectorScorer(), scored)) for key in missing)))
         grid.put(records.frames([('sweep', (name, f)) for f in sweep], lambda missing: (
             (('sweep', (name, f)), frame) for f, frame in topk_runs(scored, [k[1][1] for k in missing]).items())))
@@ -155,13 +238,12 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
         systems = vector_prf_queries(candidates, lambda k: source)
         grid.put(records.frames(list(systems), lambda missing: (
             (key, run(VectorScorer(), systems[key]())) for key in missing)))
-        notes.append(f'Vector PRF and Average PRF: pyterrier-dr\'s stages with their defaults (top 3 of the {order}).')
-    return _finished(grid, expanded, options.dimes, qrels, judged, candidates, notes, f'{order} of the top-'
+    return _finished(grid, expanded, options, qrels, judged, candidates, notes, order, f'{order} of the top-'
                      f'{options.depth} candidates (the references: the bottom of a 1000-deep dense run)')
 
 
 def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, answers: Optional[AnswerSources],
-                  stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], run: Runner, options,
+                  stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], run: Callable, options,
                   records: SystemRecords) -> Grid:
     """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
     ranking of the full query vector. ``options`` and ``records`` as in :func:`rerank_grid`. After the Baseline, the
@@ -192,17 +274,15 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
     if 'vector-prf' in options.controls:
         searches.update(vector_prf_queries(queries, lambda k: run(index.vec_loader(),
                                                                   retrieved[retrieved['rank'] < k])))
-        notes.append("Vector PRF and Average PRF: pyterrier-dr's stages with their defaults (top 3 of the dense "
-                     'ranking).')
     grid.put(records.frames(list(searches), lambda missing: (
         (key, frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame) for key, frame in search_together(
             retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES))))
-    return _finished(grid, expanded, options.dimes, qrels, judged, queries, notes,
+    return _finished(grid, expanded, options, qrels, judged, queries, notes, 'dense ranking',
                      f'{options.num_results}-deep dense ranking')
 
 
 def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.DataFrame, queries: pd.DataFrame,
-                    model, index, qrels: pd.DataFrame, judged_docnos: Sequence[str], run: Runner,
+                    model, index, qrels: pd.DataFrame, judged_docnos: Sequence[str], run: Callable,
                     keep_ranking: bool) -> pd.DataFrame:
     """The ``query_dime`` of ``dime`` (reading ``answers`` where it reads some) on the feedback ``ranking``: beside
     it in re-ranking (``keep_ranking``, where the ranking holds its vectors), beside ``queries`` in retrieval. Oracle
@@ -221,7 +301,7 @@ def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.Da
 
 
 def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[[], pd.DataFrame]],
-                    run: Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame] = Runner(),
+                    run: Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame] = run_stage,
                     batch_queries: int = BATCH_QUERIES) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
     """Yields ``(key, retriever(queries[key]()))`` for each key, in order, stacking consecutive systems' frames up to
     ``batch_queries`` rows into one call of ``run(retriever, frame)`` (default ``retriever(frame)``).
@@ -297,19 +377,21 @@ def dime_stages(dime: str, stages: Dict[str, pt.Transformer], controls: Sequence
     return systems
 
 
-def _finished(grid: Grid, expanded: Dict[str, Tuple[str, str]], dimes: Sequence[str], qrels: pd.DataFrame,
-              judged: Sequence[str], queries: pd.DataFrame, notes: List[str], eclipse: str) -> Grid:
-    """``grid`` with its systems' row labels and ``notes``, then what the oracle, Eclipse (negatives: the bottom 5 of
-    the ``eclipse`` ranking) and active-feedback DIMEs read."""
-    if 'oracle' in dimes:
+def _finished(grid: Grid, expanded: Dict[str, Tuple[str, str]], options, qrels: pd.DataFrame, judged: Sequence[str],
+              queries: pd.DataFrame, notes: List[str], order: str, eclipse: str) -> Grid:
+    """``grid`` with its systems' row labels and ``notes``, then what vector PRF (the top 3 of the ``order``), the
+    oracle, Eclipse (negatives: the bottom 5 of the ``eclipse``) and active-feedback DIMEs read."""
+    if 'vector-prf' in options.controls:
+        notes.append(f"Vector PRF and Average PRF: pyterrier-dr's stages with their defaults (top 3 of the {order}).")
+    if 'oracle' in options.dimes:
         mine = qrels[qrels['qid'].isin(set(queries['qid']))]
         used = int(mine['docno'].isin(set(judged)).sum())
         notes.append(f'Oracle DIME: correlation over every judged document of the query ({used} judgments)'
                      + (f'; {len(mine) - used} judged documents are not in the corpus/index and were left out.'
                         if used < len(mine) else '.'))
-    if {'eclipse', 'llm-eclipse'} & set(dimes):
+    if {'eclipse', 'llm-eclipse'} & set(options.dimes):
         notes.append(f'Eclipse negatives: the bottom 5 of the {eclipse}.')
-    active = [d for d in dimes if d in ('active', 'active-neg')]
+    active = [d for d in options.dimes if d in ('active', 'active-neg')]
     if active:
         notes.append(f'{", ".join(active)}: active feedback reads the judged documents of the ranking (the '
                      'highest-labelled one, and for active-neg the lowest-labelled one); an oracle-like upper bound, '

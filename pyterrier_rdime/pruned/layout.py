@@ -88,7 +88,7 @@ class Layout:
         """The ``(dims, docs)`` float32 C-contiguous matrix (built on first use)."""
         if self.is_array:
             return self._array_copy()[0]
-        return open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)[0]
+        return open_flex_layout(self.index, stage=self.stage, verbose=self.verbose)
 
     def codes(self) -> Codes:
         """The int8 copy (built on first use)."""
@@ -186,18 +186,17 @@ def dimension_major(vecs: np.ndarray, *, docnos: Optional[Sequence[str]] = None,
 
 
 def open_flex_layout(index: object, *, stage: str = 'PrunedRetriever', verbose: bool = False,
-                     build: bool = True) -> Optional[Tuple[np.ndarray, np.ndarray]]:
-    """A FlexIndex's read-only memory-mapped layout and each dimension's abs max, (re)built first where stale
-    (unless ``build`` is False: None then); concurrent builders wait for the first."""
+                     build: bool = True) -> Optional[np.ndarray]:
+    """A FlexIndex's read-only memory-mapped layout, (re)built first where stale (unless ``build`` is False: None
+    then); concurrent builders wait for the first."""
     def write(path: Path) -> dict:
         check_flex_docnos(index, stage)
         docnos, vecs, _ = index.payload()
-        abs_max = build_layout(vecs, path, docnos=docnos.fwd, stage=stage, source=str(index.index_path),
-                               verbose=verbose)
-        return {'abs_max': abs_max.tolist()}
-    return _open_copy(index, flex_layout_path(index), 'layout', np.dtype('<f4'), {'abs_max': np.float64},
-                      lambda *arrays: arrays, write if build else None, what='the dimension-major layout',
-                      stage=stage, cause='(a build was interrupted, or the index changed)')
+        build_layout(vecs, path, docnos=docnos.fwd, stage=stage, source=str(index.index_path), verbose=verbose)
+        return {}
+    return _open_copy(index, flex_layout_path(index), 'layout', np.dtype('<f4'), {}, lambda matrix: matrix,
+                      write if build else None, what='the dimension-major layout', stage=stage,
+                      cause='(a build was interrupted, or the index changed)')
 
 
 def open_flex_compressed(layout: Layout) -> Codes:
@@ -232,18 +231,11 @@ def _open_copy(index: object, path: Path, kind: str, dtype: np.dtype, arrays: Di
 
 
 def build_layout(vecs: np.ndarray, path: Path, *, docnos: Optional[object] = None, stage: str = 'PrunedRetriever',
-                 source: str = 'the index', verbose: bool = False) -> np.ndarray:
+                 source: str = 'the index', verbose: bool = False) -> None:
     """Write the ``(dims, docs)`` float32 ``.npy`` layout of ``(docs, dims)`` vectors to ``path`` atomically,
-    ``BUILD_BLOCK`` documents at a time; returns each dimension's abs max. Raises ValueError naming a document with
-    NaN or inf."""
-    abs_max = np.zeros(vecs.shape[1])
-
-    def encode(rows: np.ndarray) -> np.ndarray:
-        np.maximum(abs_max, np.abs(rows).max(axis=0), out=abs_max)
-        return rows
-    _write_dim_major(vecs, path, np.dtype('<f4'), encode, docnos=docnos, stage=stage, source=source, desc='layout',
-                     verbose=verbose)
-    return abs_max
+    ``BUILD_BLOCK`` documents at a time. Raises ValueError naming a document with NaN or inf."""
+    _write_dim_major(vecs, path, np.dtype('<f4'), lambda rows: rows, docnos=docnos, stage=stage, source=source,
+                     desc='layout', verbose=verbose)
 
 
 def build_compressed(vecs: np.ndarray, path: Path, abs_max: np.ndarray, *, docnos: Optional[object] = None,

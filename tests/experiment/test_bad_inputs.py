@@ -19,9 +19,8 @@ from conftest import START_UP
 from pyterrier_rdime.experiment import grid, runner
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection, read_fingerprint
-from pyterrier_rdime.experiment.dense_cache import dense_index, dense_index_path
 from pyterrier_rdime.experiment.encoders import load_encoder
-from pyterrier_rdime.experiment.indexes import bm25
+from pyterrier_rdime.experiment.indexes import bm25, dense_index, dense_index_path
 
 TEXTS = ['dense retrieval with neural encoders', 'pruning embedding dimensions at query time',
          'bm25 is a lexical ranking function', 'the cat sat on the mat', 'query expansion with feedback',
@@ -269,7 +268,7 @@ def test_a_stale_index_is_never_used_the_issue_scenario(tmp_path, model):
 #: that a child process starts in seconds and gives the parent's vectors.
 _HASH_ENCODER = textwrap.dedent('''
     import numpy as np
-    from pyterrier_rdime.experiment.dense_cache import text_hash
+    from pyterrier_rdime.experiment.indexes import text_hash
 
     class HashEncoder:
         def __init__(self, on_batch=lambda texts: None):
@@ -301,7 +300,7 @@ _KILLED_BUILD = _HASH_ENCODER + textwrap.dedent('''
     import sys, time
     from pathlib import Path
     from pyterrier_rdime.experiment.collection import load_collection
-    from pyterrier_rdime.experiment.dense_cache import dense_index
+    from pyterrier_rdime.experiment.indexes import dense_index
     folder, cache, started = sys.argv[1:4]
     batches = []
 

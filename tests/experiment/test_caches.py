@@ -10,16 +10,16 @@ import pytest
 
 from pyterrier_rdime.experiment import encoders
 from pyterrier_rdime.experiment.collection import FINGERPRINT, load_collection, read_fingerprint
-from pyterrier_rdime.experiment.dense_cache import (
+from pyterrier_rdime.experiment.encoders import encoder_fingerprint, load_encoder
+from pyterrier_rdime.experiment.indexes import (
     TEXT_HASHES,
     adopt_index,
+    bm25,
     dense_index,
     dense_index_path,
     encoder_slug,
     text_hashes,
 )
-from pyterrier_rdime.experiment.encoders import encoder_fingerprint, load_encoder
-from pyterrier_rdime.experiment.indexes import bm25
 
 TEXTS = ['dense retrieval with neural encoders', 'pruning embedding dimensions at query time',
          'bm25 is a lexical ranking function', 'the cat sat on the mat', 'query expansion with feedback']

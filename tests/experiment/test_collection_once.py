@@ -17,8 +17,8 @@ from pruned_data import flex_index
 import pyterrier_rdime
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection
-from pyterrier_rdime.experiment.dense_cache import dense_index
 from pyterrier_rdime.experiment.encoders import load_encoder
+from pyterrier_rdime.experiment.indexes import dense_index
 from pyterrier_rdime.experiment.runner import run_experiment
 
 WORDS = ['dense', 'retrieval', 'pruning', 'query', 'vector', 'passage', 'ranking', 'noise', 'signal', 'risk']

@@ -181,7 +181,7 @@ def test_the_rerank_variance_control_reads_the_candidates_whatever_the_cache_hol
     SameBudget over the candidates' vectors encoded here."""
     from pyterrier_rdime import PrfDime, Rdime, SameBudget, VectorScorer
     from pyterrier_rdime.experiment.collection import load_collection
-    from pyterrier_rdime.experiment.dense_cache import dense_index_path
+    from pyterrier_rdime.experiment.indexes import dense_index_path
     cache = tmp_path / 'cache'
     rerank = dict(dimes=['prf'], ks=[0.5], depth=DEPTH, controls=['variance'], sweep=False, cache_dir=cache,
                   verbose=False)

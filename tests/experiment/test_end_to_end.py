@@ -8,9 +8,8 @@ from ir_measures import AP, nDCG
 
 import pyterrier_rdime as rdime
 from pyterrier_rdime.experiment.collection import load_collection
-from pyterrier_rdime.experiment.dense_cache import dense_index
 from pyterrier_rdime.experiment.encoders import load_encoder
-from pyterrier_rdime.experiment.indexes import bm25
+from pyterrier_rdime.experiment.indexes import bm25, dense_index
 
 pytestmark = pytest.mark.slow  # encodes a real collection with MiniLM
 

@@ -16,13 +16,11 @@ import pyterrier_rdime as rdime
 from pyterrier_rdime.experiment import cli as arguments
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection, read_fingerprint
-from pyterrier_rdime.experiment.dense_cache import dense_index
 from pyterrier_rdime.experiment.encoders import load_encoder, resolve_encoder
-from pyterrier_rdime.experiment.indexes import existing_index, first_stage_results
-from pyterrier_rdime.experiment.options import Options
+from pyterrier_rdime.experiment.indexes import dense_index, existing_index, first_stage_results
 from pyterrier_rdime.experiment.parity import significance
 from pyterrier_rdime.experiment.report import ExperimentResult
-from pyterrier_rdime.experiment.runner import run_experiment
+from pyterrier_rdime.experiment.runner import Options, run_experiment
 
 NUM_QUERIES = 4
 DEPTH = 12

@@ -12,8 +12,8 @@ from pyterrier_rdime.experiment import runner, systems
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.indexes import retriever
 from pyterrier_rdime.experiment.parity import SWEEP
-from pyterrier_rdime.experiment.progress import PROGRESS, SystemRecords, without_vectors
 from pyterrier_rdime.experiment.runner import run_experiment
+from pyterrier_rdime.experiment.systems import PROGRESS, SystemRecords, without_vectors
 
 #: A retrieve-mode cell with every kind of record: table systems, the sweep, seeded random controls, the random curve.
 ARGS = ['--mode', 'retrieve', '--dimes', 'prf,magnitude', '--ks', '0.5', '--num-results', '5', '--control-seeds', '2',

@@ -14,7 +14,7 @@ import pytest
 from pruned_data import flex_index, full_topk, make_corpus, query_frame
 
 from pyterrier_rdime import PrunedRetriever, store, threshold
-from pyterrier_rdime.experiment.progress import SystemRecords
+from pyterrier_rdime.experiment.systems import SystemRecords
 from pyterrier_rdime.pruned import planner
 
 KEY = ('frames', 'prf/RDIME')
