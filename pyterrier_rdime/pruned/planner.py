@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import store
+from . import dense
 from .dense import GEMV_BELOW
 
 #: The ways of scoring a call: BLAS; float32 kept rows per query or in one pass; the int8 copy per query or one pass.
@@ -72,11 +73,10 @@ def one_pass_rows(query_vecs: np.ndarray) -> float:
     """The rows of a compressed one pass in units of a row of its int8 product: a row that extends another one
     (:func:`.dense.nested_trees`) copies its parent's scores and adds its own dimensions, at ``NESTED_ADD_COST /
     (2 dims)`` each."""
-    from .dense import NESTED_ADD_COST, nested_trees
-    _, rows, parents = nested_trees(query_vecs)
+    _, rows, parents = dense.nested_trees(query_vecs)
     sizes = np.count_nonzero(query_vecs[rows], axis=1)
     adds = sizes - np.where(parents >= 0, sizes[parents], 0) + 1
-    return len(query_vecs) - len(rows) + NESTED_ADD_COST * float(adds.sum()) / (2 * query_vecs.shape[1])
+    return len(query_vecs) - len(rows) + dense.NESTED_ADD_COST * float(adds.sum()) / (2 * query_vecs.shape[1])
 
 
 def batch_features(query_vecs: np.ndarray) -> np.ndarray:
