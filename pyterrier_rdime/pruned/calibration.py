@@ -151,7 +151,8 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
              for n in (8, 64) for kept in (0.25, 0.5, 0.75) for shared in (False, True)}
     full = queries(64, 1.0)
     compressed_batch = {n: queries(n, 0.35) for n in (8, 64)}
-    pass_weights = {n: compressed.one_pass_weights(copy, q) for n, q in compressed_batch.items()}
+    trees = {n: dense.nested_trees(q) for n, q in compressed_batch.items()}
+    pass_weights = {n: compressed.one_pass_weights(copy, q, trees[n][0]) for n, q in compressed_batch.items()}
     fns: Dict[str, Callable] = {
         **{name: (lambda n=n: dense.search_dense(matrix, full[:n], CALIBRATION_K))
            for name, n in (('gemv', 1), ('gemm 8', 8), ('gemm 64', 64))},
@@ -168,8 +169,8 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
                                                                              use_numba=True, one_pass=True,
                                                                              doc_rows=rows))
            for n, q in compressed_batch.items()},
-        **{f'compressed first pass {n}': (lambda w=w: compressed.integer_candidates(copy.codes, w[1], w[3],
-                                                                                   CALIBRATION_K, use_numba=True))
+        **{f'compressed first pass {n}': (lambda w=w, n=n: compressed.integer_candidates(
+            copy.codes, w[1], w[3], CALIBRATION_K, use_numba=True, nested=trees[n][1:]))
            for n, w in pass_weights.items()},
     }
     with pt.tqdm(total=len(fns) * (1 + 2 * rounds), desc='PrunedRetriever calibration', unit='timing',
@@ -203,13 +204,15 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
     scan = np.array([t[f'compressed {kept}'] for kept in single])
     scan -= (call_seconds + rescore_seconds * rescored_values) / unit
     scan_fit = fit_non_negative(per_kept, np.maximum(scan, 1e-3))
-    sizes = np.array(list(compressed_batch), dtype=float)
-    pass_fit = fit_non_negative(np.stack([np.ones(len(sizes)), sizes], axis=1),
+    # the first pass is timed with the pass's own nesting, so its unit is a row of the int8 product (one_pass_rows)
+    pass_rows = np.array([one_pass_rows(q) for q in compressed_batch.values()])
+    pass_fit = fit_non_negative(np.stack([np.ones(len(pass_rows)), pass_rows], axis=1),
                                 np.array([t[f'compressed first pass {n}'] for n in compressed_batch]))
     rescore_only = dataclasses.replace(_ZERO, rescore_seconds=rescore_seconds)
-    # the first pass timed is every row's int8 product; the pass's own nests rows where that pays (one_pass_rows)
-    pass_rest = [(t[f'compressed pass {n}'] - pass_fit[0] - pass_fit[1] * one_pass_rows(q)) * unit
-                 - rescore_only.compressed_seconds(q, CALIBRATION_K, 0.0) for n, q in compressed_batch.items()]
+    sizes = np.array(list(compressed_batch), dtype=float)
+    pass_rest = [(t[f'compressed pass {n}'] - pass_fit[0] - pass_fit[1] * rows) * unit
+                 - rescore_only.compressed_seconds(q, CALIBRATION_K, 0.0)
+                 for (n, q), rows in zip(compressed_batch.items(), pass_rows)]
     pass_call_seconds = max(0.0, float(np.sum(pass_rest) / np.sum(sizes)))
     # the constants in the order of CostModel's fields
     fitted = CostModel(*map(float, [*dense_fit, *single_fit, *batch_fit, *scan_fit, call_seconds, *pass_fit,

@@ -233,9 +233,13 @@ class _Machine:
         path_cost = self.TRUE.compressed_one_pass_cost if one_pass else self.TRUE.compressed_cost
         self.now += path_cost(query_vecs, k, matrix.nbytes) * gemv
 
-    def first_pass(self, codes, weights, slack, k, use_numba):
+    def first_pass(self, codes, weights, slack, k, use_numba, nested):
         gemv = self.TRUE.gemv_seconds_per_byte * codes.nbytes * 4  # the float32 matrix's
-        self.now += (self.TRUE.compressed_pass_fixed + self.TRUE.compressed_pass_per_query * len(weights)) * gemv
+        rows, parents = nested  # a nested row costs its own dimensions and a copy, at NESTED_ADD_COST / (2 dims)
+        sizes = np.count_nonzero(weights[rows], axis=1)
+        adds = sizes - np.where(parents >= 0, sizes[parents], 0) + 1
+        units = len(weights) - len(rows) + dense.NESTED_ADD_COST * adds.sum() / (2 * weights.shape[1])
+        self.now += (self.TRUE.compressed_pass_fixed + self.TRUE.compressed_pass_per_query * units) * gemv
 
     def exact_scores(self, matrix, query_vec, docids, doc_rows=None):
         self.now += self.TRUE.rescore_seconds * len(docids) * np.count_nonzero(query_vec)
