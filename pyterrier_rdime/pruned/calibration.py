@@ -170,7 +170,7 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
                                                                              doc_rows=rows))
            for n, q in compressed_batch.items()},
         **{f'compressed first pass {n}': (lambda w=w, n=n: compressed.integer_candidates(
-            copy.codes, w[1], w[3], CALIBRATION_K, use_numba=True, nested=trees[n][1:]))
+            copy.codes, w[1], w[3], CALIBRATION_K, nested=trees[n][1:]))
            for n, w in pass_weights.items()},
     }
     with pt.tqdm(total=len(fns) * (1 + 2 * rounds), desc='PrunedRetriever calibration', unit='timing',

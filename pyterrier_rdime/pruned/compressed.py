@@ -84,9 +84,12 @@ def float32_below(value: float) -> np.float32:
 def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
                       use_numba: bool, one_pass: bool = False, doc_rows: Optional[np.ndarray] = None) -> Result:
     """Exact top-``k`` ``(scores, docids)`` of each query, as the module describes; scores rounded to float32, ties
-    to the lower docid. Query after query, or with ``one_pass`` in integers over the whole copy."""
+    to the lower docid. Query after query, or with ``one_pass`` (compiled kernels only) in integers over the whole
+    copy."""
     if one_pass:
-        return _search_one_pass(copy, dim_major, query_vecs, k, use_numba=use_numba, doc_rows=doc_rows)
+        if not use_numba:
+            raise ValueError('the compressed one pass runs on the compiled kernels: install numba')
+        return _search_one_pass(copy, dim_major, query_vecs, k, doc_rows=doc_rows)
     found = []  # (scores, docids) of each query
     none = np.empty(0, dtype=np.int64)
     for query_vec in query_vecs:
@@ -105,17 +108,17 @@ def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray
 
 
 def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
-                     use_numba: bool, doc_rows: Optional[np.ndarray]) -> Result:
+                     doc_rows: Optional[np.ndarray]) -> Result:
     """:func:`search_compressed` of a batch in one pass (:func:`integer_candidates`); a query whose candidates
     overflow (many near-duplicates) is scored on its own."""
     k = min(k, copy.codes.shape[1])
-    roots, *nested = nested_trees(query_vecs) if use_numba else (None, np.empty(0, dtype=np.int64), None)
+    roots, *nested = nested_trees(query_vecs)
     steps, weights, bounds, slack = one_pass_weights(copy, query_vecs, roots)
-    best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, use_numba=use_numba, nested=nested)
+    best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, nested=nested)
     found = []  # (scores, docids) of each query
     for q, query_vec in enumerate(query_vecs):
         if overflow[q] and query_vec.any():
-            s, d = search_compressed(copy, dim_major, query_vec[None], k, use_numba=use_numba, doc_rows=doc_rows)
+            s, d = search_compressed(copy, dim_major, query_vec[None], k, use_numba=True, doc_rows=doc_rows)
             found.append((s[0], d[0]))
             continue
         ids = np.sort(best[q])
@@ -222,31 +225,11 @@ def integer_slabs(codes: np.ndarray, weights: np.ndarray,
                     np.int32), ready
 
 
-def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, *, use_numba: bool,
-                       nested=None):
-    """``(best, candidates, overflow)`` per query (``nested``: see :func:`integer_slabs`): its ``k`` best docids,
-    ``(docids, integer scores)`` within ``slack[q]`` of the k-th best, and whether those overflowed the buffer."""
-    n_queries = len(weights)
+def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, nested=None):
+    """``(best, candidates, overflow)`` per query by the compiled kernel (``nested``: see :func:`integer_slabs`): its
+    ``k`` best docids, ``(docids, integer scores)`` within ``slack[q]`` of the k-th best, and whether those overflowed
+    the buffer."""
+    from . import _numba
     rows = nested[0] if nested is not None else np.empty(0, dtype=np.int64)
-    source = np.argsort(np.concatenate([np.delete(np.arange(n_queries), rows), rows]))  # its row in a slab's scores
-    slabs = integer_slabs(codes, weights, nested)
-    if use_numba:
-        from . import _numba
-        return _numba.integer_candidates(slabs, WEIGHT_BASE, source, k, slack)
-    best_s = [np.empty(0, dtype=np.int64)] * n_queries
-    best_i = [np.empty(0, dtype=np.int64)] * n_queries
-    near: list = [[] for _ in range(n_queries)]  # per query, (docids, scores) kept from each slab
-    for d0, parts, ready in slabs:
-        half = len(parts) // 2
-        totals = np.concatenate([WEIGHT_BASE * parts[:half].astype(np.int64) + parts[half:], ready])[source]
-        for q in range(n_queries):
-            s = np.concatenate([best_s[q], totals[q]])
-            i = np.concatenate([best_i[q], d0 + np.arange(totals.shape[1])])
-            keep = best_k(s, i, k)
-            best_s[q], best_i[q] = s[keep], i[keep]
-            floor = best_s[q].min() - slack[q] if len(keep) == k else np.iinfo(np.int64).min
-            near[q] = [(ids[scores >= floor], scores[scores >= floor]) for ids, scores in near[q]]
-            near[q].append((d0 + np.flatnonzero(totals[q] >= floor), totals[q][totals[q] >= floor]))
-    candidates = [(np.concatenate([ids for ids, _ in kept]), np.concatenate([scores for _, scores in kept]))
-                  for kept in near]
-    return best_i, candidates, np.zeros(n_queries, dtype=bool)
+    source = np.argsort(np.concatenate([np.delete(np.arange(len(weights)), rows), rows]))  # its row in a slab's scores
+    return _numba.integer_candidates(integer_slabs(codes, weights, nested), WEIGHT_BASE, source, k, slack)

@@ -233,7 +233,7 @@ class _Machine:
         path_cost = self.TRUE.compressed_one_pass_cost if one_pass else self.TRUE.compressed_cost
         self.now += path_cost(query_vecs, k, matrix.nbytes) * gemv
 
-    def first_pass(self, codes, weights, slack, k, use_numba, nested):
+    def first_pass(self, codes, weights, slack, k, nested):
         gemv = self.TRUE.gemv_seconds_per_byte * codes.nbytes * 4  # the float32 matrix's
         rows, parents = nested  # a nested row costs its own dimensions and a copy, at NESTED_ADD_COST / (2 dims)
         sizes = np.count_nonzero(weights[rows], axis=1)

@@ -144,9 +144,9 @@ def brute_force(docs, query_vecs, k):
     return out
 
 
-def one_pass(docs, query_vecs, k, use_numba):
+def one_pass(docs, query_vecs, k):
     dim_major = np.ascontiguousarray(docs.T)
-    s, d = compressed.search_compressed(layout.quantise(dim_major), dim_major, query_vecs, k, use_numba=use_numba,
+    s, d = compressed.search_compressed(layout.quantise(dim_major), dim_major, query_vecs, k, use_numba=True,
                                         one_pass=True, doc_rows=docs)
     return [(si.tolist(), di.tolist()) for si, di in zip(s, d)]
 
@@ -164,12 +164,11 @@ def test_nested_one_pass_is_exact(near_duplicates, monkeypatch, k):
     calls = []
     monkeypatch.setattr(_numba, 'nested_scores', lambda ready, *args: (calls.append(len(ready)),
                                                                         _numba._nested_slab(ready, *args, 200)))
-    nested = one_pass(docs, vecs, k, use_numba=True)
+    nested = one_pass(docs, vecs, k)
     assert calls == [12, 12, 12]  # prefix sums scored every row (nine in trees, three alone), slab after slab
     assert nested == brute_force(docs, vecs, k)
     monkeypatch.setattr(dense, 'NESTED_ADD_COST', 1e9)
-    assert one_pass(docs, vecs, k, use_numba=True) == nested and calls == [12, 12, 12]  # the int8 product alone
-    assert one_pass(docs, vecs, k, use_numba=False) == nested  # the numpy one pass (no prefix sums)
+    assert one_pass(docs, vecs, k) == nested and calls == [12, 12, 12]  # the int8 product alone
     by_dense = PrunedRetriever(index=docs, num_results=k, strategy='dense')(query_frame(vecs))
     for q, (scores, docids) in enumerate(nested):
         found = by_dense[by_dense['qid'] == f'q{q}']
