@@ -120,7 +120,7 @@ def search_costs(args, kept_fracs: dict) -> dict:
         pd.testing.assert_frame_equal(got[['qid', 'docno']].reset_index(drop=True),
                                       want[['qid', 'docno']].reset_index(drop=True))
     times = {name: ms / len(one) for name, ms in median_ms(fns, args).items()}
-    times['choices'] = {name: auto.choose_strategy(np.stack(p[0]['query_vec'])) for name, p in pruned.items()}
+    times['choices'] = {name: auto.plan(np.stack(p[0]['query_vec'])).strategy for name, p in pruned.items()}
     return times
 
 

@@ -7,7 +7,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from pyterrier_rdime.experiment.collection import iter_texts, load_collection
+from pyterrier_rdime.experiment.collection import load_collection
 from pyterrier_rdime.experiment.encoders import load_encoder
 from pyterrier_rdime.experiment.indexes import encoder_slug
 
@@ -27,7 +27,7 @@ def core_vectors(collection: str, encoder: str, cache: Path, batch_size: int = 3
     if done.is_file():
         return json.loads((folder / 'docnos.json').read_text()), np.load(done)
     folder.mkdir(parents=True, exist_ok=True)
-    docs = sorted(iter_texts(loaded, None), key=lambda doc: len(doc['text']))
+    docs = sorted(loaded.docs(None), key=lambda doc: len(doc['text']))
     model = None
     chunks = []
     from tqdm import tqdm

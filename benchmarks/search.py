@@ -616,7 +616,7 @@ def real_pool(args) -> list:
         times = interleaved({'dense': lambda: [dense(x) for x in one], 'pruned': lambda: [pruned(x) for x in one],
                              'auto': lambda: [auto(x) for x in one]}, args.rounds * 2)
         rows.append([name, len(q), f'{np.mean(qv != 0):.2f}', fmt_ratio(ratio_stats(times['dense'], times['pruned'])),
-                     auto.choose_strategy(qv[:1]), fmt_ratio(ratio_stats(times['dense'], times['auto'])),
+                     auto.plan(qv[:1]).strategy, fmt_ratio(ratio_stats(times['dense'], times['auto'])),
                      f'{status.count("identical")}/{status.count("ties")}/{status.count("MISMATCH")}',
                      '/'.join(str(squeezed_status.count(s)) for s in ('identical', 'ties', 'MISMATCH'))])
     log(f'\n### 5. Real pool vectors ({matrix.shape[1]:,} x {matrix.shape[0]}, MiniLM; stage level, one query per '

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -364,11 +364,3 @@ def check_in_corpus(collection: Collection, docnos: Sequence[str], source: str) 
     """Fails, naming the first missing docno, when the corpus lacks documents of ``docnos`` (from ``source``):
     before anything is encoded."""
     _refuse_absent(collection.absent(list(dict.fromkeys(docnos))), collection.name, source)
-
-
-def iter_texts(collection: Collection, docnos: Optional[Iterable[str]]) -> Iterator[Dict[str, str]]:
-    """Documents of ``collection`` (all, or those in ``docnos``, in corpus order), checked to be in the corpus first."""
-    wanted = None if docnos is None else list(dict.fromkeys(docnos))
-    if wanted is not None:
-        check_in_corpus(collection, wanted, 'the documents to encode')
-    yield from collection.docs(wanted)

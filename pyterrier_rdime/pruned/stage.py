@@ -146,10 +146,6 @@ class PrunedRetriever(ExactRetriever):
         """The plan of :meth:`choice`: decided once per call."""
         return self.choice(query_vecs).plan
 
-    def choose_strategy(self, query_vecs: np.ndarray) -> str:
-        """The path for these query vectors: ``'pruned'``, ``'dense'`` or ``'compressed'``."""
-        return self.plan(query_vecs).strategy
-
     def search(self, query_vecs: np.ndarray, plan: Optional[Plan] = None) -> Result:
         """The top ``num_results`` ``(scores, docids)`` of each checked query vector, scored as ``plan`` says
         (default: :meth:`plan`, timed under ``'auto'``)."""
