@@ -71,12 +71,13 @@ MIN_CANDIDATES = 4096
 EMPTY_SCORE = -2 ** 62
 
 
-def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.ndarray):
+def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.ndarray, growth: int = 1):
     """The compiled :func:`.compressed.integer_candidates` over ``slabs`` (``(d0, parts, ready)``, scores ``base * high
     + low`` then ready ones; query ``q``'s at row ``source[q]``): per query a heap of its ``k`` best integer scores and
-    a buffer of candidates within ``slack[q]`` of the running k-th best; a buffer full after compaction overflows."""
+    a buffer (``growth`` times the default) of candidates within ``slack[q]`` of the running k-th best; a buffer full
+    after compaction overflows."""
     n_queries = len(source)
-    capacity = max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES)
+    capacity = max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES) * growth
     heap_s = np.full((n_queries, k), EMPTY_SCORE, dtype=np.int64)
     heap_i = np.full((n_queries, k), -1, dtype=np.int64)
     slack = np.asarray(slack, dtype=np.int64)

@@ -24,6 +24,8 @@ UNIT_ROUNDOFF = 2.0 ** -24
 WEIGHT_BASE = 128
 #: Documents per int8 matrix product of the one pass (its products still in the cache when pushed).
 SLAB_DOCS = 16384
+#: The one pass's candidate buffers, times this, for the queries whose buffers overflowed (0.5 MiB each at k = 1000).
+RETRY_GROWTH = 8
 
 
 def error_bound(copy: Codes, dims: np.ndarray, values: np.ndarray, weights: np.ndarray, *,
@@ -108,18 +110,26 @@ def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray
 
 
 def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
-                     doc_rows: Optional[np.ndarray]) -> Result:
-    """:func:`search_compressed` of a batch in one pass (:func:`integer_candidates`); a query whose candidates
-    overflow (many near-duplicates) is scored on its own."""
+                     doc_rows: Optional[np.ndarray], growth: int = 1) -> Result:
+    """:func:`search_compressed` of a batch in one pass (:func:`integer_candidates`); the queries whose candidates
+    overflow (many documents near the k-th best) are scored again in one pass with ``RETRY_GROWTH`` times the
+    buffers, then each on its own."""
     k = min(k, copy.codes.shape[1])
     roots, *nested = nested_trees(query_vecs)
     steps, weights, bounds, slack = one_pass_weights(copy, query_vecs, roots)
-    best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, nested=nested)
+    best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, nested=nested, growth=growth)
+    overflow &= query_vecs.any(axis=1)
+    again = np.flatnonzero(overflow)
+    if len(again) and growth < RETRY_GROWTH:
+        again = dict(zip(again, zip(*_search_one_pass(copy, dim_major, query_vecs[again], k, doc_rows=doc_rows,
+                                                      growth=RETRY_GROWTH))))
+    else:
+        again = {q: (s[0], d[0]) for q in again for s, d in [search_compressed(
+            copy, dim_major, query_vecs[q][None], k, use_numba=True, doc_rows=doc_rows)]}
     found = []  # (scores, docids) of each query
     for q, query_vec in enumerate(query_vecs):
-        if overflow[q] and query_vec.any():
-            s, d = search_compressed(copy, dim_major, query_vec[None], k, use_numba=True, doc_rows=doc_rows)
-            found.append((s[0], d[0]))
+        if overflow[q]:
+            found.append(again[q])
             continue
         ids = np.sort(best[q])
         ids_scores = exact_scores(dim_major, query_vec, ids, doc_rows)
@@ -225,11 +235,12 @@ def integer_slabs(codes: np.ndarray, weights: np.ndarray,
                     np.int32), ready
 
 
-def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, nested=None):
+def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, nested=None,
+                       growth: int = 1):
     """``(best, candidates, overflow)`` per query by the compiled kernel (``nested``: see :func:`integer_slabs`): its
     ``k`` best docids, ``(docids, integer scores)`` within ``slack[q]`` of the k-th best, and whether those overflowed
-    the buffer."""
+    the buffer (``growth`` times the kernel's)."""
     from . import _numba
     rows = nested[0] if nested is not None else np.empty(0, dtype=np.int64)
     source = np.argsort(np.concatenate([np.delete(np.arange(len(weights)), rows), rows]))  # its row in a slab's scores
-    return _numba.integer_candidates(integer_slabs(codes, weights, nested), WEIGHT_BASE, source, k, slack)
+    return _numba.integer_candidates(integer_slabs(codes, weights, nested), WEIGHT_BASE, source, k, slack, growth)

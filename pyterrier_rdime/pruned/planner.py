@@ -31,6 +31,9 @@ RECHECK_EVERY = 64
 RESCORED_PER_RESULT = 1.5
 #: The timings kept per path and bucket; a path's time is the least of them.
 RECENT = 3
+#: A path's first call in a process is timed again when it took less than this (loading its kernel and touching its
+#: data weigh on it); a longer one is kept, so that a slow path is not run twice for minutes to learn it is slow.
+COLD_SECONDS = 10.0
 
 _log = logging.getLogger(__name__)
 
@@ -191,14 +194,15 @@ class MeasuredChoice:
         result = score()
         seconds = self.clock() - start
         if choice.reason in ('explore', 'recheck', 'measured'):
-            self._record(choice, seconds / max(choice.estimate, 1e-12))
+            self._record(choice, seconds, seconds / max(choice.estimate, 1e-12))
         return result
 
-    def _record(self, choice: Choice, seconds_per_unit: float) -> None:
+    def _record(self, choice: Choice, seconds: float, seconds_per_unit: float) -> None:
         with self._lock:
-            if choice.path not in self._warm:  # its kernel and data were cold: explore it again
+            if choice.path not in self._warm:  # its kernel and data were cold: a short call is explored again
                 self._warm.add(choice.path)
-                return
+                if seconds < COLD_SECONDS:
+                    return
             state = self._state(choice.bucket)
             times = state['seconds_per_unit'].setdefault(choice.path, [])
             times[:] = (times + [seconds_per_unit])[-RECENT:]

@@ -183,25 +183,34 @@ def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch):
     assert overflow.tolist() == [False, False, True, False, False, False]
 
 
-def test_a_query_whose_candidates_overflow_is_scored_on_its_own(monkeypatch):
+@pytest.mark.parametrize('copies, alone', [(500, 3), (30, 0)])
+def test_queries_whose_candidates_overflow_are_scored_again_then_on_their_own(monkeypatch, copies, alone):
+    # every score tied: a buffer of 8 overflows for every query; one of 64 (RETRY_GROWTH) holds 2 x 30 copies, not
+    # 2 x 500: then each query runs on its own
     if not kept.NUMBA_AVAILABLE:
         pytest.skip('only the compiled first pass has a bounded buffer')
     from pyterrier_rdime.pruned import _numba
     monkeypatch.setattr(_numba, 'MIN_CANDIDATES', 8)
     monkeypatch.setattr(_numba, 'CANDIDATES_PER_RESULT', 1)
-    docs = np.tile(np.array([[1, 0.5], [1, -0.5]], dtype=np.float32), (500, 1))  # 500 copies of each
+    docs = np.tile(np.array([[1, 0.5], [1, -0.5]], dtype=np.float32), (copies, 1))
     queries = np.array([[1, 0], [0, 1], [1, 1]], dtype=np.float32)
-    calls = []
-    original = compressed.search_compressed
+    calls, growths = [], []
+    original, original_candidates = compressed.search_compressed, compressed.integer_candidates
 
     def spy(copy, dim_major, query_vecs, k, **kwargs):
         calls.append((len(query_vecs), kwargs.get('one_pass', False)))
         return original(copy, dim_major, query_vecs, k, **kwargs)
+
+    def spy_candidates(*args, growth, **kwargs):
+        growths.append((len(args[1]), growth))
+        return original_candidates(*args, growth=growth, **kwargs)
     monkeypatch.setattr(compressed, 'search_compressed', spy)
+    monkeypatch.setattr(compressed, 'integer_candidates', spy_candidates)
     result = search_with(docs, queries, 10, True, one_pass=True)
     assert_reference(docs, queries, result, 10)
     assert result[1][0].tolist() == list(range(10))  # every score tied: the lowest docids
-    assert calls[0] == (3, True) and calls.count((1, False)) == 3  # each query overflowed (ties) and ran on its own
+    assert growths == [(3, 1), (3, compressed.RETRY_GROWTH)]  # the three overflowed, then were scored again
+    assert calls[0] == (3, True) and calls.count((1, False)) == alone
 
 
 def test_the_integer_bound_holds_for_every_document(corpus):
@@ -390,7 +399,7 @@ def test_the_stage_on_an_array_index(corpus):
     expected = PrunedRetriever(index=docs, num_results=K, strategy='pruned')(query_frame(query_vecs))
     assert out['docid'].tolist() == expected['docid'].tolist()
     np.testing.assert_allclose(out['score'], expected['score'], rtol=1e-5, atol=1e-5)
-    assert repr(retriever).endswith("strategy='compressed')") and retriever.choose_strategy(query_vecs) == 'compressed'
+    assert repr(retriever).endswith("strategy='compressed')") and retriever.plan(query_vecs).strategy == 'compressed'
     clone = pickle.loads(pickle.dumps(retriever))
     assert clone._layout._codes is None and retriever._layout._codes is not None
     pd.testing.assert_frame_equal(clone(query_frame(query_vecs)), out)

@@ -75,7 +75,7 @@ def test_buckets_and_candidates_by_hand():
 
 
 def test_exploring_order_the_cold_run_the_recent_timings_and_the_recheck():
-    seconds = {'a': 12.0, 'b': 8.0}  # per call; the model says a 1.0, b 1.5: 12 and 5.33 s per unit
+    seconds = {'a': 1.2, 'b': 0.8}  # per call; the model says a 1.0, b 1.5: 1.2 and 0.533 s per unit
     now = [0.0]
     choice_of = planner.MeasuredChoice(None, clock=lambda: now[0])
     costs = {'a': 1.0, 'b': 1.5, 'c': 5.0}  # c is beyond the margin
@@ -94,20 +94,33 @@ def test_exploring_order_the_cold_run_the_recent_timings_and_the_recheck():
     assert [i for i, (path, reason) in enumerate(taken) if reason == 'recheck'] == [
         4 + planner.RECHECK_EVERY, 4 + 2 * planner.RECHECK_EVERY]  # the re-check counts as a call
     assert all(path == 'a' for path, reason in taken if reason == 'recheck')
-    assert choice_of.bucket_timings('bucket')[0] == pytest.approx({'a': 12.0, 'b': 8.0 / 1.5})
-    # another call of the bucket that the model prices otherwise: the factors correct the estimates (a: 0.5 x 12 = 6
-    # beats b: 1.5 x 5.33 = 8)
+    assert choice_of.bucket_timings('bucket')[0] == pytest.approx({'a': 1.2, 'b': 0.8 / 1.5})
+    # another call of the bucket that the model prices otherwise: the factors correct the estimates (a: 0.5 x 1.2 = 0.6
+    # beats b: 1.5 x 0.533 = 0.8)
     assert planner.measured_choice({'a': 0.5, 'b': 1.5}, 'bucket', choice_of).path == 'a'
     # the least of the recent timings: one slow timing does not move the record, RECENT slow ones do
-    seconds['b'] = 30.0
+    seconds['b'] = 3.0
     for _ in range(planner.RECENT - 1):
         run(Choice('b', 1.5, 'bucket', 'measured'))
-    assert choice_of.bucket_timings('bucket')[0]['b'] == pytest.approx(8.0 / 1.5)
+    assert choice_of.bucket_timings('bucket')[0]['b'] == pytest.approx(0.8 / 1.5)
     run(Choice('b', 1.5, 'bucket', 'measured'))
-    assert choice_of.bucket_timings('bucket')[0]['b'] == pytest.approx(20.0)
+    assert choice_of.bucket_timings('bucket')[0]['b'] == pytest.approx(2.0)
     assert planner.measured_choice(costs, 'bucket', choice_of).path == 'a'
     # one candidate: taken, nothing timed
     assert planner.measured_choice({'a': 1.0, 'c': 5.0}, 'other', choice_of) == Choice('a', 1.0, 'other', 'only')
+
+
+def test_a_long_first_call_is_timed_once():
+    # a first call of COLD_SECONDS or more is kept: the slow path is not run again to learn it is slow
+    now = [0.0]
+    choice_of = planner.MeasuredChoice(None, clock=lambda: now[0])
+    seconds = {'a': planner.COLD_SECONDS * 3, 'b': planner.COLD_SECONDS / 2}
+    taken = []
+    for _ in range(5):
+        choice = planner.measured_choice({'a': 1.0, 'b': 1.5}, 'bucket', choice_of)
+        taken.append((choice.path, choice.reason))
+        choice_of.timed(choice, lambda: now.__setitem__(0, now[0] + seconds[choice.path]))
+    assert taken == [('a', 'explore'), ('b', 'explore'), ('b', 'explore'), ('b', 'measured'), ('b', 'measured')]
 
 
 @COMPILED
@@ -124,7 +137,7 @@ def test_auto_switches_to_a_path_faster_than_the_model_says(driven):
         assert docids[0].tolist() == ref_ids.tolist()
         np.testing.assert_allclose(scores[0], ref_scores, rtol=1e-5)
     assert clock.paths == ['compressed', 'compressed', 'pruned', 'pruned'] + ['pruned'] * 4
-    assert retriever.plan(query).path == 'pruned' and retriever.choose_strategy(query) == 'pruned'
+    assert retriever.plan(query).path == 'pruned' and retriever.plan(query).strategy == 'pruned'
     # a % k variant shares the timings: its k is another bucket, explored on its own
     assert (retriever % 5).compile()._measured is retriever._measured
 

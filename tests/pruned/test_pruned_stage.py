@@ -49,7 +49,7 @@ def test_numpy_fallback_without_numba(corpus, monkeypatch):
     out = retriever(query_frame(query_vecs))
     for i, (qid, group) in enumerate(out.groupby('qid', sort=False)):
         assert group['docid'].tolist() == full_topk(docs, query_vecs[i], K)[1].tolist()
-    assert PrunedRetriever(index=docs).choose_strategy(query_vecs[1:2]) == 'dense'  # auto: BLAS is faster then
+    assert PrunedRetriever(index=docs).plan(query_vecs[1:2]).strategy == 'dense'  # auto: BLAS is faster then
 
 
 def test_flex_index_and_pipeline(corpus, tmp_path):
@@ -95,7 +95,7 @@ def test_pickle_travels_without_the_matrix(corpus):
 def test_auto_strategy_of_the_stage(corpus, monkeypatch):
     docs, query_vecs = corpus
     retriever = PrunedRetriever(index=docs)
-    assert retriever.choose_strategy(query_vecs[2:3]) == 'dense'  # a 0.5 MiB matrix sits in the caches
+    assert retriever.plan(query_vecs[2:3]).strategy == 'dense'  # a 0.5 MiB matrix sits in the caches
     monkeypatch.setattr(planner, 'MIN_PRUNED_BYTES', 0)
     # a given model (no calibration in the tests: it would time this machine): one query costs 0.4 + 0.7 x kept
     # pruned, 2 for the compressed scan
@@ -105,17 +105,17 @@ def test_auto_strategy_of_the_stage(corpus, monkeypatch):
                               compressed_pass_per_query=0.0, compressed_pass_call_seconds=0.0, rescore_seconds=1e-8,
                               gemv_seconds_per_byte=1e-9)
     monkeypatch.setattr(calibration, '_MODELS', {calibration.machine_key(): model})
-    assert retriever.choose_strategy(query_vecs[2:3]) == 'pruned'  # about half kept: 0.75 < 1
-    assert retriever.choose_strategy(query_vecs[:1]) == 'dense'  # every dimension kept: 1.1 > 1
-    assert PrunedRetriever(index=docs, strategy='pruned').choose_strategy(query_vecs[:1]) == 'pruned'
-    assert PrunedRetriever(index=docs, strategy='dense').choose_strategy(query_vecs[2:3]) == 'dense'
+    assert retriever.plan(query_vecs[2:3]).strategy == 'pruned'  # about half kept: 0.75 < 1
+    assert retriever.plan(query_vecs[:1]).strategy == 'dense'  # every dimension kept: 1.1 > 1
+    assert PrunedRetriever(index=docs, strategy='pruned').plan(query_vecs[:1]).strategy == 'pruned'
+    assert PrunedRetriever(index=docs, strategy='dense').plan(query_vecs[2:3]).strategy == 'dense'
     # a cheap scan (0.05 + 0.1 x kept): the compressed path wins while its re-scoring is small against a gemv over
     # the 576 kB matrix (0.58 ms): 25 results re-score ~37 documents x ~24 dims, 9 us; 3000 (every document), 1 ms
     cheap = planner.CostModel(**{**dataclasses.asdict(model), 'compressed_fixed': 0.05, 'compressed_slope': 0.1})
     monkeypatch.setattr(calibration, '_MODELS', {calibration.machine_key(): cheap})
     few = PrunedRetriever(index=docs, num_results=K)
-    assert few.choose_strategy(query_vecs[2:3]) == 'compressed'
-    assert PrunedRetriever(index=docs, num_results=5000).choose_strategy(query_vecs[2:3]) == 'pruned'
+    assert few.plan(query_vecs[2:3]).strategy == 'compressed'
+    assert PrunedRetriever(index=docs, num_results=5000).plan(query_vecs[2:3]).strategy == 'pruned'
     out = few(query_frame(query_vecs[2:3]))
     assert out['docid'].tolist() == full_topk(docs, query_vecs[2], K)[1].tolist()
 
