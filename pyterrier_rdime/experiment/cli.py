@@ -198,9 +198,6 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.rel is not None:
         check_int(PROG, '--rel', args.rel, 1,
                   hint='the lowest label that counts as relevant: 1, or 2 for the TREC DL convention')
-    if args.answers is not None:
-        from .systems import check_answers_spec
-        check_answers_spec(args.answers)
     if not _split(args.encoder):
         raise ValueError(f"--encoder {args.encoder!r} names no encoder; pass 'minilm' (bundled), a model folder or a "
                          'hub id (several: comma-separated)')
