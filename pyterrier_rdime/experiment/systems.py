@@ -422,7 +422,8 @@ def answer_sources(spec: Optional[str], collection: Collection,
         path = Path(item).expanduser()
         if path.is_file():
             name = '' if len(items) == 1 else re.sub(r'[^\w.+-]', '_', path.stem)
-            sources[name] = _read_file(path)
+            read = read_answers_csv if path.suffix.lower() in _FILE_SUFFIXES[1:] else read_answers_tsv
+            sources[name] = read(path)
         elif path.suffix.lower() in _FILE_SUFFIXES or '/' in item or os.sep in item:
             raise ValueError(f'--answers {item}: no such file; pass a qid<TAB>answer file, a name of published '
                              "answers (e.g. gpt-4), or leave --answers out to use the collection's llm_answers.tsv")
@@ -432,10 +433,6 @@ def answer_sources(spec: Optional[str], collection: Collection,
         else:
             sources[item] = _by_name(item, collection, Path(cache_dir))
     return sources
-
-
-def _read_file(path: Path):
-    return read_answers_csv(path) if path.suffix.lower() in _FILE_SUFFIXES[1:] else read_answers_tsv(path)
 
 
 def _by_name(name: str, collection: Collection, cache_dir: Path):
