@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import shared_collection
 
-from pyterrier_rdime.experiment.collection import check_in_corpus, iter_texts, load_collection, read_trec_run
+from pyterrier_rdime.experiment.collection import check_in_corpus, load_collection, read_trec_run
 
 DOCS = [{'docno': 'd0', 'text': 'dense retrieval'}, {'docno': 'd1', 'text': 'query pruning', 'title': 'ignored'},
         {'docno': 'd2', 'text': ''}]
@@ -45,7 +45,7 @@ def test_a_valid_folder_is_read_as_written(tmp_path):
     assert collection.num_docs == 3
     assert list(collection.docs(None)) == [{'docno': 'd0', 'text': 'dense retrieval'},
                                            {'docno': 'd1', 'text': 'query pruning'}, {'docno': 'd2', 'text': ''}]
-    assert [d['docno'] for d in iter_texts(collection, ['d2', 'd0'])] == ['d0', 'd2']
+    assert [d['docno'] for d in collection.docs(['d2', 'd0'])] == ['d0', 'd2']
 
 
 def test_byte_order_marks_and_blank_lines_are_ignored(tmp_path):
@@ -163,9 +163,9 @@ def test_documents_are_looked_up_and_fingerprinted_by_content(tmp_path):
     assert collection.fingerprint == f'sha256:{expected}'
     with pytest.raises(ValueError, match="the run names docno 'x' \\(and 1 more\\), which is not in the corpus of "
                                          f"collection '{re.escape(str(tmp_path / 'coll'))}'"):
-        check_in_corpus(collection, ['d0', 'x', 'y'], 'the run')
-    with pytest.raises(ValueError, match="the documents to encode names docno 'x'"):
-        next(iter_texts(collection, ['d0', 'x']))
+        check_in_corpus(collection.absent, ['d0', 'x', 'y'], collection.name, 'the run')
+    with pytest.raises(ValueError, match="the documents asked for names docno 'x'"):
+        collection.docs(['d0', 'x'])  # at the call, before anything is read
 
 
 def test_the_cache_key_is_the_folder_name_not_its_path(tmp_path):
