@@ -136,28 +136,6 @@ def fingerprint(source: Path) -> dict:
     return dict(_HASHED[key])
 
 
-def sources_problem(recorded: Dict[str, dict], folder: Path, *, verify: bool) -> Tuple[Optional[str], Dict[str, dict]]:
-    """``(problem, refreshed)`` for a derived file's recorded sources: ``problem`` None while all are unchanged (a
-    moved stat is hashed when ``verify``); ``refreshed`` the new fingerprints of same-content sources."""
-    moved = {}
-    for name, built_from in recorded.items():
-        try:
-            now = stat_fields(folder / name)
-        except OSError as e:
-            return f'{folder / name} cannot be read ({e.strerror})', {}
-        if now['size'] != built_from.get('size'):
-            return f'{folder / name} changed since it was built (its size)', {}
-        if any(now[key] != built_from.get(key) for key in STAT_FIELDS):
-            moved[name] = now
-    if moved and not verify:
-        return f'{", ".join(moved)} may have changed since it was built (a time or the inode)', {}
-    for name in moved:  # touched, copied, moved or chmod-ed, or rewritten in place: the content tells
-        moved[name] = fingerprint(folder / name)
-        if moved[name]['sha256'] != recorded[name].get('sha256'):
-            return f'{folder / name} changed since it was built (its content: SHA-256)', {}
-    return None, moved
-
-
 _REGISTRY_LOCK = threading.Lock()
 _THREAD_LOCKS: Dict[Path, threading.Lock] = {}
 
@@ -258,12 +236,25 @@ def _current(path: Path, record: Path, kind: str, folder: Path, names: Sequence[
         return None, f'its record {record.name} is unreadable ({type(e).__name__}: {e})'
     if problem is not None:
         return None, problem
-    problem, refreshed = sources_problem(sources, folder, verify=verify)
-    if problem is not None:
-        return None, problem
-    if refreshed:
+    moved = {}  # the sources whose stat changed: hashed when ``verify``, their fingerprints then refreshed
+    for name, built_from in sources.items():
+        try:
+            now = stat_fields(folder / name)
+        except OSError as e:
+            return None, f'{folder / name} cannot be read ({e.strerror})'
+        if now['size'] != built_from.get('size'):
+            return None, f'{folder / name} changed since it was built (its size)'
+        if any(now[key] != built_from.get(key) for key in STAT_FIELDS):
+            moved[name] = now
+    if moved and not verify:
+        return None, f'{", ".join(moved)} may have changed since it was built (a time or the inode)'
+    for name in moved:  # touched, copied, moved or chmod-ed, or rewritten in place: the content tells
+        moved[name] = fingerprint(folder / name)
+        if moved[name]['sha256'] != sources[name].get('sha256'):
+            return None, f'{folder / name} changed since it was built (its content: SHA-256)'
+    if moved:
         with contextlib.suppress(OSError):  # a read-only folder: the next use hashes again
-            write_json(record, kind, {**held, 'sources': {**sources, **refreshed}})
+            write_json(record, kind, {**held, 'sources': {**sources, **moved}})
     return content, None
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from .._config import check_int, hub_offline
-from .collection import read_trec_run
 
 PROG = 'rdime-experiment'
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -187,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """The options that the library would only check late (or not at all), checked now; each error names the option
-    and the fix. The protocol options are checked by :class:`~.options.Options`, in :func:`~.grid.plan`."""
+    and the fix. The protocol options are checked by :class:`~.runner.Options`, in :func:`~.grid.plan`."""
     check_int(PROG, '--batch-size', args.batch_size, 1, hint='the number of texts encoded at once, e.g. 32')
     check_int(PROG, '--cells', args.cells, 1, hint="the grid's cells run at once on a Ray cluster, e.g. 4; 1 runs "
                                                    'them one after another')
@@ -198,14 +197,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.rel is not None:
         check_int(PROG, '--rel', args.rel, 1,
                   hint='the lowest label that counts as relevant: 1, or 2 for the TREC DL convention')
-    if args.answers is not None:
-        from .systems import check_answers_spec
-        check_answers_spec(args.answers)
     if not _split(args.encoder):
         raise ValueError(f"--encoder {args.encoder!r} names no encoder; pass 'minilm' (bundled), a model folder or a "
                          'hub id (several: comma-separated)')
-    if Path(args.first_stage).is_file():
-        read_trec_run(args.first_stage)  # a malformed line fails now, naming the file and line
     if args.llm_generator is not None:
         check_llm_generator(args.llm_generator)
     from .systems import NEEDS_ANSWERS

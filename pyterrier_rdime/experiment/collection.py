@@ -170,7 +170,7 @@ def _load_irds(name: str) -> Collection:
     def docs(docnos: Optional[Sequence[str]] = None) -> Iterator[Dict[str, str]]:
         if docnos is not None:
             docnos = list(dict.fromkeys(docnos))
-            _refuse_absent(absent(docnos), name)
+            check_in_corpus(absent, docnos, name)
         source = irds.docs_iter() if docnos is None else irds.docs_store().get_many_iter(docnos)
         return ({'docno': doc.doc_id, 'text': doc.default_text() if hasattr(doc, 'default_text') else ' '.join(
             str(v) for k, v in doc._asdict().items() if k != 'doc_id' and isinstance(v, str))} for doc in source)
@@ -231,7 +231,7 @@ class DocsFile:
         if wanted is None:
             return self._all()
         wanted = list(dict.fromkeys(wanted))
-        _refuse_absent(self.absent(wanted), str(self.path.parent))
+        check_in_corpus(self.absent, wanted, str(self.path.parent))
         return self._at(np.sort(np.fromiter((self.row[d] for d in wanted), dtype=np.int64, count=len(wanted))))
 
     def _all(self) -> Iterator[Dict[str, str]]:
@@ -267,15 +267,6 @@ class _LineSpans:
     def update(self, raw: bytes) -> None:
         self.digest.update(raw)
         self.start, self.end = self.end, self.end + len(raw)
-
-
-def _refuse_absent(missing: List[str], name: str, source: str = 'the documents asked for') -> None:
-    """The one message for docnos that the corpus of collection ``name`` lacks (``source`` names them)."""
-    if missing:
-        more = f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''
-        raise ValueError(f'{source} names docno {missing[0]!r}{more}, which is not in the corpus of collection '
-                         f'{name!r}; the ranking and the corpus do not match: use the run made for this corpus, or '
-                         'add the documents to it')
 
 
 def _read_docs(path: Path, digest=None) -> Iterator[Tuple[str, str]]:
@@ -360,7 +351,11 @@ def _parsed_run(path: Path, identity: Optional[tuple]) -> pd.DataFrame:
     return pt.model.add_ranks(run.reset_index(drop=True))
 
 
-def check_in_corpus(collection: Collection, docnos: Sequence[str], source: str) -> None:
-    """Fails, naming the first missing docno, when the corpus lacks documents of ``docnos`` (from ``source``):
-    before anything is encoded."""
-    _refuse_absent(collection.absent(list(dict.fromkeys(docnos))), collection.name, source)
+def check_in_corpus(absent: Callable, docnos: Sequence[str], name: str, source: str = 'the documents asked for'):
+    """The one error for docnos of ``source`` that the corpus of collection ``name`` lacks (``absent(docnos)``)."""
+    missing = absent(list(dict.fromkeys(docnos)))
+    if missing:
+        more = f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''
+        raise ValueError(f'{source} names docno {missing[0]!r}{more}, which is not in the corpus of collection '
+                         f'{name!r}; the ranking and the corpus do not match: use the run made for this corpus, or '
+                         'add the documents to it')

@@ -223,7 +223,7 @@ def first_stage_results(collection: Collection, first_stage: str, depth: int, ca
     else:
         run, source = read_trec_run(first_stage), str(first_stage)
         run = run[run['rank'] < depth]
-        check_in_corpus(collection, run['docno'], f'the first-stage run {source}')
+        check_in_corpus(collection.absent, run['docno'], collection.name, f'the first-stage run {source}')
     results = run.merge(collection.topics, on='qid')
     if results.empty:
         raise ValueError(f'the first-stage run {source} shares no qid with the queries of {collection.name}')
@@ -471,7 +471,7 @@ def adopt_index(folder: Union[str, Path], collection: Collection, encoder_name: 
     if not (folder / 'pt_meta.json').is_file():
         raise ValueError(f'adopt_index: {folder} is not a pyterrier-dr FlexIndex (no pt_meta.json)')
     docnos = _docnos(FlexIndex(str(folder), verbose=False))
-    check_in_corpus(collection, docnos, f'the index {folder}')
+    check_in_corpus(collection.absent, docnos, collection.name, f'the index {folder}')
     texts = {doc['docno']: doc['text'] for doc in collection.docs(docnos)}
     np.save(folder / TEXT_HASHES, text_hashes(texts[d] for d in docnos))
     write_fingerprint(folder, collection=collection.name, docs=collection.fingerprint,

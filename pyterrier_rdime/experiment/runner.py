@@ -15,7 +15,7 @@ import pyterrier as pt
 from .._config import check_bool, check_choice, check_fraction, check_int, default_cache_dir, reject
 from ..llm import LlmGenerator
 from . import indexes, parity, systems
-from .collection import Collection, load_collection
+from .collection import Collection, load_collection, read_trec_run
 from .encoders import DEFAULT_ENCODER, load_encoder
 from .indexes import check_docnos_in_index, check_index_matches, existing_index, first_stage_results, retriever
 from .report import SEED_COLUMNS, ExperimentResult, kept_fractions
@@ -91,9 +91,11 @@ class Options:
         if self.mode == 'rerank' and self.retriever != 'numpy':
             raise ValueError(f'{STAGE}: --retriever {self.retriever!r} applies to --mode retrieve; re-ranking '
                              're-scores the candidates with the vectors of the index')
-        if self.first_stage not in ('auto', 'bm25') and not Path(self.first_stage).is_file():
-            raise ValueError(f"{STAGE}: --first-stage {self.first_stage!r} is not 'auto', 'bm25' or an existing TREC "
-                             'run file')
+        if self.first_stage not in ('auto', 'bm25'):
+            if not Path(self.first_stage).is_file():
+                raise ValueError(f"{STAGE}: --first-stage {self.first_stage!r} is not 'auto', 'bm25' or an existing "
+                                 'TREC run file')
+            read_trec_run(self.first_stage)  # a malformed line fails now, naming the file and line
         if self.retriever.startswith('faiss-'):
             indexes.require_faiss()
         if self.shards != 1 and self.retriever != 'sharded':

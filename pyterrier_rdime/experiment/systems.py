@@ -402,52 +402,37 @@ def _finished(grid: Grid, expanded: Dict[str, Tuple[str, str]], options, qrels: 
     return grid
 
 
-def split_answers(spec: Optional[str]) -> List[str]:
-    """The items of ``--answers`` (comma-separated files or names), in order, without repeats."""
-    return list(dict.fromkeys(item.strip() for item in (spec or '').split(',') if item.strip()))
-
-
-def check_answers_spec(spec: str) -> None:
-    """Each item of ``--answers`` is an existing file (parsed now) or a well-formed name."""
-    items = split_answers(spec)
-    if not items:
-        raise ValueError(f'--answers {spec!r} names no answers; pass a qid<TAB>answer file, or names such as gpt-4 '
-                         '(several: comma-separated)')
-    for item in items:
-        if Path(item).expanduser().is_file():
-            _read_file(Path(item).expanduser())
-        elif Path(item).suffix.lower() in _FILE_SUFFIXES or '/' in item or os.sep in item:
-            raise ValueError(f'--answers {item}: no such file; pass a qid<TAB>answer file, a name of published '
-                             "answers (e.g. gpt-4), or leave --answers out to use the collection's llm_answers.tsv")
-        elif not _NAME.fullmatch(item):
-            raise ValueError(f'--answers {item}: no such file, nor a name of published answers (e.g. gpt-4, '
-                             'qwen2.5-3b); pass a qid<TAB>answer file or a name')
-
-
 def answer_sources(spec: Optional[str], collection: Collection,
                    cache_dir: Union[str, Path]) -> AnswerSources:
     """The answers of ``--answers`` for ``collection``: source name -> (qid -> answer).
 
     Without ``spec``, the collection's own ``llm_answers.tsv`` as the source ``''``; a single file is the source
     ``''`` too; several items are named by the file's stem or the name. A name is read from the folder's
-    ``llm_answers/<name>.tsv``, else from the published answers (:mod:`pyterrier_rdime.llm.published`).
+    ``llm_answers/<name>.tsv``, else from the published answers (:mod:`pyterrier_rdime.llm.published`). No item, a
+    missing file or a malformed name is a ValueError with the fix.
     """
     if spec is None:
         return {} if collection.answers is None else {'': collection.answers}
-    items = split_answers(spec)
+    items = list(dict.fromkeys(item.strip() for item in spec.split(',') if item.strip()))
+    if not items:
+        raise ValueError(f'--answers {spec!r} names no answers; pass a qid<TAB>answer file, or names such as gpt-4 '
+                         '(several: comma-separated)')
     sources: AnswerSources = {}
     for item in items:
         path = Path(item).expanduser()
         if path.is_file():
             name = '' if len(items) == 1 else re.sub(r'[^\w.+-]', '_', path.stem)
-            sources[name] = _read_file(path)
+            read = read_answers_csv if path.suffix.lower() in _FILE_SUFFIXES[1:] else read_answers_tsv
+            sources[name] = read(path)
+        elif path.suffix.lower() in _FILE_SUFFIXES or '/' in item or os.sep in item:
+            raise ValueError(f'--answers {item}: no such file; pass a qid<TAB>answer file, a name of published '
+                             "answers (e.g. gpt-4), or leave --answers out to use the collection's llm_answers.tsv")
+        elif not _NAME.fullmatch(item):
+            raise ValueError(f'--answers {item}: no such file, nor a name of published answers (e.g. gpt-4, '
+                             'qwen2.5-3b); pass a qid<TAB>answer file or a name')
         else:
             sources[item] = _by_name(item, collection, Path(cache_dir))
     return sources
-
-
-def _read_file(path: Path):
-    return read_answers_csv(path) if path.suffix.lower() in _FILE_SUFFIXES[1:] else read_answers_tsv(path)
 
 
 def _by_name(name: str, collection: Collection, cache_dir: Path):

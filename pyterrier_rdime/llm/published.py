@@ -108,8 +108,13 @@ def fetch(entry: Published, cache_dir: Union[str, os.PathLike]) -> Path:
     """``entry``'s file in the cache, downloaded once atomically and checked by sha256 on every use (downloaded again
     if it fails); offline, a missing file is one ``ConnectionError`` line naming the URL and the fix."""
     path = cached_path(entry, cache_dir)
-    if path.is_file() and _matches(path, entry):
-        return path
+    record = path.with_name(path.name + '.sha256')  # the first download's sha256, where the catalogue has none
+    if path.is_file():
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        if entry.sha256 is None and not record.is_file():
+            record.write_text(actual + '\n', encoding='ascii')
+        if actual == (entry.sha256 or record.read_text(encoding='ascii').strip()):
+            return path
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with urllib.request.urlopen(entry.url, timeout=TIMEOUT) as response:
@@ -127,17 +132,6 @@ def fetch(entry: Published, cache_dir: Union[str, os.PathLike]) -> Path:
     with store.atomic_open(path, 'wb') as f:
         f.write(data)
     if entry.sha256 is None:
-        path.with_name(path.name + '.sha256').write_text(actual + '\n', encoding='ascii')
+        record.write_text(actual + '\n', encoding='ascii')
     return path
 
-
-def _matches(path: Path, entry: Published) -> bool:
-    """Whether the cached file holds the catalogued bytes (else those recorded at its download)."""
-    actual = hashlib.sha256(path.read_bytes()).hexdigest()
-    if entry.sha256 is not None:
-        return actual == entry.sha256
-    record = path.with_name(path.name + '.sha256')
-    if not record.is_file():
-        record.write_text(actual + '\n', encoding='ascii')
-        return True
-    return record.read_text(encoding='ascii').strip() == actual

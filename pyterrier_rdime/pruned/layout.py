@@ -319,15 +319,13 @@ def npy_problem(path: Path, shape: Tuple[int, int], dtype: np.dtype) -> Optional
     if not path.exists():
         return 'there is none'
     try:
-        with open(path, 'rb') as f:
-            version = np.lib.format.read_magic(f)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                np.lib.format.read_array_header_2_0
-            got_shape, fortran, got_dtype = read_header(f)
-            complete = path.stat().st_size == f.tell() + shape[0] * shape[1] * dtype.itemsize
-    except (OSError, ValueError):
+        matrix = np.load(path, mmap_mode='r')
+    except (OSError, EOFError):
         return 'it is not a readable .npy file'
-    if not (complete and tuple(got_shape) == tuple(shape) and not fortran and got_dtype == dtype):
+    except ValueError:  # not a .npy matrix, or shorter than its header says
+        matrix = None
+    if matrix is None or (matrix.shape, matrix.dtype, matrix.offset + matrix.nbytes, matrix.flags.c_contiguous) != (
+            tuple(shape), dtype, path.stat().st_size, True):
         return f'it is incomplete or not a {dtype.name} {tuple(shape)} matrix'
     return None
 

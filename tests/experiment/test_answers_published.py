@@ -12,7 +12,7 @@ from conftest import shared_collection
 from pyterrier_rdime import LlmAnswers
 from pyterrier_rdime.experiment.cli import main
 from pyterrier_rdime.experiment.collection import load_collection
-from pyterrier_rdime.experiment.systems import answer_sources, check_answers_spec
+from pyterrier_rdime.experiment.systems import answer_sources
 from pyterrier_rdime.llm import published, read_answers_csv, read_answers_tsv
 from pyterrier_rdime.llm.published import CATALOGUE, Published, cached_path, fetch, published_entry
 
@@ -193,6 +193,6 @@ def test_offline_irds_name_is_one_line_naming_url_place_and_fix(tmp_path, monkey
 
 
 @pytest.mark.parametrize('spec, message', [('missing.tsv', 'no such file'), ('a b', 'nor a name'), (',', 'names no')])
-def test_bad_answers_option(spec, message):
+def test_bad_answers_option(spec, message, pool, tmp_path):
     with pytest.raises(ValueError, match=message):
-        check_answers_spec(spec)
+        answer_sources(spec, load_collection(str(pool)), tmp_path)

@@ -163,9 +163,9 @@ def test_documents_are_looked_up_and_fingerprinted_by_content(tmp_path):
     assert collection.fingerprint == f'sha256:{expected}'
     with pytest.raises(ValueError, match="the run names docno 'x' \\(and 1 more\\), which is not in the corpus of "
                                          f"collection '{re.escape(str(tmp_path / 'coll'))}'"):
-        check_in_corpus(collection, ['d0', 'x', 'y'], 'the run')
-    with pytest.raises(ValueError, match="names docno 'x'"):
-        next(collection.docs(['d0', 'x']))
+        check_in_corpus(collection.absent, ['d0', 'x', 'y'], collection.name, 'the run')
+    with pytest.raises(ValueError, match="the documents asked for names docno 'x'"):
+        collection.docs(['d0', 'x'])  # at the call, before anything is read
 
 
 def test_the_cache_key_is_the_folder_name_not_its_path(tmp_path):
