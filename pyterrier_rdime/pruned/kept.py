@@ -44,8 +44,11 @@ def numpy_top_k(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, block:
     for query_vec in query_vecs:
         kept = np.flatnonzero(query_vec)
         weights = query_vec[kept]
-        tops = [top_k(weights @ dim_major[kept, d0:d0 + block] if len(kept) else
-                      np.zeros(min(block, n_docs - d0), dtype=np.float32), k, offset=d0)
-                for d0 in range(0, n_docs, block)]
-        found.append(tuple(np.concatenate(part) for part in zip(*tops)))  # the blocks' (scores, docids)
+        best_s, best_i = np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64)
+        for d0 in range(0, n_docs, block):
+            block_scores = weights @ dim_major[kept, d0:d0 + block] if len(kept) else \
+                np.zeros(min(block, n_docs - d0), dtype=np.float32)
+            s, i = top_k(block_scores, k, offset=d0)
+            best_s, best_i = np.concatenate([best_s, s]), np.concatenate([best_i, i])
+        found.append((best_s, best_i))
     return ranked(found, k)

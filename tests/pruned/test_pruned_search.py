@@ -139,3 +139,9 @@ def test_empty_input_and_errors(corpus):
         kept.search_pruned(docs.T, query_vecs, 3)  # a Fortran-ordered view
     with pytest.raises(ValueError, match=r'shape \(6, 48\) do not match a matrix of 3000 dimensions'):
         kept.search_pruned(docs, query_vecs, 3)  # doc-major, not dimension-major
+
+
+def test_numpy_top_k_of_a_matrix_without_documents():
+    # every query gets an empty ranking (a block-by-block merge must not assume one block)
+    scores, docids = kept.numpy_top_k(np.zeros((4, 0), dtype=np.float32), np.ones((2, 4), dtype=np.float32), 5)
+    assert [len(s) for s in scores] == [0, 0] and [len(d) for d in docids] == [0, 0]
