@@ -126,7 +126,8 @@ def rescored(matrix: np.ndarray, copy: Compressed, query_vec: np.ndarray) -> int
     """How many documents the compressed path re-scores exactly for this query (its k best first-pass documents and
     every other one its bound cannot rule out)."""
     approx, best, bound = compressed.first_pass(copy.codes, query_vec, K, use_numba=kept.NUMBA_AVAILABLE)
-    threshold = compressed.exact_scores(matrix, query_vec, np.sort(best), copy.doc_rows).min() - bound
+    threshold = compressed.exact_scores(matrix, query_vec[None], [np.sort(best)], copy.doc_rows,
+                                         use_numba=kept.NUMBA_AVAILABLE)[0].min() - bound
     return int(np.sum(approx >= compressed.float32_below(threshold)))
 
 

@@ -64,37 +64,73 @@ def _fused(matrix: np.ndarray, dims: np.ndarray, weights: np.ndarray, starts: np
     return merge_heaps(heap_s, heap_i, k)
 
 
-#: Candidates buffered per result by :func:`integer_candidates` (at least ``MIN_CANDIDATES``).
+#: Candidates buffered per result by :func:`integer_candidates` at first (at least ``MIN_CANDIDATES``); a full buffer
+#: doubles, while every buffer together holds at most ``MAX_CANDIDATES`` (256 MiB).
 CANDIDATES_PER_RESULT = 4
 MIN_CANDIDATES = 4096
+MAX_CANDIDATES = 2 ** 24
 #: Below every integer score (``|score| < 2 ** 31``) with room for the slack below it: the heaps start full of it.
 EMPTY_SCORE = -2 ** 62
 
 
-def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.ndarray, growth: int = 1):
+def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.ndarray):
     """The compiled :func:`.compressed.integer_candidates` over ``slabs`` (``(d0, parts, ready)``, scores ``base * high
     + low`` then ready ones; query ``q``'s at row ``source[q]``): per query a heap of its ``k`` best integer scores and
-    a buffer (``growth`` times the default) of candidates within ``slack[q]`` of the running k-th best; a buffer full
-    after compaction overflows."""
+    a buffer of candidates within ``slack[q]`` of the running k-th best. A buffer still full after compaction stops its
+    query's push; it doubles and the push resumes there (the slab's scores are still at hand), until ``MAX_CANDIDATES``:
+    then the query overflows."""
     n_queries = len(source)
-    capacity = max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES) * growth
+    room = np.full(n_queries, max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES), dtype=np.int64)
+    start = np.arange(n_queries, dtype=np.int64) * room  # of each query's buffer in the pool
+    pool_s, pool_i = np.empty(room.sum(), dtype=np.int64), np.empty(room.sum(), dtype=np.int64)
+    used = len(pool_s)
     heap_s = np.full((n_queries, k), EMPTY_SCORE, dtype=np.int64)
     heap_i = np.full((n_queries, k), -1, dtype=np.int64)
     slack = np.asarray(slack, dtype=np.int64)
-    buf_s = np.empty((n_queries, capacity), dtype=np.int64)
-    buf_i = np.empty((n_queries, capacity), dtype=np.int64)
     counts = np.zeros(n_queries, dtype=np.int64)
     overflow = np.zeros(n_queries, dtype=np.bool_)
     kernel = _runnable(_push_integer_slab)[0]
     for d0, parts, ready in slabs:
-        with _running():
-            kernel(parts, ready, source, base, d0, heap_s, heap_i, slack, buf_s, buf_i, counts, overflow)
+        resume = np.zeros(n_queries, dtype=np.int64)
+        while True:
+            with _running():
+                kernel(parts, ready, source, base, d0, heap_s, heap_i, slack, pool_s, pool_i, start, room, counts,
+                       overflow, resume)
+            full = np.flatnonzero(resume >= 0)
+            if not len(full):
+                break
+            for q in full:  # a region twice as large at the end of the pool, or the query overflows
+                if used + 2 * room[q] > MAX_CANDIDATES:
+                    overflow[q] = True
+                    continue
+                if used + 2 * room[q] > len(pool_s):
+                    size = min(MAX_CANDIDATES, max(2 * len(pool_s), used + 2 * room[q]))
+                    pool_s, pool_i = (np.concatenate([pool[:used], np.empty(size - used, dtype=np.int64)])
+                                      for pool in (pool_s, pool_i))
+                held = slice(start[q], start[q] + counts[q])
+                pool_s[used:used + counts[q]], pool_i[used:used + counts[q]] = pool_s[held], pool_i[held]
+                start[q], room[q], used = used, 2 * room[q], used + 2 * room[q]
+            resume[resume < 0] = ready.shape[1]  # the others are done with this slab
     floors = heap_s[:, 0] - slack
     candidates = []
     for q in range(n_queries):
-        ids, scores = buf_i[q, :counts[q]], buf_s[q, :counts[q]]
+        ids, scores = pool_i[start[q]:start[q] + counts[q]], pool_s[start[q]:start[q] + counts[q]]
         candidates.append((ids[scores >= floors[q]], scores[scores >= floors[q]]))
     return list(heap_i), candidates, overflow
+
+
+def exact_scores(matrix: np.ndarray, by_rows: bool, dims: np.ndarray, values: np.ndarray, starts: np.ndarray,
+                 docids) -> list:
+    """Each query's float64 scores of its ``docids`` (query ``q``'s kept ``dims`` and ``values`` at ``starts[q]:
+    starts[q + 1]``): ``sum_j values_j matrix[docid, dims_j]`` (``by_rows``) or ``matrix[dims_j, docid]``, in order."""
+    sizes = np.array([len(ids) for ids in docids], dtype=np.int64)
+    flat = np.concatenate(docids).astype(np.int64) if len(docids) else np.empty(0, dtype=np.int64)
+    out = np.empty(len(flat))
+    kernel = _runnable(_exact_scores)[0]
+    with _running():
+        kernel(matrix, by_rows, dims, values.astype(np.float64), starts, flat,
+               np.repeat(np.arange(len(docids)), sizes), out)
+    return np.split(out, np.cumsum(sizes)[:-1])
 
 
 #: Documents per block of the nested kernel: the codes of 768 dims and the scores of 128 rows fit a 1 MiB L2.
@@ -221,9 +257,11 @@ def _fused_kernel(matrix, dims, weights, starts, k, block, tile, chunks, approx)
 
 
 @_parallel_jit
-def _push_integer_slab(parts, ready, source, base, d0, heap_s, heap_i, slack, buf_s, buf_i, counts, overflow):
+def _push_integer_slab(parts, ready, source, base, d0, heap_s, heap_i, slack, pool_s, pool_i, start, room, counts,
+                       overflow, resume):
+    # each query pushes the slab's documents from resume[q] on; resume[q] becomes -1 when done, or the document
+    # its full buffer stopped at
     n_queries, n_parts, width = heap_s.shape[0], parts.shape[0] // 2, ready.shape[1]
-    capacity = buf_s.shape[1]
     zero = np.zeros(width, dtype=np.int32)
     for q in _prange(n_queries):
         row = source[q]  # of the int8 product's ``base * high + low`` rows, then of the ready scores
@@ -231,32 +269,48 @@ def _push_integer_slab(parts, ready, source, base, d0, heap_s, heap_i, slack, bu
             high, low, times = parts[row], parts[n_parts + row], base
         else:
             high, low, times = ready[row - n_parts], zero, 1
-        bar, c = heap_s[q, 0], counts[q]
+        bar, c, first, capacity = heap_s[q, 0], counts[q], start[q], room[q]
         floor = bar - slack[q]
-        for t in range(width):
+        stop = -1
+        for t in range(resume[q], width):
             s = times * np.int64(high[t]) + low[t]
             if s < floor:
                 continue
             if not overflow[q]:
                 if c == capacity:  # drop what the k-th best has left behind, in order
                     kept = 0
-                    for j in range(c):
-                        if buf_s[q, j] >= floor:
-                            buf_s[q, kept] = buf_s[q, j]
-                            buf_i[q, kept] = buf_i[q, j]
+                    for j in range(first, first + c):
+                        if pool_s[j] >= floor:
+                            pool_s[first + kept] = pool_s[j]
+                            pool_i[first + kept] = pool_i[j]
                             kept += 1
                     c = kept
                 if c == capacity:
-                    overflow[q] = True
-                else:
-                    buf_s[q, c] = s
-                    buf_i[q, c] = d0 + t
-                    c += 1
+                    stop = t
+                    break
+                pool_s[first + c] = s
+                pool_i[first + c] = d0 + t
+                c += 1
             if s > bar:  # docids grow: a document tying with the root loses (ties go to the lower docid)
                 _replace_root(heap_s[q], heap_i[q], s, d0 + t)
                 bar = heap_s[q, 0]
                 floor = bar - slack[q]
         counts[q] = c
+        resume[q] = stop
+
+
+# no fastmath: each product rounded, then summed in order (as numpy sums them), never fused into one multiply-add
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _exact_scores(matrix, by_rows, dims, values, starts, docids, owner, out):
+    for i in _prange(len(docids)):
+        q, d, s = owner[i], docids[i], 0.0
+        if by_rows:
+            for j in range(starts[q], starts[q + 1]):
+                s += np.float64(matrix[d, dims[j]]) * values[j]
+        else:
+            for j in range(starts[q], starts[q + 1]):
+                s += np.float64(matrix[dims[j], d]) * values[j]
+        out[i] = s
 
 
 @_parallel_jit
@@ -295,5 +349,5 @@ def _running():
 def _serial(kernel):
     """The kernel compiled without the parallel loop (not cached on disk: it would share the parallel entry)."""
     if kernel not in _SERIAL:
-        _SERIAL[kernel] = numba.njit(nogil=True, fastmath={'contract'})(kernel.py_func)
+        _SERIAL[kernel] = numba.njit(nogil=True, fastmath=kernel.targetoptions.get('fastmath', False))(kernel.py_func)
     return _SERIAL[kernel]

@@ -161,7 +161,7 @@ def calibrate(*, save: bool = True, rounds: int = CALIBRATION_ROUNDS, docs: int 
         **{f'compressed {kept}': (lambda q=q: compressed.search_compressed(copy, matrix, q, CALIBRATION_K,
                                                                           use_numba=True, doc_rows=rows))
            for kept, q in single.items()},
-        **{f'rescore {kept}': (lambda q=q: compressed.exact_scores(matrix, q[0], rescored, rows))
+        **{f'rescore {kept}': (lambda q=q: compressed.exact_scores(matrix, q, [rescored], rows, use_numba=True))
            for kept, q in single.items()},
         'compressed call': lambda: compressed.search_compressed(tiny_copy, tiny, one_dim, CALIBRATION_K,
                                                                 use_numba=True, doc_rows=rows[:CALLS_DOCS]),

@@ -10,7 +10,7 @@ two steps with :func:`integer_bound`; rows that extend one another (:func:`.dens
 instead.
 """
 import warnings
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -24,8 +24,6 @@ UNIT_ROUNDOFF = 2.0 ** -24
 WEIGHT_BASE = 128
 #: Documents per int8 matrix product of the one pass (its products still in the cache when pushed).
 SLAB_DOCS = 16384
-#: The one pass's candidate buffers, times this, for the queries whose buffers overflowed (0.5 MiB each at k = 1000).
-RETRY_GROWTH = 8
 
 
 def error_bound(copy: Codes, dims: np.ndarray, values: np.ndarray, weights: np.ndarray, *,
@@ -58,18 +56,28 @@ def first_pass(copy: Codes, query_vec: np.ndarray, k: int, *,
     return approx, docids, error_bound(copy, dims, values, weights)
 
 
-def exact_scores(dim_major: np.ndarray, query_vec: np.ndarray, docids: np.ndarray,
-                 doc_rows: Optional[np.ndarray] = None) -> np.ndarray:
-    """The float64 scores of these documents, from ``doc_rows`` where given, else from ``dim_major``. Summed row by
-    row (not by BLAS) so that identical documents score bit for bit the same and ties keep the lower docid."""
-    dims = np.flatnonzero(query_vec)
-    if not len(dims) or not len(docids):
-        return np.zeros(len(docids))
-    if doc_rows is not None:
-        values = np.asarray(doc_rows[docids], dtype=np.float64)[:, dims]
-    else:
-        values = np.ascontiguousarray(np.asarray(dim_major[np.ix_(dims, docids)], dtype=np.float64).T)
-    return (values * query_vec[dims].astype(np.float64)).sum(axis=1)
+def exact_scores(dim_major: np.ndarray, query_vecs: np.ndarray, docids: List[np.ndarray],
+                 doc_rows: Optional[np.ndarray] = None, *, use_numba: bool) -> List[np.ndarray]:
+    """The float64 scores of each query's ``docids``, from ``doc_rows`` where given, else from ``dim_major``. Summed
+    dimension after dimension (not by BLAS) so that identical documents score bit for bit the same and ties keep the
+    lower docid; with ``use_numba`` in one parallel call for the batch (the same sums, in the same order)."""
+    if use_numba:
+        from . import _numba
+        return _numba.exact_scores(dim_major if doc_rows is None else doc_rows, doc_rows is not None,
+                                   *kept_dims(query_vecs), docids)
+    scores = []
+    for query_vec, ids in zip(query_vecs, docids):
+        dims = np.flatnonzero(query_vec)
+        if not len(dims) or not len(ids):
+            scores.append(np.zeros(len(ids)))
+            continue
+        if doc_rows is not None:
+            values = np.ascontiguousarray(np.asarray(doc_rows[ids], dtype=np.float64)[:, dims].T)
+        else:
+            values = np.asarray(dim_major[np.ix_(dims, ids)], dtype=np.float64)
+        # (dims, docs): numpy adds the rows one after the other (along a contiguous axis it would sum pairwise)
+        scores.append((values * query_vec[dims, None].astype(np.float64)).sum(axis=0))
+    return scores
 
 
 def tie_floor(score: float) -> float:
@@ -96,52 +104,47 @@ def search_compressed(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray
     none = np.empty(0, dtype=np.int64)
     for query_vec in query_vecs:
         if not query_vec.any():
-            found.append(_rescored(dim_major, query_vec, none, none, none, k, doc_rows))
+            found.append(_ranked(query_vec, none, none, none, none, k, n_docs=copy.codes.shape[1]))
             continue
         approx, best, bound = first_pass(copy, query_vec, k, use_numba=use_numba)
         best = np.sort(best)
-        best_scores = exact_scores(dim_major, query_vec, best, doc_rows)
+        best_scores, = exact_scores(dim_major, query_vec[None], [best], doc_rows, use_numba=use_numba)
         # every document of the exact top-k (in float32, ties included) scores above tie_floor of the k-th best of
         # any k exact scores, so its first-pass score is at least that minus the bound
-        found.append(_rescored(dim_major, query_vec, best, best_scores,
-                               np.flatnonzero(approx >= float32_below(tie_floor(best_scores.min()) - bound)), k,
-                               doc_rows))
+        others = _others(np.flatnonzero(approx >= float32_below(tie_floor(best_scores.min()) - bound)), best)
+        others_scores, = exact_scores(dim_major, query_vec[None], [others], doc_rows, use_numba=use_numba)
+        found.append(_ranked(query_vec, best, best_scores, others, others_scores, k, n_docs=copy.codes.shape[1]))
     return [s for s, _ in found], [d for _, d in found]
 
 
 def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *,
-                     doc_rows: Optional[np.ndarray], growth: int = 1) -> Result:
-    """:func:`search_compressed` of a batch in one pass (:func:`integer_candidates`); the queries whose candidates
-    overflow (many documents near the k-th best) are scored again in one pass with ``RETRY_GROWTH`` times the
-    buffers, then each on its own."""
+                     doc_rows: Optional[np.ndarray]) -> Result:
+    """:func:`search_compressed` of a batch in one pass (:func:`integer_candidates`); a query whose candidates
+    overflow every buffer the pass may hold (a great many documents near its k-th best) is scored on its own."""
     k = min(k, copy.codes.shape[1])
     roots, *nested = nested_trees(query_vecs)
     steps, weights, bounds, slack = one_pass_weights(copy, query_vecs, roots)
-    best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, nested=nested, growth=growth)
-    overflow &= query_vecs.any(axis=1)
-    again = np.flatnonzero(overflow)
-    if len(again) and growth < RETRY_GROWTH:
-        again = dict(zip(again, zip(*_search_one_pass(copy, dim_major, query_vecs[again], k, doc_rows=doc_rows,
-                                                      growth=RETRY_GROWTH))))
-    else:
-        again = {q: (s[0], d[0]) for q in again for s, d in [search_compressed(
-            copy, dim_major, query_vecs[q][None], k, use_numba=True, doc_rows=doc_rows)]}
-    found = []  # (scores, docids) of each query
-    for q, query_vec in enumerate(query_vecs):
-        if overflow[q]:
-            found.append(again[q])
-            continue
-        ids = np.sort(best[q])
-        ids_scores = exact_scores(dim_major, query_vec, ids, doc_rows)
+    slack[~query_vecs.any(axis=1)] = -1  # a query without dimensions ties everywhere: its heap only, no candidates
+    best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, nested=nested)
+    found = {q: (s[0], d[0]) for q in np.flatnonzero(overflow) for s, d in [search_compressed(
+        copy, dim_major, query_vecs[q][None], k, use_numba=True, doc_rows=doc_rows)]}  # (scores, docids) by query
+    done = np.flatnonzero(~overflow)
+    best = [np.sort(best[q]) for q in done]
+    best_scores = exact_scores(dim_major, query_vecs[done], best, doc_rows, use_numba=True)
+    others = []
+    for q, ids, ids_scores in zip(done, best, best_scores):
         cand_ids, cand_scores = candidates[q]
-        if query_vec.any():
+        if query_vecs[q].any():
             # every document of the exact top-k (in float32, ties included) scores above tie_floor of the lowest of
             # any k exact scores, so its integer score times the step is at least that minus the bound (one less: the
             # float64 rounding)
             threshold = np.floor((tie_floor(ids_scores.min()) - bounds[q]) / steps[q]) - 1
             cand_ids = cand_ids[cand_scores >= threshold]
-        found.append(_rescored(dim_major, query_vec, ids, ids_scores, cand_ids, k, doc_rows))
-    return [s for s, _ in found], [d for _, d in found]
+        others.append(_others(cand_ids, ids))
+    others_scores = exact_scores(dim_major, query_vecs[done], others, doc_rows, use_numba=True)
+    for q, *ranked in zip(done, best, best_scores, others, others_scores):
+        found[q] = _ranked(query_vecs[q], *ranked, k, n_docs=copy.codes.shape[1])
+    return [found[q][0] for q in range(len(query_vecs))], [found[q][1] for q in range(len(query_vecs))]
 
 
 def one_pass_weights(copy: Codes, query_vecs: np.ndarray, roots: Optional[np.ndarray] = None):
@@ -156,15 +159,19 @@ def one_pass_weights(copy: Codes, query_vecs: np.ndarray, roots: Optional[np.nda
     return steps, weights, bounds, (np.ceil(2 * bounds / steps) + np.ceil(reach * 2.0 ** -22)).astype(np.int64) + 3
 
 
-def _rescored(dim_major: np.ndarray, query_vec: np.ndarray, best: np.ndarray, best_scores: np.ndarray,
-              candidates: np.ndarray, k: int, doc_rows: Optional[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
-    """One query's exact top-``k`` from its ``best`` (exact scores known) and the other ``candidates``."""
-    k = min(k, len(doc_rows) if doc_rows is not None else dim_major.shape[1])
+def _others(candidates: np.ndarray, best: np.ndarray) -> np.ndarray:
+    """The ``candidates`` not among the ``best`` (both without repeats)."""
+    return candidates[~np.isin(candidates, best, assume_unique=True)]
+
+
+def _ranked(query_vec: np.ndarray, best: np.ndarray, best_scores: np.ndarray, others: np.ndarray,
+            others_scores: np.ndarray, k: int, n_docs: int) -> Tuple[np.ndarray, np.ndarray]:
+    """One query's exact top-``k`` of ``n_docs`` from its ``best`` and ``others`` documents, their exact scores."""
+    k = min(k, n_docs)
     if not query_vec.any():
         return np.zeros(k, dtype=np.float32), np.arange(k)
-    others = candidates[~np.isin(candidates, best, assume_unique=True)]
     ids = np.concatenate([best, others])
-    s = np.concatenate([best_scores, exact_scores(dim_major, query_vec, others, doc_rows)]).astype(np.float32)
+    s = np.concatenate([best_scores, others_scores]).astype(np.float32)
     order = best_k(s, ids, k)  # ranked as the user sees the scores: ties in float32 to the lower docid
     return s[order], ids[order]
 
@@ -235,12 +242,11 @@ def integer_slabs(codes: np.ndarray, weights: np.ndarray,
                     np.int32), ready
 
 
-def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, nested=None,
-                       growth: int = 1):
+def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, nested=None):
     """``(best, candidates, overflow)`` per query by the compiled kernel (``nested``: see :func:`integer_slabs`): its
     ``k`` best docids, ``(docids, integer scores)`` within ``slack[q]`` of the k-th best, and whether those overflowed
-    the buffer (``growth`` times the kernel's)."""
+    the kernel's buffers."""
     from . import _numba
     rows = nested[0] if nested is not None else np.empty(0, dtype=np.int64)
     source = np.argsort(np.concatenate([np.delete(np.arange(len(weights)), rows), rows]))  # its row in a slab's scores
-    return _numba.integer_candidates(integer_slabs(codes, weights, nested), WEIGHT_BASE, source, k, slack, growth)
+    return _numba.integer_candidates(integer_slabs(codes, weights, nested), WEIGHT_BASE, source, k, slack)

@@ -154,15 +154,17 @@ def test_integer_slabs_are_exact(monkeypatch, product):
 
 
 @NEEDS_NUMBA
-def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch):
+@pytest.mark.parametrize('limit, overflowed', [(2 ** 24, []), (1024, [2])])
+def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch, limit, overflowed):
     # against brute force: the k best integer scores (ties to the lower docid) and every document within slack of
-    # the k-th best, from slabs of 700 documents and buffers of 64 compacted as the k-th best rises; a query scoring
-    # 0 everywhere overflows the buffer (every document stays within its slack)
+    # the k-th best, from slabs of 700 documents and buffers of 64 compacted as the k-th best rises and doubled when
+    # still full; a query scoring 0 everywhere keeps every document (5,000), more than a pool of 1,024 holds
     from pyterrier_rdime.pruned import _numba
     monkeypatch.setattr(compressed, 'INT8_PRODUCT', 'float64')
     monkeypatch.setattr(compressed, 'SLAB_DOCS', 700)
     monkeypatch.setattr(_numba, 'MIN_CANDIDATES', 64)
     monkeypatch.setattr(_numba, 'CANDIDATES_PER_RESULT', 1)
+    monkeypatch.setattr(_numba, 'MAX_CANDIDATES', limit)
     rng = np.random.default_rng(21)
     codes = rng.integers(-127, 128, size=(50, 5000)).astype(np.int8)
     codes[:, 4000:4100] = codes[:, 100:200]  # duplicates: tied scores across slabs
@@ -172,45 +174,71 @@ def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch):
     k = 20
     best, candidates, overflow = compressed.integer_candidates(codes, weights, slack, k)
     totals = weights @ codes.astype(np.int64)
+    assert np.flatnonzero(overflow).tolist() == overflowed
     for q in range(len(weights)):
         order = np.lexsort((np.arange(5000), -totals[q]))
         assert sorted(best[q].tolist()) == sorted(order[:k].tolist())
         expected = np.flatnonzero(totals[q] >= totals[q, order[k - 1]] - slack[q])
-        if overflow[q]:
-            continue
-        ids, scores = candidates[q]
-        assert ids.tolist() == expected.tolist() and scores.tolist() == totals[q, expected].tolist()
-    assert overflow.tolist() == [False, False, True, False, False, False]
+        if not overflow[q]:
+            ids, scores = candidates[q]
+            assert ids.tolist() == expected.tolist() and scores.tolist() == totals[q, expected].tolist()
 
 
 @pytest.mark.parametrize('copies, alone', [(500, 3), (30, 0)])
-def test_queries_whose_candidates_overflow_are_scored_again_then_on_their_own(monkeypatch, copies, alone):
-    # every score tied: a buffer of 8 overflows for every query; one of 64 (RETRY_GROWTH) holds 2 x 30 copies, not
-    # 2 x 500: then each query runs on its own
+def test_full_candidate_buffers_grow_and_queries_beyond_the_limit_run_on_their_own(monkeypatch, copies, alone):
+    # every score tied: buffers of 8 double in the one pass; a pool of 512 holds the 3 x 2 x 30 copies (3 x (8 + 16 +
+    # 32 + 64) slots), not 3 x 2 x 500: then each of those queries runs on its own
     if not kept.NUMBA_AVAILABLE:
         pytest.skip('only the compiled first pass has a bounded buffer')
     from pyterrier_rdime.pruned import _numba
     monkeypatch.setattr(_numba, 'MIN_CANDIDATES', 8)
     monkeypatch.setattr(_numba, 'CANDIDATES_PER_RESULT', 1)
+    monkeypatch.setattr(_numba, 'MAX_CANDIDATES', 512)
     docs = np.tile(np.array([[1, 0.5], [1, -0.5]], dtype=np.float32), (copies, 1))
     queries = np.array([[1, 0], [0, 1], [1, 1]], dtype=np.float32)
-    calls, growths = [], []
+    calls, passes = [], []
     original, original_candidates = compressed.search_compressed, compressed.integer_candidates
 
     def spy(copy, dim_major, query_vecs, k, **kwargs):
         calls.append((len(query_vecs), kwargs.get('one_pass', False)))
         return original(copy, dim_major, query_vecs, k, **kwargs)
 
-    def spy_candidates(*args, growth, **kwargs):
-        growths.append((len(args[1]), growth))
-        return original_candidates(*args, growth=growth, **kwargs)
+    def spy_candidates(*args, **kwargs):
+        passes.append(len(args[1]))
+        return original_candidates(*args, **kwargs)
     monkeypatch.setattr(compressed, 'search_compressed', spy)
     monkeypatch.setattr(compressed, 'integer_candidates', spy_candidates)
     result = search_with(docs, queries, 10, True, one_pass=True)
     assert_reference(docs, queries, result, 10)
     assert result[1][0].tolist() == list(range(10))  # every score tied: the lowest docids
-    assert growths == [(3, 1), (3, compressed.RETRY_GROWTH)]  # the three overflowed, then were scored again
+    assert passes == [3]  # one pass, never again
     assert calls[0] == (3, True) and calls.count((1, False)) == alone
+
+
+@NEEDS_NUMBA
+def test_exact_scores_are_summed_dimension_after_dimension_on_every_path():
+    # each document's float64 products summed in order from 0, bit for bit: compiled (rows or dimension-major
+    # matrix, one batch) and numpy alike; 1 to 768 kept dimensions, a query without any, no documents
+    rng = np.random.default_rng(5)
+    docs = rng.standard_normal((300, 768)).astype(np.float32)
+    query_vecs = np.zeros((7, 768), dtype=np.float32)
+    for q, kept_count in enumerate([1, 7, 8, 129, 500, 768]):
+        dims = rng.choice(768, kept_count, replace=False)
+        query_vecs[q, dims] = rng.standard_normal(kept_count)
+    docids = [np.sort(rng.choice(300, n, replace=False)) for n in (5, 300, 17, 0, 64, 100, 9)]
+    expected = []
+    for query_vec, ids in zip(query_vecs, docids):
+        sums = []
+        for d in ids:
+            total = 0.0
+            for j in np.flatnonzero(query_vec):
+                total += float(docs[d, j]) * float(query_vec[j])
+            sums.append(total)
+        expected.append(sums)
+    dim_major = np.ascontiguousarray(docs.T)
+    for rows, use_numba in [(docs, True), (None, True), (docs, False), (None, False)]:
+        got = compressed.exact_scores(dim_major, query_vecs, docids, rows, use_numba=use_numba)
+        assert [g.tolist() for g in got] == expected
 
 
 def test_the_integer_bound_holds_for_every_document(corpus):

@@ -241,8 +241,9 @@ class _Machine:
         units = len(weights) - len(rows) + dense.NESTED_ADD_COST * adds.sum() / (2 * weights.shape[1])
         self.now += (self.TRUE.compressed_pass_fixed + self.TRUE.compressed_pass_per_query * units) * gemv
 
-    def exact_scores(self, matrix, query_vec, docids, doc_rows=None):
-        self.now += self.TRUE.rescore_seconds * len(docids) * np.count_nonzero(query_vec)
+    def exact_scores(self, matrix, query_vecs, docids, doc_rows=None, *, use_numba):
+        values = sum(len(ids) * np.count_nonzero(q) for q, ids in zip(query_vecs, docids))
+        self.now += self.TRUE.rescore_seconds * values
 
 
 @pytest.fixture
