@@ -133,16 +133,18 @@ def exact_scores(matrix: np.ndarray, by_rows: bool, dims: np.ndarray, values: np
     return np.split(out, np.cumsum(sizes)[:-1])
 
 
-#: Documents per block of the nested kernel: the codes of 768 dims and the scores of 128 rows fit a 1 MiB L2.
-NESTED_BLOCK_DOCS = 512
+#: Documents per block of the nested kernel, at most (fewer where the threads would otherwise idle): long runs of each
+#: row amortise its setup; on a Zen 3, 473 rows of 43 trees scored 1.6x faster than in blocks of 512 (fitting L2).
+NESTED_BLOCK_DOCS = 4096
 
 
 def nested_scores(ready: np.ndarray, codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, starts: np.ndarray,
                   parents: np.ndarray, d0: int):
     """Fills ``ready`` with the int32 scores of documents ``d0:``: each row its parent's (-1: none) plus its dims'."""
-    kernel = _runnable(_nested_slab)[0]
+    kernel, threads = _runnable(_nested_slab)
+    block = min(NESTED_BLOCK_DOCS, -(-ready.shape[1] // threads))
     with _running():
-        kernel(ready, codes, dims, weights, starts, parents, d0, NESTED_BLOCK_DOCS)
+        kernel(ready, codes, dims, weights, starts, parents, d0, block)
 
 
 _jit = numba.njit(cache=True, nogil=True, fastmath={'contract'})
