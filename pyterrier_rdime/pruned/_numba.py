@@ -123,8 +123,10 @@ def exact_scores(matrix: np.ndarray, by_rows: bool, dims: np.ndarray, values: np
                  docids) -> list:
     """Each query's float64 scores of its ``docids`` (query ``q``'s kept ``dims`` and ``values`` at ``starts[q]:
     starts[q + 1]``): ``sum_j values_j matrix[docid, dims_j]`` (``by_rows``) or ``matrix[dims_j, docid]``, in order."""
+    if not len(docids):
+        return []
     sizes = np.array([len(ids) for ids in docids], dtype=np.int64)
-    flat = np.concatenate(docids).astype(np.int64) if len(docids) else np.empty(0, dtype=np.int64)
+    flat = np.concatenate(docids).astype(np.int64)
     out = np.empty(len(flat))
     kernel = _runnable(_exact_scores)[0]
     with _running():

@@ -218,7 +218,7 @@ def test_full_candidate_buffers_grow_and_queries_beyond_the_limit_run_on_their_o
 @NEEDS_NUMBA
 def test_exact_scores_are_summed_dimension_after_dimension_on_every_path():
     # each document's float64 products summed in order from 0, bit for bit: compiled (rows or dimension-major
-    # matrix, one batch) and numpy alike; 1 to 768 kept dimensions, a query without any, no documents
+    # matrix, one batch) and numpy alike; 1 to 768 kept dimensions, a query without any, no documents, no query
     rng = np.random.default_rng(5)
     docs = rng.standard_normal((300, 768)).astype(np.float32)
     query_vecs = np.zeros((7, 768), dtype=np.float32)
@@ -239,6 +239,7 @@ def test_exact_scores_are_summed_dimension_after_dimension_on_every_path():
     for rows, use_numba in [(docs, True), (None, True), (docs, False), (None, False)]:
         got = compressed.exact_scores(dim_major, query_vecs, docids, rows, use_numba=use_numba)
         assert [g.tolist() for g in got] == expected
+        assert compressed.exact_scores(dim_major, query_vecs[:0], [], rows, use_numba=use_numba) == []
 
 
 def test_the_integer_bound_holds_for_every_document(corpus):
