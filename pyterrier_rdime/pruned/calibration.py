@@ -87,13 +87,18 @@ def _blas():
     return blas.select(filepath=numpy_own) if numpy_own else blas
 
 
+#: The paths' generation: raised with a change that moves their speeds, so that no calibration or measured timing of
+#: the older code is read (2: the one pass's growing buffers, compiled re-scoring, longer nested blocks).
+KERNELS = 2
+
+
 def machine_key() -> str:
-    """The CPU model and numba's and numpy's BLAS thread counts, as a file name: a calibration holds for these only
-    (``unknown`` BLAS threads without threadpoolctl)."""
+    """The CPU model, :data:`KERNELS` and numba's and numpy's BLAS thread counts, as a file name: a calibration holds
+    for these only (``unknown`` BLAS threads without threadpoolctl)."""
     import numba
     blas = _blas()
     counts = sorted({library['num_threads'] for library in blas.info()}) if blas is not None else []
-    return f'{_cpu()}-{numba.get_num_threads()}threads-blas{"-".join(map(str, counts)) or "unknown"}'
+    return f'{_cpu()}-k{KERNELS}-{numba.get_num_threads()}threads-blas{"-".join(map(str, counts)) or "unknown"}'
 
 
 def cache_path(key: Optional[str] = None) -> Path:

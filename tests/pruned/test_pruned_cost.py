@@ -170,6 +170,8 @@ def test_calibration_is_cached_per_machine_and_thread_count(cache, monkeypatch):
         with threadpool_limits(1, user_api='blas'):
             assert calibration.machine_key().endswith('-blas1') and calibration.model() == ROUND
             assert calls[-1].endswith('-blas1')
+    monkeypatch.setattr(calibration, 'KERNELS', calibration.KERNELS + 1)  # newer kernels: calibrated again
+    assert calibration.model() == ROUND and f'-k{calibration.KERNELS}-' in calls[-1]
 
 
 @COMPILED
