@@ -119,10 +119,9 @@ def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.n
     return list(heap_i), candidates, overflow
 
 
-def exact_scores(matrix: np.ndarray, by_rows: bool, dims: np.ndarray, values: np.ndarray, starts: np.ndarray,
-                 docids) -> list:
+def exact_scores(rows: np.ndarray, dims: np.ndarray, values: np.ndarray, starts: np.ndarray, docids) -> list:
     """Each query's float64 scores of its ``docids`` (query ``q``'s kept ``dims`` and ``values`` at ``starts[q]:
-    starts[q + 1]``): ``sum_j values_j matrix[docid, dims_j]`` (``by_rows``) or ``matrix[dims_j, docid]``, in order."""
+    starts[q + 1]``): ``sum_j values_j rows[docid, dims_j]``, in order (``rows`` may be a transposed view)."""
     if not len(docids):
         return []
     sizes = np.array([len(ids) for ids in docids], dtype=np.int64)
@@ -130,8 +129,7 @@ def exact_scores(matrix: np.ndarray, by_rows: bool, dims: np.ndarray, values: np
     out = np.empty(len(flat))
     kernel = _runnable(_exact_scores)[0]
     with _running():
-        kernel(matrix, by_rows, dims, values.astype(np.float64), starts, flat,
-               np.repeat(np.arange(len(docids)), sizes), out)
+        kernel(rows, dims, values.astype(np.float64), starts, flat, np.repeat(np.arange(len(docids)), sizes), out)
     return np.split(out, np.cumsum(sizes)[:-1])
 
 
@@ -305,15 +303,11 @@ def _push_integer_slab(parts, ready, source, base, d0, heap_s, heap_i, slack, po
 
 # no fastmath: each product rounded, then summed in order (as numpy sums them), never fused into one multiply-add
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _exact_scores(matrix, by_rows, dims, values, starts, docids, owner, out):
+def _exact_scores(rows, dims, values, starts, docids, owner, out):
     for i in _prange(len(docids)):
         q, d, s = owner[i], docids[i], 0.0
-        if by_rows:
-            for j in range(starts[q], starts[q + 1]):
-                s += np.float64(matrix[d, dims[j]]) * values[j]
-        else:
-            for j in range(starts[q], starts[q + 1]):
-                s += np.float64(matrix[dims[j], d]) * values[j]
+        for j in range(starts[q], starts[q + 1]):
+            s += np.float64(rows[d, dims[j]]) * values[j]
         out[i] = s
 
 

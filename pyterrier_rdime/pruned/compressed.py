@@ -63,8 +63,7 @@ def exact_scores(dim_major: np.ndarray, query_vecs: np.ndarray, docids: List[np.
     lower docid; with ``use_numba`` in one parallel call for the batch (the same sums, in the same order)."""
     if use_numba:
         from . import _numba
-        return _numba.exact_scores(dim_major if doc_rows is None else doc_rows, doc_rows is not None,
-                                   *kept_dims(query_vecs), docids)
+        return _numba.exact_scores(dim_major.T if doc_rows is None else doc_rows, *kept_dims(query_vecs), docids)
     scores = []
     for query_vec, ids in zip(query_vecs, docids):
         dims = np.flatnonzero(query_vec)
@@ -129,8 +128,8 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
     found = {q: (s[0], d[0]) for q in np.flatnonzero(overflow) for s, d in [search_compressed(
         copy, dim_major, query_vecs[q][None], k, use_numba=True, doc_rows=doc_rows)]}  # (scores, docids) by query
     done = np.flatnonzero(~overflow)
-    best = [np.sort(best[q]) for q in done]
-    best_scores = exact_scores(dim_major, query_vecs[done], best, doc_rows, use_numba=True)
+    best, rows = [np.sort(best[q]) for q in done], query_vecs[done]
+    best_scores = exact_scores(dim_major, rows, best, doc_rows, use_numba=True)
     others = []
     for q, ids, ids_scores in zip(done, best, best_scores):
         cand_ids, cand_scores = candidates[q]
@@ -141,7 +140,7 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
             threshold = np.floor((tie_floor(ids_scores.min()) - bounds[q]) / steps[q]) - 1
             cand_ids = cand_ids[cand_scores >= threshold]
         others.append(_others(cand_ids, ids))
-    others_scores = exact_scores(dim_major, query_vecs[done], others, doc_rows, use_numba=True)
+    others_scores = exact_scores(dim_major, rows, others, doc_rows, use_numba=True)
     for q, *ranked in zip(done, best, best_scores, others, others_scores):
         found[q] = _ranked(query_vecs[q], *ranked, k, n_docs=copy.codes.shape[1])
     return [found[q][0] for q in range(len(query_vecs))], [found[q][1] for q in range(len(query_vecs))]
