@@ -65,36 +65,39 @@ def _fused(matrix: np.ndarray, dims: np.ndarray, weights: np.ndarray, starts: np
 
 
 #: Candidates buffered per result by :func:`integer_candidates` at first (at least ``MIN_CANDIDATES``); a full buffer
-#: doubles, while every buffer together holds at most ``MAX_CANDIDATES`` (256 MiB).
+#: doubles, while every buffer together holds at most ``MAX_CANDIDATES`` (128 MiB).
 CANDIDATES_PER_RESULT = 4
 MIN_CANDIDATES = 4096
 MAX_CANDIDATES = 2 ** 24
-#: Below every integer score (``|score| < 2 ** 31``) with room for the slack below it: the heaps start full of it.
-EMPTY_SCORE = -2 ** 62
+#: The one pass ranks a document by one int64 key, ``score * 2**32 + ID_MAX - docid``: by its integer score
+#: (``|score| < 2 ** 31``), ties to the lower docid (``docid < ID_MAX``); ``NO_DOCUMENT`` is below every key.
+ID_MAX = 2 ** 32 - 1
+NO_DOCUMENT = np.iinfo(np.int64).min
 
 
 def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.ndarray):
     """The compiled :func:`.compressed.integer_candidates` over ``slabs`` (``(d0, parts, ready)``, scores ``base * high
-    + low`` then ready ones; query ``q``'s at row ``source[q]``): per query a heap of its ``k`` best integer scores and
-    a buffer of candidates within ``slack[q]`` of the running k-th best. A buffer still full after compaction stops its
-    query's push; it doubles and the push resumes there (the slab's scores are still at hand), until ``MAX_CANDIDATES``:
-    then the query overflows."""
+    + low`` then ready ones; query ``q``'s at row ``source[q]``): per query its ``k`` best documents and a buffer of
+    candidates within ``slack[q]`` of its k-th best. A buffer still full after compaction stops its query's push; it
+    doubles and the push resumes there (the slab's scores are still at hand), until ``MAX_CANDIDATES``: then the query
+    overflows and stops (no results: it runs on its own)."""
     n_queries = len(source)
     room = np.full(n_queries, max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES), dtype=np.int64)
     start = np.arange(n_queries, dtype=np.int64) * room  # of each query's buffer in the pool
-    pool_s, pool_i = np.empty(room.sum(), dtype=np.int64), np.empty(room.sum(), dtype=np.int64)
-    used = len(pool_s)
-    heap_s = np.full((n_queries, k), EMPTY_SCORE, dtype=np.int64)
-    heap_i = np.full((n_queries, k), -1, dtype=np.int64)
+    pool = np.empty(room.sum(), dtype=np.int64)  # the keys of the candidates, in docid order
+    used = len(pool)
+    top = np.full((n_queries, k), NO_DOCUMENT, dtype=np.int64)  # each query's k best keys, unordered
+    bars = np.full(n_queries, NO_DOCUMENT, dtype=np.int64)  # the k-th best of top
     slack = np.asarray(slack, dtype=np.int64)
     counts = np.zeros(n_queries, dtype=np.int64)
+    entered = np.zeros(n_queries, dtype=np.int64)  # the buffer's candidates up to here have entered top
     overflow = np.zeros(n_queries, dtype=np.bool_)
     kernel = _runnable(_push_integer_slab)[0]
     for d0, parts, ready in slabs:
         resume = np.zeros(n_queries, dtype=np.int64)
         while True:
             with _running():
-                kernel(parts, ready, source, base, d0, heap_s, heap_i, slack, pool_s, pool_i, start, room, counts,
+                kernel(parts, ready, source, base, d0, top, bars, slack, pool, start, room, counts, entered,
                        overflow, resume)
             full = np.flatnonzero(resume >= 0)
             if not len(full):
@@ -103,20 +106,23 @@ def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.n
                 if used + 2 * room[q] > MAX_CANDIDATES:
                     overflow[q] = True
                     continue
-                if used + 2 * room[q] > len(pool_s):
-                    size = min(MAX_CANDIDATES, max(2 * len(pool_s), used + 2 * room[q]))
-                    pool_s, pool_i = (np.concatenate([pool[:used], np.empty(size - used, dtype=np.int64)])
-                                      for pool in (pool_s, pool_i))
-                held = slice(start[q], start[q] + counts[q])
-                pool_s[used:used + counts[q]], pool_i[used:used + counts[q]] = pool_s[held], pool_i[held]
+                if used + 2 * room[q] > len(pool):
+                    size = min(MAX_CANDIDATES, max(2 * len(pool), used + 2 * room[q]))
+                    pool = np.concatenate([pool[:used], np.empty(size - used, dtype=np.int64)])
+                pool[used:used + counts[q]] = pool[start[q]:start[q] + counts[q]]
                 start[q], room[q], used = used, 2 * room[q], used + 2 * room[q]
             resume[resume < 0] = ready.shape[1]  # the others are done with this slab
-    floors = heap_s[:, 0] - slack
-    candidates = []
+    best, candidates, none = [], [], np.empty(0, dtype=np.int64)
     for q in range(n_queries):
-        ids, scores = pool_i[start[q]:start[q] + counts[q]], pool_s[start[q]:start[q] + counts[q]]
-        candidates.append((ids[scores >= floors[q]], scores[scores >= floors[q]]))
-    return list(heap_i), candidates, overflow
+        if overflow[q]:
+            best.append(none)
+            candidates.append((none, none))
+            continue
+        best.append(ID_MAX - (top[q][top[q] != NO_DOCUMENT] & ID_MAX))
+        keys = pool[start[q]:start[q] + counts[q]]
+        near = keys[keys >> 32 >= (bars[q] >> 32) - slack[q]]
+        candidates.append((ID_MAX - (near & ID_MAX), near >> 32))
+    return best, candidates, overflow
 
 
 def exact_scores(rows: np.ndarray, dims: np.ndarray, values: np.ndarray, starts: np.ndarray, docids) -> list:
@@ -258,46 +264,93 @@ def _fused_kernel(matrix, dims, weights, starts, k, block, tile, chunks, approx)
     return heap_s, heap_i
 
 
+@_jit
+def _reaching(high, low, base, is_ready, t0, floor, found):
+    # writes the documents t0: whose score reaches floor to found, returns how many: a scan with no other work, at
+    # the speed of memory, before the few candidates are handled one by one
+    n = 0
+    if is_ready:
+        if floor > 2 ** 31 - 1:  # above every int32 score
+            return 0
+        cut = np.int32(max(floor, -2 ** 31))
+        for t in range(t0, high.shape[0]):
+            if high[t] >= cut:
+                found[n] = t
+                n += 1
+    else:
+        for t in range(t0, high.shape[0]):
+            if base * np.int64(high[t]) + low[t] >= floor:
+                found[n] = t
+                n += 1
+    return n
+
+
+@_jit
+def _enter(top, pool, lo, hi, bar):
+    # the keys of pool[lo:hi] above bar enter top (its k best keep their places); returns the new k-th best: one
+    # selection in a few sequential passes, where a heap would miss the cache at every level of every insertion
+    m = 0
+    for j in range(lo, hi):
+        m += pool[j] > bar
+    if m == 0:
+        return bar
+    merged = np.empty(top.shape[0] + m, dtype=np.int64)
+    merged[:top.shape[0]] = top
+    m = top.shape[0]
+    for j in range(lo, hi):
+        if pool[j] > bar:
+            merged[m] = pool[j]
+            m += 1
+    merged = np.partition(merged, m - top.shape[0])
+    top[:] = merged[m - top.shape[0]:]
+    return merged[m - top.shape[0]]
+
+
 @_parallel_jit
-def _push_integer_slab(parts, ready, source, base, d0, heap_s, heap_i, slack, pool_s, pool_i, start, room, counts,
+def _push_integer_slab(parts, ready, source, base, d0, top, bars, slack, pool, start, room, counts, entered,
                        overflow, resume):
     # each query pushes the slab's documents from resume[q] on; resume[q] becomes -1 when done, or the document
-    # its full buffer stopped at
-    n_queries, n_parts, width = heap_s.shape[0], parts.shape[0] // 2, ready.shape[1]
-    zero = np.zeros(width, dtype=np.int32)
+    # its full buffer stopped at; its candidates enter its top-k when the buffer is compacted and after each slab
+    n_queries, n_parts, width = top.shape[0], parts.shape[0] // 2, ready.shape[1]
     for q in _prange(n_queries):
-        row = source[q]  # of the int8 product's ``base * high + low`` rows, then of the ready scores
-        if row < n_parts:
-            high, low, times = parts[row], parts[n_parts + row], base
-        else:
-            high, low, times = ready[row - n_parts], zero, 1
-        bar, c, first, capacity = heap_s[q, 0], counts[q], start[q], room[q]
-        floor = bar - slack[q]
         stop = -1
-        for t in range(resume[q], width):
-            s = times * np.int64(high[t]) + low[t]
-            if s < floor:
-                continue
-            if not overflow[q]:
-                if c == capacity:  # drop what the k-th best has left behind, in order
+        if not overflow[q]:
+            row = source[q]  # of the int8 product's ``base * high + low`` rows, then of the ready scores
+            is_ready = row >= n_parts
+            if is_ready:
+                high, low = ready[row - n_parts], ready[row - n_parts]
+            else:
+                high, low = parts[row], parts[n_parts + row]
+            first, capacity, c, margin, bar = start[q], room[q], counts[q], slack[q], bars[q]
+            floor = (bar >> 32) - margin
+            found = np.empty(width, dtype=np.int32)
+            for f in range(_reaching(high, low, base, is_ready, resume[q], floor, found)):
+                t = found[f]
+                s = np.int64(high[t]) if is_ready else base * np.int64(high[t]) + low[t]
+                if s < floor:
+                    continue
+                if c == capacity:  # the k-th best rises, then drop what it has left behind, in order
+                    bar = _enter(top[q], pool, first + entered[q], first + c, bar)
+                    floor = (bar >> 32) - margin
                     kept = 0
                     for j in range(first, first + c):
-                        if pool_s[j] >= floor:
-                            pool_s[first + kept] = pool_s[j]
-                            pool_i[first + kept] = pool_i[j]
+                        if pool[j] >> 32 >= floor:
+                            pool[first + kept] = pool[j]
                             kept += 1
                     c = kept
-                if c == capacity:
-                    stop = t
-                    break
-                pool_s[first + c] = s
-                pool_i[first + c] = d0 + t
+                    entered[q] = kept
+                    if c == capacity:
+                        stop = t
+                        break
+                    if s < floor:
+                        continue
+                pool[first + c] = (s << 32) + (ID_MAX - (d0 + t))
                 c += 1
-            if s > bar:  # docids grow: a document tying with the root loses (ties go to the lower docid)
-                _replace_root(heap_s[q], heap_i[q], s, d0 + t)
-                bar = heap_s[q, 0]
-                floor = bar - slack[q]
-        counts[q] = c
+            if stop < 0:
+                bar = _enter(top[q], pool, first + entered[q], first + c, bar)
+                entered[q] = c
+            counts[q] = c
+            bars[q] = bar
         resume[q] = stop
 
 

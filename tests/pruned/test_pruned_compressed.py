@@ -158,7 +158,8 @@ def test_integer_slabs_are_exact(monkeypatch, product):
 def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch, limit, overflowed):
     # against brute force: the k best integer scores (ties to the lower docid) and every document within slack of
     # the k-th best, from slabs of 700 documents and buffers of 64 compacted as the k-th best rises and doubled when
-    # still full; a query scoring 0 everywhere keeps every document (5,000), more than a pool of 1,024 holds
+    # still full; a query scoring 0 everywhere keeps every document (5,000), more than a pool of 1,024 holds: it
+    # overflows and stops, with no results (it runs on its own)
     from pyterrier_rdime.pruned import _numba
     monkeypatch.setattr(compressed, 'INT8_PRODUCT', 'float64')
     monkeypatch.setattr(compressed, 'SLAB_DOCS', 700)
@@ -176,12 +177,40 @@ def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch, lim
     totals = weights @ codes.astype(np.int64)
     assert np.flatnonzero(overflow).tolist() == overflowed
     for q in range(len(weights)):
+        if overflow[q]:
+            assert len(best[q]) == len(candidates[q][0]) == 0
+            continue
         order = np.lexsort((np.arange(5000), -totals[q]))
         assert sorted(best[q].tolist()) == sorted(order[:k].tolist())
         expected = np.flatnonzero(totals[q] >= totals[q, order[k - 1]] - slack[q])
-        if not overflow[q]:
-            ids, scores = candidates[q]
-            assert ids.tolist() == expected.tolist() and scores.tolist() == totals[q, expected].tolist()
+        ids, scores = candidates[q]
+        assert ids.tolist() == expected.tolist() and scores.tolist() == totals[q, expected].tolist()
+
+
+@NEEDS_NUMBA
+def test_integer_candidates_rank_the_extreme_int32_scores_with_ties_to_the_lower_docid():
+    # one int64 key per document (score, then docid): the largest and smallest int32 scores, ties across slabs, in
+    # product rows (base * high + low) and ready rows alike; k = 3, slack 0 and 1
+    from pyterrier_rdime.pruned import _numba
+    top, bottom = 2 ** 31 - 1, -2 ** 31 + 1
+    scores = np.array([[bottom, top, 5, top, bottom, 5, 5, 4, top - 1, 0],
+                       [bottom] * 10,
+                       [7, 7, 6, 7, 7, 6, 6, 7, 5, 7]], dtype=np.int64)
+    base = 128
+    low = (scores + base // 2) % base - base // 2
+    high = (scores - low) // base
+    slabs = [(d0, np.concatenate([high[:2, d0:d0 + 4], low[:2, d0:d0 + 4]]).astype(np.int32),
+              scores[2:, d0:d0 + 4].astype(np.int32)) for d0 in range(0, 10, 4)]
+    for slack in (0, 1):
+        best, candidates, overflow = _numba.integer_candidates(iter(slabs), base, np.arange(3), 3,
+                                                               np.full(3, slack))
+        assert not overflow.any()
+        for q in range(3):
+            order = np.lexsort((np.arange(10), -scores[q]))
+            assert sorted(best[q].tolist()) == sorted(order[:3].tolist())
+            near = np.flatnonzero(scores[q] >= scores[q, order[2]] - slack)
+            assert candidates[q][0].tolist() == near.tolist()
+            assert candidates[q][1].tolist() == scores[q, near].tolist()
 
 
 @pytest.mark.parametrize('copies, alone', [(500, 3), (30, 0)])
