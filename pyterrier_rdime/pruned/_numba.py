@@ -134,8 +134,10 @@ def exact_scores(rows: np.ndarray, dims: np.ndarray, values: np.ndarray, starts:
     flat = np.concatenate(docids).astype(np.int64)
     out = np.empty(len(flat))
     kernel = _runnable(_exact_scores)[0]
+    by_document = np.argsort(flat)  # a document's row read once for every query that scores it, in file order
     with _running():
-        kernel(rows, dims, values.astype(np.float64), starts, flat, np.repeat(np.arange(len(docids)), sizes), out)
+        kernel(rows, dims, values.astype(np.float64), starts, flat, np.repeat(np.arange(len(docids)), sizes),
+               by_document, out)
     return np.split(out, np.cumsum(sizes)[:-1])
 
 
@@ -356,8 +358,9 @@ def _push_integer_slab(parts, ready, source, base, d0, top, bars, slack, pool, s
 
 # no fastmath: each product rounded, then summed in order (as numpy sums them), never fused into one multiply-add
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _exact_scores(rows, dims, values, starts, docids, owner, out):
-    for i in _prange(len(docids)):
+def _exact_scores(rows, dims, values, starts, docids, owner, order, out):
+    for o in _prange(len(docids)):
+        i = order[o]
         q, d, s = owner[i], docids[i], 0.0
         for j in range(starts[q], starts[q + 1]):
             s += np.float64(rows[d, dims[j]]) * values[j]
