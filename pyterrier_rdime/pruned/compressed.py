@@ -244,7 +244,7 @@ def integer_slabs(codes: np.ndarray, weights: np.ndarray,
 def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, nested=None):
     """``(best, candidates, overflow)`` per query by the compiled kernel (``nested``: see :func:`integer_slabs`): its
     ``k`` best docids, ``(docids, integer scores)`` within ``slack[q]`` of the k-th best, and whether those overflowed
-    the kernel's buffers."""
+    the kernel's buffers (then both are empty)."""
     from . import _numba
     rows = nested[0] if nested is not None else np.empty(0, dtype=np.int64)
     source = np.argsort(np.concatenate([np.delete(np.arange(len(weights)), rows), rows]))  # its row in a slab's scores
