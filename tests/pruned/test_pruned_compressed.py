@@ -213,6 +213,17 @@ def test_integer_candidates_rank_the_extreme_int32_scores_with_ties_to_the_lower
             assert candidates[q][1].tolist() == scores[q, near].tolist()
 
 
+@NEEDS_NUMBA
+def test_integer_candidates_with_fewer_documents_than_k_return_them_all():
+    # k = 5 over 3 documents: every document is among the best, and a candidate, none of the empty slots is
+    from pyterrier_rdime.pruned import _numba
+    ready = np.array([[4, -2, 4]], dtype=np.int32)
+    best, candidates, overflow = _numba.integer_candidates(iter([(0, np.empty((0, 3), dtype=np.int32), ready)]), 128,
+                                                           np.array([0]), 5, np.array([0]))
+    assert sorted(best[0].tolist()) == [0, 1, 2] and not overflow[0]
+    assert candidates[0][0].tolist() == [0, 1, 2] and candidates[0][1].tolist() == [4, -2, 4]
+
+
 @pytest.mark.parametrize('copies, alone', [(500, 3), (30, 0)])
 def test_full_candidate_buffers_grow_and_queries_beyond_the_limit_run_on_their_own(monkeypatch, copies, alone):
     # every score tied: buffers of 8 double in the one pass; a pool of 512 holds the 3 x 2 x 30 copies (3 x (8 + 16 +
