@@ -150,8 +150,9 @@ class Phases:
 
 
 class Recorder:
-    """Every retrieval of the run: each :meth:`PrunedRetriever.search` call's path, time and query vectors, and a
-    sample of its queries' results for the checks; and the runner's own phases with their peak memory."""
+    """Every retrieval of the run: the path, time and query vectors of each :meth:`PrunedRetriever.search` call (of
+    each share, where a share of the call explores a path), and a sample of its queries' results for the checks; and
+    the runner's own phases with their peak memory."""
 
     def __init__(self, memory: Memory):
         self.memory = memory
@@ -164,14 +165,13 @@ class Recorder:
     def installed(self):
         from pyterrier_rdime.experiment import runner
         from pyterrier_rdime.pruned.stage import PrunedRetriever
-        search, lap = PrunedRetriever.search, runner.Stopwatch.lap
+        search, lap = PrunedRetriever._search, runner.Stopwatch.lap
         recorder = self
 
-        def recorded_search(retriever, query_vecs, plan=None):
-            path = (plan or retriever.plan(query_vecs)).path  # the path the call takes (strategy='auto': measured)
+        def recorded_search(retriever, query_vecs, plan, choice):  # a call, or its share on one path (planner.parts)
             start = time.perf_counter()
-            scores, docids = search(retriever, query_vecs, plan)
-            recorder.calls.append({'path': path, 'queries': len(query_vecs),
+            scores, docids = search(retriever, query_vecs, plan, choice)
+            recorder.calls.append({'path': plan.path, 'queries': len(query_vecs),
                                    'seconds': time.perf_counter() - start, 'query_vecs': np.array(query_vecs)})
             sampled = min(len(query_vecs), max(2, int(np.ceil(CHECKED_SHARE * len(query_vecs)))))
             for q in recorder._rng.choice(len(query_vecs), sampled, replace=False):
@@ -184,11 +184,11 @@ class Recorder:
             row = recorder.runner_phases.setdefault(phase, {'anon': 0.0, 'rss': 0.0})
             row.update({key: max(row[key], value) for key, value in peaks.items()})
 
-        PrunedRetriever.search, runner.Stopwatch.lap = recorded_search, recorded_lap
+        PrunedRetriever._search, runner.Stopwatch.lap = recorded_search, recorded_lap
         try:
             yield self
         finally:
-            PrunedRetriever.search, runner.Stopwatch.lap = search, lap
+            PrunedRetriever._search, runner.Stopwatch.lap = search, lap
 
     def paths(self) -> List[dict]:
         """Calls, queries and seconds per path taken."""

@@ -276,7 +276,7 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
                                                                   retrieved[retrieved['rank'] < k])))
     grid.put(records.frames(list(searches), lambda missing: (
         (key, frame[['qid', 'docno', 'score']] if key[0] == 'sweep' else frame) for key, frame in search_together(
-            retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES))))
+            retriever, {key: searches[key] for key in missing}, run, BATCH_QUERIES, records))))
     return _finished(grid, expanded, options, qrels, judged, queries, notes, 'dense ranking',
                      f'{options.num_results}-deep dense ranking')
 
@@ -302,44 +302,64 @@ def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.Da
 
 def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[[], pd.DataFrame]],
                     run: Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame] = run_stage,
-                    batch_queries: int = BATCH_QUERIES) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
-    """Yields ``(key, retriever(queries[key]()))`` for each key, in order, stacking consecutive systems' frames up to
-    ``batch_queries`` rows into one call of ``run(retriever, frame)`` (default ``retriever(frame)``).
+                    batch_queries: int = BATCH_QUERIES, records: Optional['SystemRecords'] = None
+                    ) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
+    """Yields ``(key, retriever(queries[key]()))`` for each key, in order, from calls of ``run(retriever, frame)``
+    (default ``retriever(frame)``) that each hold every system's rows of as many queries (qids) as fit in
+    ``batch_queries`` rows (at least one query): the kept sets of one query that extend one another (a DIME's Top-k
+    sweep and RDIME, the random selections of one seed) share a call, where the one pass scores them as prefix sums.
+    Every frame is built first; with ``records``, each call's result is recorded as it ends and read back by a later
+    run of the same systems.
 
     Each row is searched under a qid of its own, then each system's result is rebuilt as the retriever builds one.
     A retriever that scores each query on its own gives the frames of one call per system bit for bit; a BLAS matrix
     product may differ in the last bits (~1e-6 relative), as with ``--workers``."""
-    chunk: List[Tuple[Hashable, pd.DataFrame]] = []
-    for key, build in queries.items():
-        frame = build().reset_index(drop=True)
-        if chunk and sum(len(f) for _, f in chunk) + len(frame) > batch_queries:
-            yield from _search(retriever, run, chunk)
-            chunk = []
-        chunk.append((key, frame))
-    if chunk:
-        yield from _search(retriever, run, chunk)
+    keys = list(queries)
+    frames = [queries[key]().reset_index(drop=True) for key in keys]
+    owner = np.repeat(np.arange(len(keys)), [len(frame) for frame in frames])  # each stacked row's system and row
+    row = np.concatenate([np.arange(len(frame)) for frame in frames]) if keys else np.empty(0, dtype=np.int64)
+    qids = np.concatenate([frame['qid'].astype(str).to_numpy() for frame in frames]) if keys else row
+    vectors = np.concatenate([frame['query_vec'].to_numpy(dtype=object) for frame in frames]) if keys else row
+    codes = pd.factorize(qids)[0]  # qids in order of appearance
+    per_qid = np.split(np.argsort(codes, kind='stable'), np.cumsum(np.bincount(codes))[:-1]) if len(codes) else []
+    calls, call = [], []
+    for rows in per_qid:
+        if call and sum(map(len, call)) + len(rows) > batch_queries:
+            calls.append(np.concatenate(call))
+            call = []
+        call.append(rows)
+    calls += [np.concatenate(call)] if call else []
+    results, columns = [], []  # per call: its result rows and the stacked row of each; the retriever's columns
 
-
-def _search(retriever: pt.Transformer, run: Callable, chunk: List[Tuple[Hashable, pd.DataFrame]]
-            ) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
-    if len(chunk) == 1:
-        key, frame = chunk[0]
-        yield key, run(retriever, frame)
+    def search(stacked: np.ndarray) -> pd.DataFrame:
+        result = run(retriever, pd.DataFrame({'qid': np.arange(len(stacked)).astype(str),
+                                              'query_vec': vectors[stacked]}))
+        columns[:] = result.columns
+        return result
+    for i, stacked in enumerate(calls):
+        if records is None:
+            result = search(stacked)
+        else:  # recorded without its vectors, under the systems searched and the call's qids
+            digest = hashlib.sha256(repr((keys, sorted(set(qids[stacked])))).encode()).hexdigest()[:16]
+            result = records.frame(('call', f'{i + 1}-of-{len(calls)}-{digest}'), lambda: search(stacked))
+        batch_row = result['qid'].astype(np.int64).to_numpy()
+        order = np.argsort(batch_row, kind='stable')  # the batch's row order: a no-op for a retriever that keeps it
+        results.append((result.iloc[order].reset_index(drop=True), stacked[batch_row[order]]))
+    if not results:
         return
-    offsets = np.cumsum([0] + [len(frame) for _, frame in chunk])
-    vectors = np.concatenate([frame['query_vec'].to_numpy(dtype=object) for _, frame in chunk])
-    batch = pd.DataFrame({'qid': np.arange(offsets[-1]).astype(str), 'query_vec': vectors})
-    result = run(retriever, batch)
-    batch_row = result['qid'].astype(np.int64).to_numpy()
-    order = np.argsort(batch_row, kind='stable')  # the batch's row order: a no-op for a retriever that keeps it
-    result, batch_row = result.iloc[order].reset_index(drop=True), batch_row[order]
-    bounds = np.searchsorted(batch_row, offsets)
-    added = [c for c in result.columns if c not in ('qid', 'query_vec')]
-    for i, (key, frame) in enumerate(chunk):
-        part = result.iloc[bounds[i]:bounds[i + 1]].reset_index(drop=True)
-        out = frame.iloc[batch_row[bounds[i]:bounds[i + 1]] - offsets[i]].reset_index(drop=True)
-        if 'query_vec' not in result.columns:  # a retriever that drops it (drop_query_vec=True)
+    if not len(columns):  # every call read back: the retriever's columns from an empty call
+        search(np.empty(0, dtype=np.int64))
+    result = pd.concat([r for r, _ in results], ignore_index=True)
+    stacked = np.concatenate([s for _, s in results])
+    added = [c for c in columns if c not in ('qid', 'query_vec')]
+    by_system = np.lexsort((row[stacked], owner[stacked]))  # each system's rows in its frame's order, stable
+    bounds = np.searchsorted(owner[stacked][by_system], np.arange(len(keys) + 1))
+    for i, (key, frame) in enumerate(zip(keys, frames)):
+        take = by_system[bounds[i]:bounds[i + 1]]
+        out = frame.iloc[row[stacked[take]]].reset_index(drop=True)
+        if 'query_vec' not in columns:  # a retriever that drops it (drop_query_vec=True)
             out = out.drop(columns='query_vec')
+        part = result.iloc[take].reset_index(drop=True)
         yield key, out.assign(**{column: part[column] for column in added})
 
 

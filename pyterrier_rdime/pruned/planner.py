@@ -11,7 +11,7 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -34,6 +34,10 @@ RECENT = 3
 #: A path's first call in a process is timed again when it took less than this (loading its kernel and touching its
 #: data weigh on it); a longer one is kept, so that a slow path is not run twice for minutes to learn it is slow.
 COLD_SECONDS = 10.0
+#: A path that scores query after query (its cost is per query) is explored or re-checked on the first ``1 /
+#: EXPLORE_SHARE`` of a larger call's queries (at least ``EXPLORE_QUERIES``): the rest of the call is chosen again.
+EXPLORE_SHARE = 8
+EXPLORE_QUERIES = 8
 
 _log = logging.getLogger(__name__)
 
@@ -56,11 +60,13 @@ class Plan:
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """The path of one call as :func:`choose` took it, its estimated cost, bucket and reason: ``'forced'``,
-    ``'model'`` (alone), ``'only'`` (candidate), ``'explore'``, ``'recheck'`` or ``'measured'`` (the fastest timed)."""
+    ``'model'`` (alone), ``'only'`` (candidate), ``'explore'``, ``'recheck'`` or ``'measured'`` (the fastest timed);
+    ``queries``: how many of the call's first queries it scores, where not all (:func:`parts`)."""
     path: str
     estimate: float
     bucket: str
     reason: str
+    queries: Optional[int] = None
 
     @property
     def plan(self) -> Plan:
@@ -259,12 +265,14 @@ def candidates(costs: Dict[str, float]) -> List[str]:
 
 def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: bool,
            model: Callable[[], CostModel], k: int, float32_ready: bool = True,
-           timings: Optional[MeasuredChoice] = None) -> Choice:
+           timings: Optional[MeasuredChoice] = None, call_bucket: Optional[str] = None) -> Choice:
     """How a call scores these pruned query vectors (n, dims), ``k`` results each: ``'dense'`` as it is;
     ``'pruned'`` / ``'compressed'`` in one pass or query after query, as ``model()`` finds cheaper; ``'auto'`` dense
     without compiled kernels, queries or a matrix of ``MIN_PRUNED_BYTES``, else the measured choice with ``timings``,
-    the least estimate without (never the float32 pruned paths without ``float32_ready``: it builds no copy).
-    ``model`` is called only when the choice depends on it; nothing is recorded here."""
+    the least estimate without (never the float32 pruned paths without ``float32_ready``: it builds no copy); a
+    per-query path explored or re-checked on a larger call takes its first share only (``queries``, with the share's
+    estimate; the rest is chosen in the ``call_bucket`` of the whole call). ``model`` is called only when the choice
+    depends on it; nothing is recorded here."""
     if strategy in ('dense', 'pruned', 'compressed'):
         one_pass = {'pruned': 'one pass', 'compressed': 'compressed one pass'}.get(strategy)
         if one_pass is None or not compiled or len(query_vecs) < 2:
@@ -283,7 +291,28 @@ def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled
     if timings is None:
         path = min(costs, key=costs.get)
         return Choice(path, costs[path], '', 'model')
-    return measured_choice(costs, bucket(query_vecs, k), timings)
+    choice = measured_choice(costs, call_bucket or bucket(query_vecs, k), timings)
+    share = max(EXPLORE_QUERIES, -(-len(query_vecs) // EXPLORE_SHARE))
+    if choice.reason in ('explore', 'recheck') and choice.path in ('pruned', 'compressed') and share < len(query_vecs):
+        estimate = model().path_costs(query_vecs[:share], k=k, matrix_bytes=matrix_bytes, one_pass=False)[choice.path]
+        return dataclasses.replace(choice, estimate=estimate, queries=share)
+    return choice
+
+
+def parts(query_vecs: np.ndarray, choose_for: Callable[[np.ndarray, Optional[str]], Choice]
+          ) -> Iterator[Tuple[Choice, np.ndarray]]:
+    """``(choice, queries)``: the call's queries in order, as ``choose_for(the queries left, the call's bucket)``
+    takes them: all at once, or a first share to explore a per-query path on, then the rest chosen again (in the
+    bucket of the whole call) once that share is scored."""
+    call_bucket = None
+    while True:
+        choice = choose_for(query_vecs, call_bucket)
+        call_bucket = choice.bucket
+        part, query_vecs = (query_vecs, query_vecs[:0]) if choice.queries is None else np.split(query_vecs,
+                                                                                                [choice.queries])
+        yield choice, part
+        if not len(query_vecs):
+            return
 
 
 def measured_choice(costs: Dict[str, float], name: str, timings: MeasuredChoice) -> Choice:

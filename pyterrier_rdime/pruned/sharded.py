@@ -226,7 +226,12 @@ class ShardedPrunedRetriever(ExactRetriever):
     def _rank(self, inp: pd.DataFrame) -> tuple:
         ray, actors = self._start()
         query_vecs = PrunedRetriever.stack_queries(inp, actors.dims, actors.abs_max, type(self).__name__)
-        choice = self.choice(query_vecs)
+        # a first share of the call may explore a path, the rest chosen again (planner.parts)
+        found = [self._rank_part(ray, actors, part, choice) for choice, part in planner.parts(query_vecs, self.choice)]
+        scores, docids, docnos = ([x for part in found for x in part[j]] for j in range(3))
+        return scores, docids, lambda _: np.concatenate(docnos).astype(object)
+
+    def _rank_part(self, ray, actors: _Actors, query_vecs: np.ndarray, choice: Choice) -> Tuple[list, list, list]:
         replies = self._measured.timed(choice, functools.partial(self._search, ray, actors, query_vecs, choice.plan))
         per_shard = []
         for position, (shard, docs, offset, (node, now, counts, scores, docids, docnos)) in enumerate(zip(
@@ -237,10 +242,9 @@ class ShardedPrunedRetriever(ExactRetriever):
                                    'when it started (its actor restarted on a changed index): the global docids no '
                                    'longer hold; build a new retriever')
             per_shard.append((np.concatenate([[0], np.cumsum(counts)]), scores, docids + offset, docnos))
-        scores, docids, docnos = merge_shards(per_shard, len(query_vecs), self.num_results)
-        return scores, docids, lambda _: np.concatenate(docnos).astype(object)
+        return merge_shards(per_shard, len(query_vecs), self.num_results)
 
-    def choice(self, query_vecs: np.ndarray) -> Choice:
+    def choice(self, query_vecs: np.ndarray, call_bucket: Optional[str] = None) -> Choice:
         """How every shard scores these pruned query vectors, and why: :func:`.planner.choose` for the whole
         collection, with the first shard's node's cost model."""
         ray, actors = self._start()
@@ -253,7 +257,7 @@ class ShardedPrunedRetriever(ExactRetriever):
             return actors.model
         return planner.choose(query_vecs, strategy=self.strategy, matrix_bytes=total * actors.dims * 4,
                               compiled=actors.compiled, model=model, k=min(self.num_results, total),
-                              float32_ready=actors.float32_ready, timings=self._measured)
+                              float32_ready=actors.float32_ready, timings=self._measured, call_bucket=call_bucket)
 
     def _search(self, ray, actors: _Actors, query_vecs: np.ndarray, plan: Plan) -> list:
         """Every shard's reply to the search of these queries on ``plan``'s path."""

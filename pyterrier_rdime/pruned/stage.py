@@ -134,12 +134,12 @@ class PrunedRetriever(ExactRetriever):
         """``(dims, docs)`` of the index, without opening or building any copy."""
         return self._layout.shape
 
-    def choice(self, query_vecs: np.ndarray) -> Choice:
+    def choice(self, query_vecs: np.ndarray, call_bucket: Optional[str] = None) -> Choice:
         """How this retriever scores these pruned query vectors (n, dims), and why: :func:`.planner.choose`."""
         dims, docs = self.shape
         return planner.choose(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
                               compiled=kept.NUMBA_AVAILABLE, model=lambda: calibration.model(verbose=self.verbose),
-                              k=min(self.num_results, docs), timings=self._measured,
+                              k=min(self.num_results, docs), timings=self._measured, call_bucket=call_bucket,
                               float32_ready=self.strategy != 'auto' or self._layout.has_matrix())
 
     def plan(self, query_vecs: np.ndarray) -> Plan:
@@ -149,8 +149,12 @@ class PrunedRetriever(ExactRetriever):
     def search(self, query_vecs: np.ndarray, plan: Optional[Plan] = None) -> Result:
         """The top ``num_results`` ``(scores, docids)`` of each checked query vector, scored as ``plan`` says
         (default: :meth:`plan`, timed under ``'auto'``)."""
-        choice = self.choice(query_vecs) if plan is None else None
-        plan = choice.plan if choice is not None else plan
+        if plan is None:  # a first share of the call may explore a path, the rest chosen again (planner.parts)
+            found = [self._search(part, choice.plan, choice) for choice, part in planner.parts(query_vecs, self.choice)]
+            return [s for scores, _ in found for s in scores], [d for _, docids in found for d in docids]
+        return self._search(query_vecs, plan, None)
+
+    def _search(self, query_vecs: np.ndarray, plan: Plan, choice: Optional[Choice]) -> Result:
         start = time.perf_counter()
         score = self._scorer(plan, query_vecs)
         result = score() if choice is None else self._measured.timed(choice, score)

@@ -68,8 +68,9 @@ def test_searched_together_equals_one_call_per_system(backend, batch_queries, do
         pd.testing.assert_frame_equal(frame.drop(columns='score'), alone[name].drop(columns='score'),
                                       check_exact=True, obj=name)
         np.testing.assert_allclose(frame['score'], alone[name]['score'], rtol=1e-6, err_msg=name)
-    # 4 systems of 5 queries: 2 per call under a limit of 10 rows, all in one call under 1000
-    assert counting.calls == ([10, 10] if batch_queries == 10 else [20])
+    # 4 systems of 5 queries: every system's rows of 2 queries per call under a limit of 10 rows, all in one call
+    # under 1000
+    assert counting.calls == ([8, 8, 4] if batch_queries == 10 else [20])
 
 
 def test_on_a_blas_path_systems_of_two_queries_agree_to_float32_rounding():
@@ -86,14 +87,34 @@ def test_on_a_blas_path_systems_of_two_queries_agree_to_float32_rounding():
         pd.testing.assert_frame_equal(frame, retriever(systems[fraction]()), rtol=1e-5, obj=f'k={fraction}')
 
 
-def test_a_system_larger_than_the_limit_goes_alone_and_frames_are_built_on_demand(docs):
-    built = []
-    queries = {name: (lambda name=name, build=build: built.append(name) or build())
-               for name, build in _systems(docs).items()}
-    searched = search_together(CountingRetriever(PrunedRetriever(index=docs, num_results=3)), queries,
-                               batch_queries=4)
-    assert next(searched)[0] == 'full' and built == ['full', 'k=0.25']  # the next system decided the call
-    assert [name for name, _ in searched] == ['k=0.25', 'k=0.5', 'random']
+def test_a_call_holds_whole_queries_and_a_query_larger_than_the_limit_goes_alone(docs):
+    queries = _systems(docs)
+    full = np.stack(queries['full']()['query_vec'])
+    seen = []
+
+    class Seeing(pt.Transformer):  # notes the queries of each call: those whose full vector each row's values are
+        def transform(self, inp):
+            seen.append([sorted(i for i in range(len(full)) if np.array_equal(v[v != 0], full[i][v != 0]))
+                         for v in inp['query_vec']])
+            return PrunedRetriever(index=docs, num_results=3)(inp)
+    assert [key for key, _ in search_together(Seeing(), queries, batch_queries=3)] == list(queries)
+    assert seen == [[[i]] * 4 for i in range(5)]  # 4 rows per query, over the limit: one call per query
+    seen.clear()
+    list(search_together(Seeing(), queries, batch_queries=12))
+    assert seen == [[[0]] * 4 + [[1]] * 4 + [[2]] * 4, [[3]] * 4 + [[4]] * 4]  # 12 rows, then 8
+
+
+def test_recorded_calls_are_read_back_by_a_later_run(docs, tmp_path):
+    queries = _systems(docs)
+    first = CountingRetriever(PrunedRetriever(index=docs, num_results=3))
+    records = systems.SystemRecords(tmp_path, 'cell')
+    done = dict(search_together(first, queries, batch_queries=10, records=records))
+    assert first.calls == [8, 8, 4]
+    later = CountingRetriever(PrunedRetriever(index=docs, num_results=3))
+    again = dict(search_together(later, queries, batch_queries=10, records=systems.SystemRecords(tmp_path, 'cell')))
+    assert later.calls == [0]  # every call read back: only an empty call, for the retriever's columns
+    for key, frame in done.items():
+        pd.testing.assert_frame_equal(again[key], frame, check_exact=True, obj=key)
 
 
 def test_a_retrieve_cell_has_the_frames_of_one_call_per_system(tmp_path, monkeypatch):
@@ -111,9 +132,8 @@ def test_a_retrieve_cell_has_the_frames_of_one_call_per_system(tmp_path, monkeyp
     settings = dict(mode='retrieve', dimes=['prf'], ks=[0.5], num_results=5, control_seeds=2, retriever='pruned',
                     cache_dir=tmp_path / 'cache', verbose=False)
     together = runner.run_experiment(str(mini), **settings)
-    real_search = systems.search_together
-    monkeypatch.setattr(systems, 'search_together',
-                        lambda retriever, queries, run, limit: real_search(retriever, queries, run, 1))
+    monkeypatch.setattr(systems, 'search_together', lambda retriever, queries, run, limit, records: (
+        (key, run(retriever, build())) for key, build in queries.items()))  # one call per system
     alone = runner.run_experiment(str(mini), **settings)
     batched, single = grids
     for kind in ('frames', 'seeded', 'sweep'):

@@ -29,7 +29,7 @@ class FakeClock:
     """Each scored call advances the clock by the seconds per query its path takes (the test's ``speeds``)."""
 
     def __init__(self, speeds):
-        self.speeds, self.now, self.paths = speeds, 0.0, []
+        self.speeds, self.now, self.paths, self.sizes = speeds, 0.0, [], []
 
     def __call__(self):
         return self.now
@@ -53,6 +53,7 @@ def driven(tmp_path, monkeypatch):
 
             def run():
                 clock.paths.append(plan.path)
+                clock.sizes.append(len(query_vecs))
                 clock.now += speeds[plan.path] * len(query_vecs)
                 return score()
             return run
@@ -140,6 +141,33 @@ def test_auto_switches_to_a_path_faster_than_the_model_says(driven):
     assert retriever.plan(query).path == 'pruned' and retriever.plan(query).strategy == 'pruned'
     # a % k variant shares the timings: its k is another bucket, explored on its own
     assert (retriever % 5).compile()._measured is retriever._measured
+
+
+@COMPILED
+def test_a_larger_call_explores_a_per_query_path_on_its_first_share(driven):
+    docs, query_vecs = make_corpus()
+    batch = np.concatenate([query_vecs] * 11)[:64]  # 64 rows (a share of 8), every kind of query in it
+    retriever = PrunedRetriever(index=docs, num_results=10, verbose=False)
+    # the model: compressed cheapest, its one pass within the margin; the clock: the one pass is 10x faster
+    speeds = {'compressed': 1.0, 'compressed one pass': 0.1}
+    clock = driven(retriever, speeds, Estimates(dense=10.0, pruned=10.0, one_pass=10.0, compressed=1.0,
+                                                compressed_one_pass=1.5))
+    scores, docids = retriever.search(batch)
+    for q, query in enumerate(batch):  # every row scored once, in order, as the dense reference ranks it
+        ref_scores, ref_ids = full_topk(docs, query, 10)
+        assert docids[q].tolist() == ref_ids.tolist()
+        np.testing.assert_allclose(scores[q], ref_scores, rtol=1e-5, atol=1e-5)
+    # compressed on 8 rows (cold: explored again), on 8 more (timed: 1 s per unit), then the one pass on the other 48
+    assert list(zip(clock.paths, clock.sizes)) == [('compressed', 8), ('compressed', 8), ('compressed one pass', 48)]
+    factors = retriever._measured.bucket_timings(planner.bucket(batch, 10))[0]
+    assert factors == pytest.approx({'compressed': 1.0})  # per unit of the share's own estimate
+    retriever.search(batch)  # the one pass now cold no more: explored on the whole call (it cannot be shared out)
+    retriever.search(batch)
+    assert list(zip(clock.paths, clock.sizes))[3:] == [('compressed one pass', 64)] * 2
+    assert retriever._measured.bucket_timings(planner.bucket(batch, 10))[0] == pytest.approx(
+        {'compressed': 1.0, 'compressed one pass': 0.1 / 1.5})
+    # a call of 8 or fewer rows is explored whole
+    assert planner.EXPLORE_QUERIES == 8 and retriever.choice(batch[:8]).queries is None
 
 
 @COMPILED
