@@ -84,8 +84,7 @@ def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFra
     names = {measure: str(measure) for measure in measures}
     frames = []
     for (dime, fraction), run in runs.items():
-        run = run.rename(columns={'qid': 'query_id', 'docno': 'doc_id'})
-        rows = [(m.query_id, names[m.measure], m.value) for m in evaluator.iter_calc(run)]
+        rows = [(m.query_id, names[m.measure], m.value) for m in evaluator.iter_calc(run_dict(run))]
         frame = pd.DataFrame(rows, columns=['qid', 'measure', 'value'])
         frames.append(frame.assign(dime=dime, fraction=fraction, system=f'{dime}/k={fraction}'))
     swept = pd.concat(frames, ignore_index=True)[SWEEP_COLUMNS] if frames else pd.DataFrame(columns=SWEEP_COLUMNS)
@@ -95,6 +94,17 @@ def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFra
     mean = swept[seeded].groupby(['fraction', 'qid', 'measure'], sort=False)['value'].mean().reset_index()
     mean = mean.assign(dime='random', system='random/k=' + mean['fraction'].astype(str))
     return pd.concat([swept[~seeded], mean[swept.columns]], ignore_index=True)
+
+
+def run_dict(run: pd.DataFrame) -> Dict[str, Dict[str, float]]:
+    """``qid -> docno -> score`` of a ``qid, docno, score`` frame, in its row order, as ir_measures reads a frame (a
+    repeated docno keeps its last score), built query by query rather than row by row."""
+    qids = run['qid'].to_numpy(dtype=object)
+    order = np.argsort(pd.factorize(qids)[0], kind='stable')  # each query's rows together, in their order
+    qids, scores = qids[order], run['score'].to_numpy(dtype=float)[order].tolist()
+    docnos = run['docno'].to_numpy(dtype=object)[order].tolist()
+    bounds = np.flatnonzero(np.r_[True, qids[1:] != qids[:-1], True]) if len(qids) else []
+    return {qids[a]: dict(zip(docnos[a:b], scores[a:b])) for a, b in zip(bounds[:-1], bounds[1:])}
 
 
 def fold_of(qids: Sequence[str], folds: int = CV_FOLDS, seed: int = CV_SEED) -> pd.Series:

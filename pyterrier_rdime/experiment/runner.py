@@ -302,8 +302,10 @@ def check_rel(rel: Optional[int], qrels: pd.DataFrame) -> None:
 
 def evaluate(frames: Dict[str, pd.DataFrame], topics: pd.DataFrame, qrels: pd.DataFrame,
              measures: list) -> pd.DataFrame:
-    """``system, qid, measure, value``: one per-query ``pt.Experiment`` over the systems' result frames."""
-    return pt.Experiment(list(frames.values()), topics, qrels, measures, names=list(frames), perquery=True,
+    """``system, qid, measure, value``: one per-query ``pt.Experiment`` over the systems' result frames (their
+    ``qid, docno, score`` only, as plain objects: ir_measures reads a frame row by row, every column)."""
+    runs = [frame[['qid', 'docno', 'score']].astype({'qid': object, 'docno': object}) for frame in frames.values()]
+    return pt.Experiment(runs, topics, qrels, measures, names=list(frames), perquery=True,
                          verbose=False).rename(columns={'name': 'system'})
 
 

@@ -183,3 +183,25 @@ def test_importing_the_runner_loads_neither_scipy_nor_statsmodels():
             "print(sorted(m for m in ('scipy', 'statsmodels', 'matplotlib') if m in sys.modules))")
     done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == '[]'
+
+
+def test_sweep_measures_equal_ir_measures_reading_the_frames_themselves():
+    """evaluate_runs hands ir_measures each run as a dict (built query by query): the same per-query values as the
+    frame read row by row, with tied scores (row order decides), a repeated docno (its last score) and a query of the
+    qrels without results (0)."""
+    import ir_measures
+    rng = np.random.default_rng(3)
+    qrels = pd.DataFrame({'qid': np.repeat(['q1', 'q2', 'q3'], 6), 'docno': [f'd{i}' for i in range(18)],
+                          'label': rng.integers(0, 3, 18)})
+    rows = [(q, f'd{d}', float(rng.integers(0, 4))) for q in ('q2', 'q1') for d in rng.permutation(18)[:12]]
+    run = pd.DataFrame(rows + [('q1', rows[12][1], 9.0)], columns=['qid', 'docno', 'score'])
+    run = run.astype({'qid': 'string', 'docno': 'string'})  # the extension dtype a retriever's frame may carry
+    measures = [ir_measures.parse_measure(m) for m in ('nDCG@10', 'AP', 'RR@10', 'R@5')]
+    swept = parity.evaluate_runs({('prf', 0.5): run}, qrels, measures)
+    evaluator = ir_measures.evaluator(measures, qrels.rename(columns={'qid': 'query_id', 'docno': 'doc_id',
+                                                                      'label': 'relevance'}))
+    expected = {(m.query_id, str(m.measure)): m.value
+                for m in evaluator.iter_calc(run.rename(columns={'qid': 'query_id', 'docno': 'doc_id'}))}
+    assert len(expected) == 12 and ('q3', 'AP') in expected
+    assert {(q, m): v for q, m, v in zip(swept['qid'], swept['measure'], swept['value'])} == expected
+    assert parity.run_dict(run)['q1'][rows[12][1]] == 9.0 and list(parity.run_dict(run)) == ['q2', 'q1']

@@ -42,7 +42,7 @@ def mini(tmp_path_factory):
 
 def _counting(monkeypatch, calls, crash_at=None):
     monkeypatch.setattr(runner, 'retriever', lambda *a, **k: CountingRetriever(retriever(*a, **k), calls, crash_at))
-    monkeypatch.setattr(systems, 'BATCH_QUERIES', 4)  # two systems of the 2 judged queries per call: many calls
+    monkeypatch.setattr(systems, 'BATCH_QUERIES', 4)  # one query per call (its systems' rows are more): 3 calls
 
 
 def _cell(out):
@@ -64,10 +64,11 @@ def test_a_killed_cell_resumes_at_its_first_unfinished_system(mini, whole, monke
     assert not (_cell(folder / 'out') / PROGRESS).exists()  # a complete cell keeps no records
     cache = ['--cache', str(folder / 'cache')]
     killed = []
-    _counting(monkeypatch, killed, crash_at=4)
+    _counting(monkeypatch, killed, crash_at=3)  # killed in the second query's call
     assert main([str(mini), *ARGS, *cache, '--out', str(folder / 'resumed')]) == 130
     records = list((_cell(folder / 'resumed') / PROGRESS).rglob('*.pkl'))
-    assert killed and len(records) >= len(killed)  # every finished call's systems were recorded
+    assert whole_calls == [2, 54, 54] and killed == [2, 54]
+    assert len(records) == 2  # the Baseline and the first query's call were recorded
     assert not (_cell(folder / 'resumed') / 'cell.json').exists()
 
     resumed = []
