@@ -1,12 +1,20 @@
 """Bi-encoders for experiments: the bundled MiniLM (offline), the paper's encoders by short name, any
-sentence-transformers path or hub name, and the content key under which an encoder's vectors are cached."""
+sentence-transformers path or hub name, the content key under which an encoder's vectors are cached, and the cache of
+the LLM answers' vectors."""
 import contextlib
 import functools
 import hashlib
+import logging
+import pickle
 from pathlib import Path
-from typing import Tuple
+from typing import Dict, Sequence, Tuple
 
+import numpy as np
+
+from .. import store
 from .._config import check_int, hub_offline
+
+logger = logging.getLogger(__name__)
 
 #: Short names of the paper's encoders: the sentence-transformers names the reference implementations load.
 PAPER_ENCODERS = {
@@ -106,3 +114,47 @@ def load_encoder(name: str = DEFAULT_ENCODER, *, batch_size: int = 32, verbose: 
         raise ValueError(f'--encoder {name!r}: cannot load {resolved} as a sentence-transformers model '
                          f'({type(e).__name__}: {e}); pass a sentence-transformers model folder or hub id, or '
                          "'minilm' (bundled)") from e
+
+
+class AnswerVectors:
+    """The ``encode_docs`` of ``encoder`` that the LLM DIMEs of a run call for the answers' texts, each call's vectors
+    kept (under the SHA-256 of its texts, in order) in the checksummed record ``path`` and read back by a later call
+    with the same texts, of any run or cell: the answers are encoded once, not on every run (43 DL19 answers: ~30 s
+    with mpnet on 2 cores). By call, not by text: a text's vector depends on the others of its batch in the last bits
+    (padding), so a read-back call holds exactly the vectors a new encoding gives. A record that does not read back is
+    encoded again, with a warning. Pickles: trust only a cache folder you wrote."""
+
+    def __init__(self, encoder, path: Path):
+        self.encoder, self.path = encoder, Path(path)
+
+    def __repr__(self) -> str:
+        return f'AnswerVectors({self.encoder!r}, {str(self.path)!r})'
+
+    def encode_docs(self, texts: Sequence[str]) -> np.ndarray:
+        key = hashlib.sha256('\0'.join(texts).encode()).hexdigest() + f'-{len(texts)}'
+        with store.locked(self.path):  # cells in other processes may add their calls meanwhile
+            known = self._read()
+            if key not in known:
+                encoded = np.asarray(self.encoder.encode_docs(list(texts)))
+                if encoded.ndim != 2 or len(encoded) != len(texts):
+                    return encoded  # the LLM DIME reports the encoder's shape; nothing kept
+                known[key] = encoded
+                try:
+                    store.write_record(self.path, 'answer-vectors', pickle.dumps(known, pickle.HIGHEST_PROTOCOL))
+                except OSError as e:  # the vectors still serve this run
+                    logger.warning('cannot keep the LLM answers\' vectors in %s (%s); they are encoded again on the '
+                                   'next run', self.path, e)
+        return known[key]
+
+    def _read(self) -> Dict[str, np.ndarray]:
+        if not self.path.exists():
+            return {}
+        try:
+            known = pickle.loads(store.read_record(self.path, 'answer-vectors'))
+            if not isinstance(known, dict) or not all(isinstance(v, np.ndarray) for v in known.values()):
+                raise TypeError('it holds no answer vectors')
+            return known
+        except Exception as e:  # a damaged record of any kind is encoded again, never the run aborted
+            logger.warning('the LLM answers\' vectors in %s do not read back (%s: %s); encoding them again',
+                           self.path, type(e).__name__, e)
+            return {}

@@ -16,7 +16,7 @@ from .._config import check_bool, check_choice, check_fraction, check_int, defau
 from ..llm import LlmGenerator
 from . import indexes, parity, systems
 from .collection import Collection, load_collection, read_trec_run
-from .encoders import DEFAULT_ENCODER, load_encoder
+from .encoders import DEFAULT_ENCODER, AnswerVectors, load_encoder
 from .indexes import check_docnos_in_index, check_index_matches, existing_index, first_stage_results, retriever
 from .report import SEED_COLUMNS, ExperimentResult, kept_fractions
 from .systems import NEEDS_ANSWERS, Grid, answer_sources, rerank_grid, retrieve_grid, run_stage, thresholds
@@ -343,13 +343,14 @@ def build_systems(collection, topics, model, encoder, external, index_spec, answ
     dense = external if external is not None else indexes.dense_index(collection, model, encoder, cache_dir, needed,
                                                                       batch_size=batch_size, verbose=verbose)
     watch.lap('index')
+    answer_encoder = AnswerVectors(model, Path(cache_dir) / 'answer-vectors' / f'{indexes.encoder_slug(encoder)}.pkl')
     if options.mode == 'rerank':
         return replace(rerank_grid(first, model, dense, answers, stages, collection.qrels, judged, run, options,
-                                   records or systems.SystemRecords()), source=source)
+                                   records or systems.SystemRecords(), answer_encoder), source=source)
     search = retriever(dense, options.retriever, options.num_results, shards=options.shards, cache_dir=cache_dir,
                        verbose=verbose)
     return retrieve_grid(topics, model, dense, search, answers, stages, collection.qrels, judged, run, options,
-                         records or systems.SystemRecords())
+                         records or systems.SystemRecords(), answer_encoder)
 
 
 def _judged_documents(collection: Collection, topics: pd.DataFrame, external) -> List[str]:

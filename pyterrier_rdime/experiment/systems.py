@@ -202,13 +202,15 @@ class SystemRecords:
 
 
 def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSources], stages: Dict[str, pt.Transformer],
-                qrels: pd.DataFrame, judged: Sequence[str], run: Callable, options, records: SystemRecords) -> Grid:
+                qrels: pd.DataFrame, judged: Sequence[str], run: Callable, options, records: SystemRecords,
+                answer_encoder=None) -> Grid:
     """Re-ranking: the first stage's top-``options.depth`` re-scored by the (pruned) query vector. With
     ``feedback='dense'`` (the references' protocol) the feedback documents are the top of the candidates re-scored
     with the full query vector; with ``'first-stage'`` the first stage's own top. The sweep fractions (and the
     random selection) re-score the candidates from the vectors in hand; each RDIME column gets its same-budget
     controls (:func:`dime_stages`). ``options``: the run's (:class:`~.options.Options`). Frames go through
-    ``records``: read back where a run finished them."""
+    ``records``: read back where a run finished them. The LLM DIMEs encode the answers with ``answer_encoder``
+    (default ``model``; the runner's keeps their vectors, :class:`~.encoders.AnswerVectors`)."""
     candidates = run(model.query_encoder() >> index.vec_loader(), first)
     # the feedback ranking, with its vectors, whether or not the Baseline's frame reads back
     dense = run(VectorScorer(), candidates)
@@ -223,7 +225,7 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
     for name, (dime, answer_source) in expanded.items():
         columns = {f'{name}/{column}' for column in stages}
         scored = dime_importance(dime, (answers or {}).get(answer_source), source, candidates, model, index, qrels,
-                                 judged, run, keep_ranking=True)
+                                 judged, run, keep_ranking=True, answer_encoder=answer_encoder)
         systems = dime_stages(name, stages, controls, seeds, documents)
         # the columns over the workers; the controls here: numpy on the vectors in hand, cheaper than the round trip
         grid.put(records.frames(list(systems), lambda missing: ((key, (run if key[1] in columns else run_stage)(
@@ -244,10 +246,10 @@ def rerank_grid(first: pd.DataFrame, model, index, answers: Optional[AnswerSourc
 
 def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer, answers: Optional[AnswerSources],
                   stages: Dict[str, pt.Transformer], qrels: pd.DataFrame, judged: Sequence[str], run: Callable, options,
-                  records: SystemRecords) -> Grid:
-    """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense
-    ranking of the full query vector. ``options`` and ``records`` as in :func:`rerank_grid`. After the Baseline, the
-    systems still to compute are searched together (:func:`search_together`)."""
+                  records: SystemRecords, answer_encoder=None) -> Grid:
+    """Full dense retrieval: the pruned query searches the whole index; feedback documents come from the dense ranking
+    of the full query vector. ``options``, ``records`` and ``answer_encoder`` as in :func:`rerank_grid`. After the
+    Baseline, the systems still to compute are searched together (:func:`search_together`)."""
     queries = run(model.query_encoder(), topics)
     baseline = records.frame(BASELINE, lambda: run(retriever, queries))
     grid = Grid({'Baseline': baseline}, {}, f'dense retrieval ({options.retriever}, top {options.num_results})')
@@ -261,7 +263,7 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
         """The DIME's importance per query, computed on the first system that needs it."""
         dime, answer_source = expanded[name]
         return dime_importance(dime, (answers or {}).get(answer_source), retrieved, queries, model, index, qrels,
-                               judged, run, keep_ranking=False)
+                               judged, run, keep_ranking=False, answer_encoder=answer_encoder)
 
     searches: Dict[Key, Callable[[], pd.DataFrame]] = {}  # system -> its query frame, in the table's order
     for name in expanded:
@@ -283,17 +285,19 @@ def retrieve_grid(topics: pd.DataFrame, model, index, retriever: pt.Transformer,
 
 def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.DataFrame, queries: pd.DataFrame,
                     model, index, qrels: pd.DataFrame, judged_docnos: Sequence[str], run: Callable,
-                    keep_ranking: bool) -> pd.DataFrame:
-    """The ``query_dime`` of ``dime`` (reading ``answers`` where it reads some) on the feedback ``ranking``: beside
-    it in re-ranking (``keep_ranking``, where the ranking holds its vectors), beside ``queries`` in retrieval. Oracle
-    DIME reads **all** judged documents of each query the index holds (as the references), not only the ranking's."""
+                    keep_ranking: bool, answer_encoder=None) -> pd.DataFrame:
+    """The ``query_dime`` of ``dime`` (reading ``answers`` where it reads some, encoded by ``answer_encoder``, default
+    ``model``) on the feedback ``ranking``: beside it in re-ranking (``keep_ranking``, where the ranking holds its
+    vectors), beside ``queries`` in retrieval. Oracle DIME reads **all** judged documents of each query the index
+    holds (as the references), not only the ranking's."""
     if dime == 'oracle':
         judged = qrels[qrels['qid'].isin(set(queries['qid'])) & qrels['docno'].isin(set(judged_docnos))]
         frame = queries[['qid', 'query_vec']].drop_duplicates('qid').merge(judged[['qid', 'docno']], on='qid')
         oracle = run(OracleDime(qrels=qrels, keep_ranking=False), index.vec_loader()(frame.assign(score=0.0)))
         return (ranking if keep_ranking else queries).merge(oracle[['qid', 'query_dime']], on='qid')
     _, estimator, arguments = DIMES[dime]  # given the qrels or the encoder (for the answers) it reads
-    reads = {'qrels': qrels} if dime in NEEDS_QRELS else {'encoder': model} if dime in NEEDS_ANSWERS else {}
+    reads = {'qrels': qrels} if dime in NEEDS_QRELS else {
+        'encoder': answer_encoder or model} if dime in NEEDS_ANSWERS else {}
     stage: pt.Transformer = estimator(**arguments, **reads, keep_ranking=keep_ranking)
     if not keep_ranking:
         stage, ranking = (stage, queries) if dime in NO_FEEDBACK else ((index.vec_loader() >> stage).compile(), ranking)

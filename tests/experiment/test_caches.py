@@ -268,3 +268,33 @@ def test_integer_docnos_in_long_runs_load_their_own_vectors(tmp_path):
     np.testing.assert_array_equal(np.asarray(vecs)[rows], encoder.encode_docs(list(docs.values())))
     stored = [str(d) for d in lookup.fwd[np.arange(len(docs))]]
     np.testing.assert_array_equal(np.load(index.index_path / TEXT_HASHES), text_hashes(docs[d] for d in stored))
+
+
+def test_the_answers_vectors_are_encoded_once_per_call_and_a_damaged_record_again(tmp_path, model, caplog):
+    """AnswerVectors: the encoder's own vectors, a call's answers encoded once across runs, a call of other answers
+    (a subset: other padding, other last bits) encoded anew, a record that does not check encoded again with a
+    warning, and an encoder's bad shape passed on for the DIME to report."""
+    encoded = []
+
+    class Counting:
+        def encode_docs(self, texts):
+            encoded.append(list(texts))
+            return model.encode_docs(texts)
+    path = tmp_path / 'answer-vectors' / 'minilm.pkl'
+    first = encoders.AnswerVectors(Counting(), path).encode_docs(TEXTS)
+    np.testing.assert_array_equal(first, model.encode_docs(TEXTS))
+    later = encoders.AnswerVectors(Counting(), path).encode_docs(TEXTS)  # a later run
+    np.testing.assert_array_equal(later, first)
+    subset = encoders.AnswerVectors(Counting(), path).encode_docs(TEXTS[:2])
+    np.testing.assert_array_equal(subset, model.encode_docs(TEXTS[:2]))  # not the first call's rows
+    assert encoded == [TEXTS, TEXTS[:2]]
+    path.write_bytes(path.read_bytes()[:-10])  # cut short
+    with caplog.at_level(logging.WARNING):
+        again = encoders.AnswerVectors(Counting(), path).encode_docs(TEXTS)
+    assert 'do not read back' in caplog.text and encoded == [TEXTS, TEXTS[:2], TEXTS]
+    np.testing.assert_array_equal(again, first)
+
+    class Bad:
+        def encode_docs(self, texts):
+            return np.zeros(3)
+    assert encoders.AnswerVectors(Bad(), path).encode_docs(['another answer']).shape == (3,)
