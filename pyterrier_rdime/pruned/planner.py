@@ -271,8 +271,8 @@ def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled
     without compiled kernels, queries or a matrix of ``MIN_PRUNED_BYTES``, else the measured choice with ``timings``,
     the least estimate without (never the float32 pruned paths without ``float32_ready``: it builds no copy); a
     per-query path explored or re-checked on a larger call takes its first share only (``queries``, with the share's
-    estimate; the rest is chosen in the ``call_bucket`` of the whole call). ``model`` is called only when the choice
-    depends on it; nothing is recorded here."""
+    estimate; the rest is chosen in the ``call_bucket`` of the whole call, without exploring: one path explored per
+    call). ``model`` is called only when the choice depends on it; nothing is recorded here."""
     if strategy in ('dense', 'pruned', 'compressed'):
         one_pass = {'pruned': 'one pass', 'compressed': 'compressed one pass'}.get(strategy)
         if one_pass is None or not compiled or len(query_vecs) < 2:
@@ -291,7 +291,7 @@ def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled
     if timings is None:
         path = min(costs, key=costs.get)
         return Choice(path, costs[path], '', 'model')
-    choice = measured_choice(costs, call_bucket or bucket(query_vecs, k), timings)
+    choice = measured_choice(costs, call_bucket or bucket(query_vecs, k), timings, explore=call_bucket is None)
     share = max(EXPLORE_QUERIES, -(-len(query_vecs) // EXPLORE_SHARE))
     if choice.reason in ('explore', 'recheck') and choice.path in ('pruned', 'compressed') and share < len(query_vecs):
         estimate = model().path_costs(query_vecs[:share], k=k, matrix_bytes=matrix_bytes, one_pass=False)[choice.path]
@@ -303,7 +303,7 @@ def parts(query_vecs: np.ndarray, choose_for: Callable[[np.ndarray, Optional[str
           ) -> Iterator[Tuple[Choice, np.ndarray]]:
     """``(choice, queries)``: the call's queries in order, as ``choose_for(the queries left, the call's bucket)``
     takes them: all at once, or a first share to explore a per-query path on, then the rest chosen again (in the
-    bucket of the whole call) once that share is scored."""
+    bucket of the whole call, among the timed paths) once that share is scored."""
     call_bucket = None
     while True:
         choice = choose_for(query_vecs, call_bucket)
@@ -315,16 +315,19 @@ def parts(query_vecs: np.ndarray, choose_for: Callable[[np.ndarray, Optional[str
             return
 
 
-def measured_choice(costs: Dict[str, float], name: str, timings: MeasuredChoice) -> Choice:
-    """The path of a call of bucket ``name`` with estimates ``costs``, by ``timings``."""
+def measured_choice(costs: Dict[str, float], name: str, timings: MeasuredChoice, explore: bool = True) -> Choice:
+    """The path of a call of bucket ``name`` with estimates ``costs``, by ``timings``; without ``explore`` (the rest
+    of a call a share of which explored) the fastest timed path, or the least estimate where none is timed."""
     paths = candidates(costs)
     if len(paths) == 1:
         return Choice(paths[0], costs[paths[0]], name, 'only')
     factors, calls = timings.bucket_timings(name)
     untimed = [path for path in paths if path not in factors]
-    if untimed:
+    if untimed and explore:
         return Choice(untimed[0], costs[untimed[0]], name, 'explore')
-    ranking = sorted(paths, key=lambda path: costs[path] * factors[path])
-    if calls and calls % RECHECK_EVERY == 0:
+    if len(untimed) == len(paths):
+        return Choice(paths[0], costs[paths[0]], name, 'model')
+    ranking = sorted((path for path in paths if path in factors), key=lambda path: costs[path] * factors[path])
+    if explore and calls and calls % RECHECK_EVERY == 0:
         return Choice(ranking[1], costs[ranking[1]], name, 'recheck')
     return Choice(ranking[0], costs[ranking[0]], name, 'measured')

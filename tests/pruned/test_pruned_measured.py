@@ -157,17 +157,21 @@ def test_a_larger_call_explores_a_per_query_path_on_its_first_share(driven):
         ref_scores, ref_ids = full_topk(docs, query, 10)
         assert docids[q].tolist() == ref_ids.tolist()
         np.testing.assert_allclose(scores[q], ref_scores, rtol=1e-5, atol=1e-5)
-    # compressed on 8 rows (cold: explored again), on 8 more (timed: 1 s per unit), then the one pass on the other 48
-    assert list(zip(clock.paths, clock.sizes)) == [('compressed', 8), ('compressed', 8), ('compressed one pass', 48)]
-    factors = retriever._measured.bucket_timings(planner.bucket(batch, 10))[0]
-    assert factors == pytest.approx({'compressed': 1.0})  # per unit of the share's own estimate
-    retriever.search(batch)  # the one pass now cold no more: explored on the whole call (it cannot be shared out)
-    retriever.search(batch)
-    assert list(zip(clock.paths, clock.sizes))[3:] == [('compressed one pass', 64)] * 2
+    for _ in range(4):
+        retriever.search(batch)
+    assert list(zip(clock.paths, clock.sizes)) == [
+        ('compressed', 8), ('compressed', 56),  # explored on 8 rows (cold: not counted), the rest never explores
+        ('compressed', 8), ('compressed', 56),  # explored again, counted: 1 s per unit of the share's estimate
+        ('compressed one pass', 64), ('compressed one pass', 64),  # explored on the whole call (no share): cold, then
+        ('compressed one pass', 64)]  # timed; then taken, measured
     assert retriever._measured.bucket_timings(planner.bucket(batch, 10))[0] == pytest.approx(
         {'compressed': 1.0, 'compressed one pass': 0.1 / 1.5})
-    # a call of 8 or fewer rows is explored whole
-    assert planner.EXPLORE_QUERIES == 8 and retriever.choice(batch[:8]).queries is None
+    # the share: an eighth of the call, at least 8 rows; a call of 8 or fewer is explored whole
+    estimates, untimed = Estimates(compressed=1.0, compressed_one_pass=1.5), planner.MeasuredChoice(None)
+    rows = np.concatenate([batch] * 4)
+    shares = [planner.choose(rows[:n], strategy='auto', matrix_bytes=2 ** 30, compiled=True, model=lambda: estimates,
+                             k=10, timings=untimed).queries for n in (8, 9, 64, 200)]
+    assert shares == [None, 8, 8, 25]
 
 
 @COMPILED
