@@ -306,7 +306,7 @@ def dime_importance(dime: str, answers: Optional[Dict[str, str]], ranking: pd.Da
 
 def search_together(retriever: pt.Transformer, queries: Dict[Hashable, Callable[[], pd.DataFrame]],
                     run: Callable[[pt.Transformer, pd.DataFrame], pd.DataFrame] = run_stage,
-                    batch_queries: int = BATCH_QUERIES, records: Optional['SystemRecords'] = None
+                    batch_queries: int = BATCH_QUERIES, records: Optional[SystemRecords] = None
                     ) -> Iterator[Tuple[Hashable, pd.DataFrame]]:
     """Yields ``(key, retriever(queries[key]()))`` for each key, in order, from calls of ``run(retriever, frame)``
     (default ``retriever(frame)``) that each hold every system's rows of as many queries (qids) as fit in

@@ -148,7 +148,7 @@ class PrunedRetriever(ExactRetriever):
 
     def search(self, query_vecs: np.ndarray, plan: Optional[Plan] = None) -> Result:
         """The top ``num_results`` ``(scores, docids)`` of each checked query vector, scored as ``plan`` says
-        (default: :meth:`plan`, timed under ``'auto'``)."""
+        (default: as :meth:`choice` takes them, timed under ``'auto'``, where a first share may explore a path)."""
         if plan is None:  # a first share of the call may explore a path, the rest chosen again (planner.parts)
             found = [self._search(part, choice.plan, choice) for choice, part in planner.parts(query_vecs, self.choice)]
             return [s for scores, _ in found for s in scores], [d for _, docids in found for d in docids]
