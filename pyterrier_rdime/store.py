@@ -369,6 +369,21 @@ def random_rows(vecs: np.memmap) -> np.memmap:
     return rows
 
 
+def prefetch_rows(rows: np.ndarray, docids: np.ndarray) -> None:
+    """Asks the kernel to read these rows of a float32 memory map (:func:`random_rows`) into the page cache, all at
+    once: scattered rows arrive faster with many reads in flight than faulted in one at a time by each thread."""
+    filename = getattr(rows, 'filename', None)
+    if not (isinstance(rows, np.memmap) and filename and hasattr(os, 'posix_fadvise')):
+        return
+    row_bytes = rows.shape[1] * rows.itemsize
+    fd = os.open(filename, os.O_RDONLY)
+    try:
+        for docid in np.unique(docids).tolist():
+            os.posix_fadvise(fd, rows.offset + docid * row_bytes, row_bytes, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+
+
 def vector_stats(index: object, *, stage: str, verbose: bool = False) -> Dict[str, np.ndarray]:
     """``{'abs_max', 'variance'}`` of each dimension over a FlexIndex's vectors (float64), from one streaming pass,
     kept in ``rdime.dim_major.stats.json``; later calls only ``stat`` the vectors."""

@@ -75,12 +75,14 @@ ID_MAX = 2 ** 32 - 1
 NO_DOCUMENT = np.iinfo(np.int64).min
 
 
-def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.ndarray):
-    """The compiled :func:`.compressed.integer_candidates` over ``slabs`` (``(d0, parts, ready)``, scores ``base * high
-    + low`` then ready ones; query ``q``'s at row ``source[q]``): per query its ``k`` best documents and a buffer of
-    candidates within ``slack[q]`` of its k-th best. A buffer still full after compaction stops its query's push; it
-    doubles and the push resumes there (the slab's scores are still at hand), until ``MAX_CANDIDATES``: then the query
-    overflows and stops (no results: it runs on its own)."""
+def integer_candidates(codes: np.ndarray, slabs, prefix_sums, base: int, source: np.ndarray, k: int,
+                       slack: np.ndarray):
+    """The compiled :func:`.compressed.integer_candidates` over ``slabs`` (``(d0, parts)``: the product rows' scores
+    ``base * high + low``) and the rows scored by ``prefix_sums`` (``(dims, weights, starts, parents)`` of each one's
+    own dims, parents first), query ``q``'s at row ``source[q]`` (the product rows, then these): per query its ``k``
+    best documents and a buffer of candidates within ``slack[q]`` of its k-th best. A buffer still full after
+    compaction stops its query's push; it doubles and the push resumes there (the slab's scores are still at hand),
+    until ``MAX_CANDIDATES``: then the query overflows and stops (no results: it runs on its own)."""
     n_queries = len(source)
     room = np.full(n_queries, max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES), dtype=np.int64)
     start = np.arange(n_queries, dtype=np.int64) * room  # of each query's buffer in the pool
@@ -92,12 +94,17 @@ def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.n
     counts = np.zeros(n_queries, dtype=np.int64)
     entered = np.zeros(n_queries, dtype=np.int64)  # the buffer's candidates up to here have entered top
     overflow = np.zeros(n_queries, dtype=np.bool_)
+    summed = PrefixSums(codes, *prefix_sums)
+    by_sums = np.argsort(source)[n_queries - summed.rows:]  # the query of each row scored by prefix sums
     kernel = _runnable(_push_integer_slab)[0]
-    for d0, parts, ready in slabs:
+    for d0, parts in slabs:
+        width = parts.shape[1]
+        # the documents of each summed row that reach its floor now (a superset of those the push takes)
+        hits = summed.hits(np.where(overflow[by_sums], 2 ** 62, (bars[by_sums] >> 32) - slack[by_sums]), d0, width)
         resume = np.zeros(n_queries, dtype=np.int64)
         while True:
             with _running():
-                kernel(parts, ready, source, base, d0, top, bars, slack, pool, start, room, counts, entered,
+                kernel(parts, *hits, source, base, d0, top, bars, slack, pool, start, room, counts, entered,
                        overflow, resume)
             full = np.flatnonzero(resume >= 0)
             if not len(full):
@@ -111,7 +118,7 @@ def integer_candidates(slabs, base: int, source: np.ndarray, k: int, slack: np.n
                     pool = np.concatenate([pool[:used], np.empty(size - used, dtype=np.int64)])
                 pool[used:used + counts[q]] = pool[start[q]:start[q] + counts[q]]
                 start[q], room[q], used = used, 2 * room[q], used + 2 * room[q]
-            resume[resume < 0] = ready.shape[1]  # the others are done with this slab
+            resume[resume < 0] = width  # the others are done with this slab
     best, candidates, none = [], [], np.empty(0, dtype=np.int64)
     for q in range(n_queries):
         if overflow[q]:
@@ -141,18 +148,58 @@ def exact_scores(rows: np.ndarray, dims: np.ndarray, values: np.ndarray, starts:
     return np.split(out, np.cumsum(sizes)[:-1])
 
 
-#: Documents per block of the nested kernel, at most (fewer where the threads would otherwise idle): long runs of each
+#: Documents per block of the prefix sums, at most (fewer where the threads would otherwise idle): long runs of each
 #: row amortise its setup; on a Zen 3, 473 rows of 43 trees scored 1.6x faster than in blocks of 512 (fitting L2).
 NESTED_BLOCK_DOCS = 4096
 
 
-def nested_scores(ready: np.ndarray, codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, starts: np.ndarray,
-                  parents: np.ndarray, d0: int):
-    """Fills ``ready`` with the int32 scores of documents ``d0:``: each row its parent's (-1: none) plus its dims'."""
-    kernel, threads = _runnable(_nested_slab)
-    block = min(NESTED_BLOCK_DOCS, -(-ready.shape[1] // threads))
-    with _running():
-        kernel(ready, codes, dims, weights, starts, parents, d0, block)
+class PrefixSums:
+    """Rows scored by prefix sums a block of documents at a time, in the cache: each row its parent's int32 scores
+    (``parents[r]``, -1: none; parents first) plus its own ``dims`` times ``weights`` (``starts[r]:starts[r + 1]``);
+    only the documents that reach a row's floor leave the cache (:meth:`hits`)."""
+
+    def __init__(self, codes: np.ndarray, dims: np.ndarray, weights: np.ndarray, starts: np.ndarray,
+                 parents: np.ndarray):
+        self.codes, self.dims, self.weights, self.starts, self.parents = codes, dims, weights, starts, parents
+        self.rows = len(parents)
+        self.slots, self.n_slots = scratch_slots(parents)
+        self._docs = self._scores = np.empty((self.rows, 0), dtype=np.int32)  # re-used slab after slab
+
+    def hits(self, floors: np.ndarray, d0: int, width: int):
+        """``(docs, scores, counts, block)`` of documents ``d0:d0 + width``: row ``r``'s documents whose score reaches
+        ``floors[r]`` are, in block ``b``, ``docs[r, b * block:b * block + counts[r, b]]`` (offsets in the slab,
+        ascending), their scores at the same places of ``scores``."""
+        kernel, threads = _runnable(_nested_hits)
+        block = max(1, min(NESTED_BLOCK_DOCS, -(-width // threads)))
+        if self._docs.shape[1] < width:
+            self._docs, self._scores = (np.empty((self.rows, width), dtype=np.int32) for _ in range(2))
+        counts = np.zeros((self.rows, -(-width // block)), dtype=np.int64)
+        if self.rows:
+            with _running():
+                kernel(self.codes, self.dims, self.weights, self.starts, self.parents, self.slots, self.n_slots,
+                       np.asarray(floors, dtype=np.int64), d0, width, block, self._docs, self._scores, counts)
+        return self._docs, self._scores, counts, block
+
+
+def scratch_slots(parents: np.ndarray):
+    """``(slots, n)``: the scratch row of each row's scores in a block. A parent's last child takes its parent's (its
+    dims add in place: a chain of rows needs one); another row one that no later row still reads."""
+    last_child = np.full(len(parents), -1)
+    for r, p in enumerate(parents):
+        if p >= 0:
+            last_child[p] = r
+    slots, free, n = np.empty(len(parents), dtype=np.int64), [], 0
+    for r, p in enumerate(parents):
+        if p >= 0 and last_child[p] == r:
+            slots[r] = slots[p]
+        elif free:
+            slots[r] = free.pop()
+        else:
+            slots[r], n = n, n + 1
+        if last_child[r] < 0:  # no child reads it: free once its hits are out
+            free.append(slots[r])
+    return slots, n
+
 
 
 _jit = numba.njit(cache=True, nogil=True, fastmath={'contract'})
@@ -267,22 +314,28 @@ def _fused_kernel(matrix, dims, weights, starts, k, block, tile, chunks, approx)
 
 
 @_jit
-def _reaching(high, low, base, is_ready, t0, floor, found):
-    # writes the documents t0: whose score reaches floor to found, returns how many: a scan with no other work, at
-    # the speed of memory, before the few candidates are handled one by one
+def _reaching(high, low, base, t0, floor, found, found_scores):
+    # writes the documents t0: whose score reaches floor and their scores to found, returns how many: a scan with no
+    # other work, at the speed of memory, before the few candidates are handled one by one
     n = 0
-    if is_ready:
-        if floor > 2 ** 31 - 1:  # above every int32 score
-            return 0
-        cut = np.int32(max(floor, -2 ** 31))
-        for t in range(t0, high.shape[0]):
-            if high[t] >= cut:
-                found[n] = t
-                n += 1
-    else:
-        for t in range(t0, high.shape[0]):
-            if base * np.int64(high[t]) + low[t] >= floor:
-                found[n] = t
+    for t in range(t0, high.shape[0]):
+        s = base * np.int64(high[t]) + low[t]
+        if s >= floor:
+            found[n] = t
+            found_scores[n] = s
+            n += 1
+    return n
+
+
+@_jit
+def _listed(docs, scores, counts, block, t0, found, found_scores):
+    # the same from the hits of a row scored by prefix sums (a superset), block after block
+    n = 0
+    for b in range(counts.shape[0]):
+        for i in range(b * block, b * block + counts[b]):
+            if docs[i] >= t0:
+                found[n] = docs[i]
+                found_scores[n] = scores[i]
                 n += 1
     return n
 
@@ -309,26 +362,26 @@ def _enter(top, pool, lo, hi, bar):
 
 
 @_parallel_jit
-def _push_integer_slab(parts, ready, source, base, d0, top, bars, slack, pool, start, room, counts, entered,
-                       overflow, resume):
+def _push_integer_slab(parts, hit_docs, hit_scores, hit_counts, block, source, base, d0, top, bars, slack, pool,
+                       start, room, counts, entered, overflow, resume):
     # each query pushes the slab's documents from resume[q] on; resume[q] becomes -1 when done, or the document
     # its full buffer stopped at; its candidates enter its top-k when the buffer is compacted and after each slab
-    n_queries, n_parts, width = top.shape[0], parts.shape[0] // 2, ready.shape[1]
+    n_queries, n_parts, width = top.shape[0], parts.shape[0] // 2, parts.shape[1]
     for q in _prange(n_queries):
         stop = -1
         if not overflow[q]:
-            row = source[q]  # of the int8 product's ``base * high + low`` rows, then of the ready scores
-            is_ready = row >= n_parts
-            if is_ready:
-                high, low = ready[row - n_parts], ready[row - n_parts]
-            else:
-                high, low = parts[row], parts[n_parts + row]
+            row = source[q]  # of the int8 product's ``base * high + low`` rows, then of the prefix sums
             first, capacity, c, margin, bar = start[q], room[q], counts[q], slack[q], bars[q]
             floor = (bar >> 32) - margin
-            found = np.empty(width, dtype=np.int32)
-            for f in range(_reaching(high, low, base, is_ready, resume[q], floor, found)):
-                t = found[f]
-                s = np.int64(high[t]) if is_ready else base * np.int64(high[t]) + low[t]
+            if row >= n_parts:
+                r = row - n_parts
+                found, found_scores = np.empty(hit_counts[r].sum(), np.int32), np.empty(hit_counts[r].sum(), np.int64)
+                n_found = _listed(hit_docs[r], hit_scores[r], hit_counts[r], block, resume[q], found, found_scores)
+            else:
+                found, found_scores = np.empty(width, dtype=np.int32), np.empty(width, dtype=np.int64)
+                n_found = _reaching(parts[row], parts[n_parts + row], base, resume[q], floor, found, found_scores)
+            for f in range(n_found):
+                t, s = found[f], found_scores[f]
                 if s < floor:
                     continue
                 if c == capacity:  # the k-th best rises, then drop what it has left behind, in order
@@ -368,17 +421,37 @@ def _exact_scores(rows, dims, values, starts, docids, owner, order, out):
 
 
 @_parallel_jit
-def _nested_slab(ready, codes, dims, weights, starts, parents, d0, block):
-    # parallel over blocks of documents whose codes stay in L2 for every row; exact: the sums fit an int32
-    n_rows, width = ready.shape
-    for b in _prange((width + block - 1) // block):
-        lo, hi = b * block, min(width, b * block + block)
-        for r in range(n_rows):
-            if parents[r] >= 0:
-                ready[r, lo:hi] = ready[parents[r], lo:hi]
-            else:
-                ready[r, lo:hi] = 0
-            _add_rows(ready[r, lo:hi], codes, dims, weights, starts[r], starts[r + 1], d0 + lo, hi - lo)
+def _nested_hits(codes, dims, weights, starts, parents, slots, n_slots, floors, d0, width, block, docs, scores,
+                 counts):
+    # parallel over blocks of documents: each row's scores built in a scratch row in the cache (its parent's copied,
+    # or added to in place), then only the documents reaching its floor written out; exact: the sums fit an int32
+    for b in _prange(counts.shape[1]):
+        lo = b * block
+        n = min(width, lo + block) - lo
+        scratch = np.empty((max(n_slots, 1), block), dtype=np.int32)
+        for r in range(parents.shape[0]):
+            acc = scratch[slots[r], :n]
+            if parents[r] < 0:
+                acc[:] = 0
+            elif slots[parents[r]] != slots[r]:
+                acc[:] = scratch[slots[parents[r]], :n]
+            _add_rows(acc, codes, dims, weights, starts[r], starts[r + 1], d0 + lo, n)
+            if floors[r] > 2 ** 31 - 1:  # above every int32 score
+                continue
+            cut = np.int32(max(floors[r], -2 ** 31))
+            c = 0
+            for t0 in range(0, n, 64):  # a vectorised maximum first: few documents reach the floor
+                t1 = min(n, t0 + 64)
+                top = acc[t0]
+                for t in range(t0 + 1, t1):
+                    top = max(top, acc[t])
+                if top < cut:
+                    continue
+                for t in range(t0, t1):  # without branches: each written, kept where it reaches
+                    docs[r, lo + c] = lo + t
+                    scores[r, lo + c] = acc[t]
+                    c += acc[t] >= cut
+            counts[r, b] = c
 
 
 _SERIAL = {}

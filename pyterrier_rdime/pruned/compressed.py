@@ -7,7 +7,7 @@ dimension-major matrix (:mod:`.layout`), reading a quarter of the bytes of the f
 
 With ``one_pass`` a batch is scored in integers by int8 matrix products (:func:`integer_slabs`), then the same
 two steps with :func:`integer_bound`; rows that extend one another (:func:`.dense.nested_trees`) by prefix sums
-instead.
+instead (:func:`integer_candidates`).
 """
 import warnings
 from typing import Iterator, List, Optional, Tuple
@@ -15,6 +15,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 
 from .._config import fork_guard
+from ..store import prefetch_rows
 from .dense import INT8_PRODUCT, Result, best_k, kept_dims, nested_trees, top_k
 from .layout import CODE_MAX, Codes
 
@@ -61,6 +62,8 @@ def exact_scores(dim_major: np.ndarray, query_vecs: np.ndarray, docids: List[np.
     """The float64 scores of each query's ``docids``, from ``doc_rows`` where given, else from ``dim_major``. Summed
     dimension after dimension (not by BLAS) so that identical documents score bit for bit the same and ties keep the
     lower docid; with ``use_numba`` in one parallel call for the batch (the same sums, in the same order)."""
+    if doc_rows is not None and len(docids):
+        prefetch_rows(doc_rows, np.concatenate(docids))
     if use_numba:
         from . import _numba
         return _numba.exact_scores(dim_major.T if doc_rows is None else doc_rows, *kept_dims(query_vecs), docids)
@@ -209,43 +212,37 @@ def _torch():
     return torch if hasattr(torch, '_int_mm') else None
 
 
-def integer_slabs(codes: np.ndarray, weights: np.ndarray,
-                  nested=None) -> Iterator[Tuple[int, np.ndarray, np.ndarray]]:
-    """``(d0, parts, ready)`` per slab of ``SLAB_DOCS`` documents: the exact int32 products of the ``high`` then ``low``
-    weight rows (see :data:`WEIGHT_BASE`) with the slab's codes, of every row but those ``nested`` (``(rows, parents)``
-    of :func:`.dense.nested_trees`), and the exact int32 scores of those from the compiled prefix sums."""
-    rows, parents = nested if nested is not None else (np.empty(0, dtype=np.int64), None)
-    multiplied = np.delete(weights, rows, axis=0)
-    low = (multiplied + WEIGHT_BASE // 2) % WEIGHT_BASE - WEIGHT_BASE // 2
-    parts = np.concatenate([(multiplied - low) // WEIGHT_BASE, low]).astype(np.int8)
+def integer_slabs(codes: np.ndarray, weights: np.ndarray) -> Iterator[Tuple[int, np.ndarray]]:
+    """``(d0, parts)`` per slab of ``SLAB_DOCS`` documents: the exact int32 products of the ``high`` then ``low``
+    weight rows (see :data:`WEIGHT_BASE`) with the slab's codes."""
+    low = (weights + WEIGHT_BASE // 2) % WEIGHT_BASE - WEIGHT_BASE // 2
+    parts = np.concatenate([(weights - low) // WEIGHT_BASE, low]).astype(np.int8)
     torch = _torch() if INT8_PRODUCT == 'torch' and len(parts) and not _TORCH_FORKED['forked'] else None
     if torch is not None:
         _TORCH_STATE['ran'] = True
         parts = torch.from_numpy(parts)
-    if len(rows):
-        from . import _numba
-        own = weights[rows] * ((parents < 0)[:, None] | (weights[rows[parents]] == 0))  # the dims its parent lacks
-        dims, own_weights, starts = kept_dims(own)
-        own_weights = own_weights.astype(np.int32)  # exact: |weight| < 2^24
     with warnings.catch_warnings():  # a read-only memory map: torch warns that it could write it; it does not
         warnings.simplefilter('ignore', UserWarning)
         for d0 in range(0, codes.shape[1], SLAB_DOCS):
             slab = codes[:, d0:d0 + SLAB_DOCS]
-            ready = np.empty((len(rows), slab.shape[1]), dtype=np.int32)
-            if len(rows):
-                _numba.nested_scores(ready, codes, dims, own_weights, starts, parents, d0)
             if torch is not None:
-                yield d0, torch._int_mm(parts, torch.from_numpy(slab)).numpy(), ready
-            else:  # exact but slow
-                yield d0, (parts.astype(np.float64) @ slab.astype(np.float64) if len(parts) else ready[:0]).astype(
-                    np.int32), ready
+                yield d0, torch._int_mm(parts, torch.from_numpy(slab)).numpy()
+            elif len(parts):  # exact but slow
+                yield d0, (parts.astype(np.float64) @ slab.astype(np.float64)).astype(np.int32)
+            else:
+                yield d0, np.empty((0, slab.shape[1]), dtype=np.int32)
 
 
 def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, nested=None):
-    """``(best, candidates, overflow)`` per query by the compiled kernel (``nested``: see :func:`integer_slabs`): its
-    ``k`` best docids, ``(docids, integer scores)`` within ``slack[q]`` of the k-th best, and whether those overflowed
-    the kernel's buffers (then both are empty)."""
+    """``(best, candidates, overflow)`` per query by the compiled kernels: its ``k`` best docids, ``(docids, integer
+    scores)`` within ``slack[q]`` of the k-th best, and whether those overflowed the kernel's buffers (then both are
+    empty). The rows ``nested`` (``(rows, parents)`` of :func:`.dense.nested_trees`) are scored by prefix sums (each
+    its parent's scores plus its own dims'), the others by :func:`integer_slabs`."""
     from . import _numba
-    rows = nested[0] if nested is not None else np.empty(0, dtype=np.int64)
+    rows, parents = nested if nested is not None else (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+    own = weights[rows] * ((parents < 0)[:, None] | (weights[rows[parents]] == 0))  # the dims its parent lacks
+    dims, own_weights, starts = kept_dims(own)
+    prefix_sums = (dims, own_weights.astype(np.int32), starts, parents)  # exact: |weight| < 2^24
     source = np.argsort(np.concatenate([np.delete(np.arange(len(weights)), rows), rows]))  # its row in a slab's scores
-    return _numba.integer_candidates(integer_slabs(codes, weights, nested), WEIGHT_BASE, source, k, slack)
+    return _numba.integer_candidates(codes, integer_slabs(codes, np.delete(weights, rows, axis=0)), prefix_sums,
+                                     WEIGHT_BASE, source, k, slack)

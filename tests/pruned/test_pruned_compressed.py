@@ -145,9 +145,8 @@ def test_integer_slabs_are_exact(monkeypatch, product):
     weights = rng.integers(-16256, 16257, size=(5, 768))
     weights[0] = 16256
     slabs = list(compressed.integer_slabs(codes, weights))
-    assert [d0 for d0, _, _ in slabs] == [0, 1000, 2000] and all(parts.dtype == np.int32 for _, parts, _ in slabs)
-    assert all(ready.shape == (0, parts.shape[1]) for _, parts, ready in slabs)  # no nested rows
-    got = np.concatenate([compressed.WEIGHT_BASE * parts[:5].astype(np.int64) + parts[5:] for _, parts, _ in slabs],
+    assert [d0 for d0, _ in slabs] == [0, 1000, 2000] and all(parts.dtype == np.int32 for _, parts in slabs)
+    got = np.concatenate([compressed.WEIGHT_BASE * parts[:5].astype(np.int64) + parts[5:] for _, parts in slabs],
                          axis=1)
     assert got.tolist() == (weights @ codes.astype(np.int64)).tolist()
     assert got[0, 0] == 16256 * 127 * 768
@@ -187,10 +186,25 @@ def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch, lim
         assert ids.tolist() == expected.tolist() and scores.tolist() == totals[q, expected].tolist()
 
 
+def summed_rows(scores):
+    """``(codes, prefix_sums)`` of lone rows scored by prefix sums whose int32 scores are ``scores``: balanced
+    base-256 digits times weights 1, 256, 65536, 2^24, 2^24 (the top digit split over two dims)."""
+    digits, rest = [], np.asarray(scores, dtype=np.int64)
+    for _ in range(3):
+        digits.append((rest + 128) % 256 - 128)
+        rest = (rest - digits[-1]) // 256
+    digits += [rest // 2, rest - rest // 2]
+    codes = np.concatenate(digits).astype(np.int8)  # row j * rows + r: digit j of row r
+    rows = len(scores)
+    dims = np.arange(5 * rows).reshape(5, rows).T.ravel()
+    weights = np.tile(np.array([1, 256, 65536, 2 ** 24, 2 ** 24], dtype=np.int32), rows)
+    return codes, (dims, weights, np.arange(0, 5 * rows + 1, 5), np.full(rows, -1))
+
+
 @NEEDS_NUMBA
 def test_integer_candidates_rank_the_extreme_int32_scores_with_ties_to_the_lower_docid():
     # one int64 key per document (score, then docid): the largest and smallest int32 scores, ties across slabs, in
-    # product rows (base * high + low) and ready rows alike; k = 3, slack 0 and 1
+    # product rows (base * high + low) and rows scored by prefix sums alike; k = 3, slack 0 and 1
     from pyterrier_rdime.pruned import _numba
     top, bottom = 2 ** 31 - 1, -2 ** 31 + 1
     scores = np.array([[bottom, top, 5, top, bottom, 5, 5, 4, top - 1, 0],
@@ -199,27 +213,27 @@ def test_integer_candidates_rank_the_extreme_int32_scores_with_ties_to_the_lower
     base = 128
     low = (scores + base // 2) % base - base // 2
     high = (scores - low) // base
-    slabs = [(d0, np.concatenate([high[:2, d0:d0 + 4], low[:2, d0:d0 + 4]]).astype(np.int32),
-              scores[2:, d0:d0 + 4].astype(np.int32)) for d0 in range(0, 10, 4)]
+    slabs = [(d0, np.concatenate([high[:, d0:d0 + 4], low[:, d0:d0 + 4]]).astype(np.int32)) for d0 in range(0, 10, 4)]
+    codes, prefix_sums = summed_rows(scores)
     for slack in (0, 1):
-        best, candidates, overflow = _numba.integer_candidates(iter(slabs), base, np.arange(3), 3,
-                                                               np.full(3, slack))
+        best, candidates, overflow = _numba.integer_candidates(codes, iter(slabs), prefix_sums, base, np.arange(6),
+                                                               3, np.full(6, slack))
         assert not overflow.any()
-        for q in range(3):
-            order = np.lexsort((np.arange(10), -scores[q]))
+        for q in range(6):
+            order = np.lexsort((np.arange(10), -scores[q % 3]))
             assert sorted(best[q].tolist()) == sorted(order[:3].tolist())
-            near = np.flatnonzero(scores[q] >= scores[q, order[2]] - slack)
+            near = np.flatnonzero(scores[q % 3] >= scores[q % 3, order[2]] - slack)
             assert candidates[q][0].tolist() == near.tolist()
-            assert candidates[q][1].tolist() == scores[q, near].tolist()
+            assert candidates[q][1].tolist() == scores[q % 3, near].tolist()
 
 
 @NEEDS_NUMBA
 def test_integer_candidates_with_fewer_documents_than_k_return_them_all():
     # k = 5 over 3 documents: every document is among the best, and a candidate, none of the empty slots is
     from pyterrier_rdime.pruned import _numba
-    ready = np.array([[4, -2, 4]], dtype=np.int32)
-    best, candidates, overflow = _numba.integer_candidates(iter([(0, np.empty((0, 3), dtype=np.int32), ready)]), 128,
-                                                           np.array([0]), 5, np.array([0]))
+    codes, prefix_sums = summed_rows(np.array([[4, -2, 4]]))
+    best, candidates, overflow = _numba.integer_candidates(codes, iter([(0, np.empty((0, 3), dtype=np.int32))]),
+                                                           prefix_sums, 128, np.array([0]), 5, np.array([0]))
     assert sorted(best[0].tolist()) == [0, 1, 2] and not overflow[0]
     assert candidates[0][0].tolist() == [0, 1, 2] and candidates[0][1].tolist() == [4, -2, 4]
 

@@ -94,33 +94,53 @@ def test_one_step_per_tree():
         assert np.array_equal(weights[row][vecs[parent] != 0], weights[parent][vecs[parent] != 0])
 
 
-@NEEDS_NUMBA
-@pytest.mark.parametrize('product', ['torch', 'float64'])
-def test_prefix_sums_are_the_exact_integer_scores(monkeypatch, product):
-    if product == 'torch' and compressed._torch() is None:
-        pytest.skip("the int8 product needs torch's _int_mm")
+def test_scratch_slots_by_hand():
+    # 0 -> (1 -> 3), (2 -> 4); 5 -> 6: a last child adds in place on its parent's slot (2, 3, 4, 6), row 1 takes
+    # another while row 0 is still read by row 2; a row without children frees its slot (3 then 4), row 5 re-uses one
     from pyterrier_rdime.pruned import _numba
-    monkeypatch.setattr(compressed, 'INT8_PRODUCT', product)
-    monkeypatch.setattr(compressed, 'SLAB_DOCS', 1000)
-    monkeypatch.setattr(_numba, 'NESTED_BLOCK_DOCS', 96)  # several blocks per slab, the last one short
+    slots, n = _numba.scratch_slots(np.array([-1, 0, 0, 1, 2, -1, 5]))
+    assert slots.tolist() == [0, 1, 0, 1, 0, 0, 0] and n == 2
+    assert _numba.scratch_slots(np.array([-1, -1, -1]))[0].tolist() == [0, 0, 0]
+
+
+@NEEDS_NUMBA
+def test_prefix_sums_hit_the_documents_reaching_each_floor_with_their_exact_integer_scores(monkeypatch):
+    # a chain, a branch and a lone row, slabs of 1,000 in blocks of 96 (the last one short), against int64 brute
+    # force: every document with its score under the lowest floor, those reaching a floor in ascending order, none
+    # above every int32 score
+    from pyterrier_rdime.pruned import _numba
+    monkeypatch.setattr(_numba, 'NESTED_BLOCK_DOCS', 96)
     rng = np.random.default_rng(9)
     codes = rng.integers(-127, 128, size=(768, 2500)).astype(np.int8)
     codes[:, 0] = 127  # the largest sum: every weight and code at its extreme
     top = np.full(768, 16256)
     order = rng.permutation(768)
-    weights = np.stack([prefix(top, order, 100), rng.integers(-16256, 16257, 768), prefix(top, order, 500), top,
-                        prefix(top, order, 300)])
-    nested = (np.array([0, 4, 2, 3]), np.array([-1, 0, 1, 2]))  # rows 0 < 4 < 2 < 3, each in the next
-    slabs = list(compressed.integer_slabs(codes, weights, nested))
-    assert [d0 for d0, _, _ in slabs] == [0, 1000, 2000]
-    assert all(parts.dtype == ready.dtype == np.int32 and len(parts) == 2 and len(ready) == 4
-               for _, parts, ready in slabs)
-    product_rows = np.concatenate([compressed.WEIGHT_BASE * parts[:1].astype(np.int64) + parts[1:]
-                                   for _, parts, _ in slabs], axis=1)
-    ready = np.concatenate([ready for _, _, ready in slabs], axis=1)
+    branch = prefix(top, order, 100) + prefix(rng.integers(-16256, 16257, 768), order[100:], 50)
+    weights = np.stack([prefix(top, order, 100), prefix(top, order, 300), branch, prefix(top, order, 500), top,
+                        rng.integers(-16256, 16257, 768)])
+    parents = np.array([-1, 0, 0, 1, 3, -1])
+    own = weights * ((parents < 0)[:, None] | (weights[parents] == 0))
+    dims, own_weights, starts = dense.kept_dims(own)
+    summed = _numba.PrefixSums(codes, dims, own_weights.astype(np.int32), starts, parents)
     expected = weights @ codes.astype(np.int64)
-    assert product_rows.tolist() == expected[[1]].tolist() and ready.tolist() == expected[[0, 4, 2, 3]].tolist()
-    assert ready[3, 0] == 16256 * 127 * 768 < 2 ** 31
+    assert expected[4, 0] == 16256 * 127 * 768 < 2 ** 31
+
+    def hits(floors):
+        found = [([], []) for _ in parents]
+        for d0 in range(0, 2500, 1000):
+            docs, scores, counts, block = summed.hits(floors, d0, min(1000, 2500 - d0))
+            assert counts.shape == (6, 11 if d0 < 2000 else 6)
+            for r in range(6):
+                listed = np.concatenate([np.arange(b * block, b * block + c) for b, c in enumerate(counts[r])])
+                found[r][0].extend((d0 + docs[r, listed]).tolist())
+                found[r][1].extend(scores[r, listed].tolist())
+        return found
+
+    assert hits(np.full(6, -2 ** 63)) == [(list(range(2500)), row.tolist()) for row in expected]
+    floors = np.append(np.quantile(expected[:5], 0.9, axis=1).astype(np.int64), 2 ** 31)
+    for row, floor, (ids, scores) in zip(expected, floors, hits(floors)):
+        assert ids == np.flatnonzero(row >= floor).tolist() and scores == row[row >= floor].tolist()
+    assert len(hits(floors)[5][0]) == 0
 
 
 @pytest.fixture(scope='module')
@@ -162,13 +182,13 @@ def test_nested_one_pass_is_exact(near_duplicates, monkeypatch, k):
     monkeypatch.setattr(_numba, 'NESTED_BLOCK_DOCS', 200)
     monkeypatch.setattr(dense, 'NESTED_ADD_COST', 1)
     calls = []
-    monkeypatch.setattr(_numba, 'nested_scores', lambda ready, *args: (calls.append(len(ready)),
-                                                                        _numba._nested_slab(ready, *args, 200)))
+    hits = _numba.PrefixSums.hits
+    monkeypatch.setattr(_numba.PrefixSums, 'hits', lambda self, *args: (calls.append(self.rows), hits(self, *args))[1])
     nested = one_pass(docs, vecs, k)
     assert calls == [12, 12, 12]  # prefix sums scored every row (nine in trees, three alone), slab after slab
     assert nested == brute_force(docs, vecs, k)
     monkeypatch.setattr(dense, 'NESTED_ADD_COST', 1e9)
-    assert one_pass(docs, vecs, k) == nested and calls == [12, 12, 12]  # the int8 product alone
+    assert one_pass(docs, vecs, k) == nested and calls == [12, 12, 12, 0, 0, 0]  # the int8 product alone
     by_dense = PrunedRetriever(index=docs, num_results=k, strategy='dense')(query_frame(vecs))
     for q, (scores, docids) in enumerate(nested):
         found = by_dense[by_dense['qid'] == f'q{q}']

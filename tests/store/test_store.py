@@ -202,3 +202,19 @@ def test_threads_opening_a_file_built_meanwhile_share_one_opened_value(tmp_path)
     builder.join(60)
     assert got['builder'] is got['other']
     assert store.derived(tmp_path / 'file', 'test', **args) is got['other']
+
+
+def test_prefetch_asks_the_kernel_for_each_listed_row_once(tmp_path, monkeypatch):
+    # a memory map 16 bytes into its file: each distinct row's 3 x 4 bytes from there, in file order; an array in
+    # memory asks for nothing
+    path = tmp_path / 'vecs.f4'
+    path.write_bytes(bytes(16) + np.arange(30, dtype=np.float32).tobytes())
+    rows = np.memmap(path, dtype=np.float32, mode='r', offset=16, shape=(10, 3))
+    asked = []
+    monkeypatch.setattr(os, 'posix_fadvise', lambda fd, offset, length, advice: asked.append((offset, length, advice)))
+    store.prefetch_rows(rows, np.array([7, 2, 7, 0]))
+    assert asked == [(16, 12, os.POSIX_FADV_WILLNEED), (16 + 24, 12, os.POSIX_FADV_WILLNEED),
+                     (16 + 84, 12, os.POSIX_FADV_WILLNEED)]
+    asked.clear()
+    store.prefetch_rows(np.asarray(rows), np.array([1]))
+    assert asked == []
