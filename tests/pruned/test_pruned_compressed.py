@@ -153,13 +153,16 @@ def test_integer_slabs_are_exact(monkeypatch, product):
 
 
 @NEEDS_NUMBA
+@pytest.mark.parametrize('few', [32, 1])
 @pytest.mark.parametrize('limit, overflowed', [(2 ** 24, []), (1024, [2])])
-def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch, limit, overflowed):
+def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch, limit, overflowed, few):
     # against brute force: the k best integer scores (ties to the lower docid) and every document within slack of
     # the k-th best, from slabs of 700 documents and buffers of 64 compacted as the k-th best rises and doubled when
     # still full; a query scoring 0 everywhere keeps every document (5,000), more than a pool of 1,024 holds: it
-    # overflows and stops, with no results (it runs on its own)
+    # overflows and stops, with no results (it runs on its own). Keys enter the top-k by selection (k // 32 = 0),
+    # or one by one when at most k // 1
     from pyterrier_rdime.pruned import _numba
+    monkeypatch.setattr(_numba, 'FEW_ENTER', few)
     monkeypatch.setattr(compressed, 'INT8_PRODUCT', 'float64')
     monkeypatch.setattr(compressed, 'SLAB_DOCS', 700)
     monkeypatch.setattr(_numba, 'MIN_CANDIDATES', 64)
