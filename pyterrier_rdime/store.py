@@ -369,12 +369,17 @@ def random_rows(vecs: np.memmap) -> np.memmap:
     return rows
 
 
+def _file_rows(rows: np.ndarray) -> bool:
+    """Whether ``rows`` are a memory map whose rows the kernel can be asked to read ahead."""
+    return isinstance(rows, np.memmap) and bool(getattr(rows, 'filename', None)) and hasattr(os, 'posix_fadvise')
+
+
 def prefetch_rows(rows: np.ndarray, docids: np.ndarray) -> None:
     """Asks the kernel to read these rows of a float32 memory map (:func:`random_rows`) into the page cache, all at
     once: scattered rows arrive faster with many reads in flight than faulted in one at a time by each thread."""
-    filename = getattr(rows, 'filename', None)
-    if not (isinstance(rows, np.memmap) and filename and hasattr(os, 'posix_fadvise')):
+    if not _file_rows(rows):
         return
+    filename = rows.filename
     row_bytes = rows.shape[1] * rows.itemsize
     fd = os.open(filename, os.O_RDONLY)
     try:
@@ -382,6 +387,26 @@ def prefetch_rows(rows: np.ndarray, docids: np.ndarray) -> None:
             os.posix_fadvise(fd, rows.offset + docid * row_bytes, row_bytes, os.POSIX_FADV_WILLNEED)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def reading_ahead(rows: np.ndarray) -> Iterator[Optional[Callable[[np.ndarray], None]]]:
+    """Yields ``ahead(docids)``, which :func:`prefetch_rows` those rows in a thread of its own, so that their reads
+    overlap the work that follows (None where ``rows`` are not a memory map); the threads end before the block does."""
+    if not _file_rows(rows):
+        yield None
+        return
+    threads = []
+
+    def ahead(docids: np.ndarray) -> None:
+        thread = threading.Thread(target=prefetch_rows, args=(rows, docids), name='rdime-read-ahead', daemon=True)
+        thread.start()
+        threads.append(thread)
+    try:
+        yield ahead
+    finally:
+        for thread in threads:
+            thread.join()
 
 
 def vector_stats(index: object, *, stage: str, verbose: bool = False) -> Dict[str, np.ndarray]:
