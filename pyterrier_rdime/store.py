@@ -369,14 +369,23 @@ def random_rows(vecs: np.memmap) -> np.memmap:
     return rows
 
 
+#: Rows are read ahead only from files larger than this share of the machine's memory: a smaller one stays in the page
+#: cache once read, where asking again for each row (~1 us) costs more than it saves.
+READ_AHEAD_MEMORY_SHARE = 0.5
+
+
 def _file_rows(rows: np.ndarray) -> bool:
-    """Whether ``rows`` are a memory map whose rows the kernel can be asked to read ahead."""
-    return isinstance(rows, np.memmap) and bool(getattr(rows, 'filename', None)) and hasattr(os, 'posix_fadvise')
+    """Whether ``rows`` are a memory map whose rows are worth asking the kernel to read ahead."""
+    if not (isinstance(rows, np.memmap) and getattr(rows, 'filename', None) and hasattr(os, 'posix_fadvise')):
+        return False
+    memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    return os.path.getsize(rows.filename) > READ_AHEAD_MEMORY_SHARE * memory
 
 
 def prefetch_rows(rows: np.ndarray, docids: np.ndarray) -> None:
     """Asks the kernel to read these rows of a float32 memory map (:func:`random_rows`) into the page cache, all at
-    once: scattered rows arrive faster with many reads in flight than faulted in one at a time by each thread."""
+    once: scattered rows arrive faster with many reads in flight than faulted in one at a time by each thread. Only
+    where the file is larger than ``READ_AHEAD_MEMORY_SHARE`` of the memory."""
     if not _file_rows(rows):
         return
     filename = rows.filename
