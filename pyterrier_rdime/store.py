@@ -369,23 +369,23 @@ def random_rows(vecs: np.memmap) -> np.memmap:
     return rows
 
 
-#: Rows are read ahead only from files larger than this share of the machine's memory: a smaller one stays in the page
+#: Rows are prefetched only from files larger than this share of the machine's memory: a smaller one stays in the page
 #: cache once read, where asking again for each row (~1 us) costs more than it saves.
-READ_AHEAD_MEMORY_SHARE = 0.5
+PREFETCH_MEMORY_SHARE = 0.5
 
 
 def _file_rows(rows: np.ndarray) -> bool:
-    """Whether ``rows`` are a memory map whose rows are worth asking the kernel to read ahead."""
+    """Whether ``rows`` are a memory map whose rows are worth asking the kernel to read first."""
     if not (isinstance(rows, np.memmap) and getattr(rows, 'filename', None) and hasattr(os, 'posix_fadvise')):
         return False
     memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
-    return os.path.getsize(rows.filename) > READ_AHEAD_MEMORY_SHARE * memory
+    return os.path.getsize(rows.filename) > PREFETCH_MEMORY_SHARE * memory
 
 
 def prefetch_rows(rows: np.ndarray, docids: np.ndarray) -> None:
     """Asks the kernel to read these rows of a float32 memory map (:func:`random_rows`) into the page cache, all at
     once: scattered rows arrive faster with many reads in flight than faulted in one at a time by each thread. Only
-    where the file is larger than ``READ_AHEAD_MEMORY_SHARE`` of the memory."""
+    where the file is larger than ``PREFETCH_MEMORY_SHARE`` of the memory."""
     if not _file_rows(rows):
         return
     filename = rows.filename
@@ -396,26 +396,6 @@ def prefetch_rows(rows: np.ndarray, docids: np.ndarray) -> None:
             os.posix_fadvise(fd, rows.offset + docid * row_bytes, row_bytes, os.POSIX_FADV_WILLNEED)
     finally:
         os.close(fd)
-
-
-@contextlib.contextmanager
-def reading_ahead(rows: np.ndarray) -> Iterator[Optional[Callable[[np.ndarray], None]]]:
-    """Yields ``ahead(docids)``, which :func:`prefetch_rows` those rows in a thread of its own, so that their reads
-    overlap the work that follows (None where ``rows`` are not a memory map); the threads end before the block does."""
-    if not _file_rows(rows):
-        yield None
-        return
-    threads = []
-
-    def ahead(docids: np.ndarray) -> None:
-        thread = threading.Thread(target=prefetch_rows, args=(rows, docids), name='rdime-read-ahead', daemon=True)
-        thread.start()
-        threads.append(thread)
-    try:
-        yield ahead
-    finally:
-        for thread in threads:
-            thread.join()
 
 
 def vector_stats(index: object, *, stage: str, verbose: bool = False) -> Dict[str, np.ndarray]:

@@ -77,20 +77,16 @@ NO_DOCUMENT = np.iinfo(np.int64).min
 #: selection. Once the k-th best settles a slab brings a few, and a selection reads all k for them: on a Zen 3, a
 #: 320-row call's push over 1M documents took 1.6-2.1 ms per slab (median) one by one, 2.5-2.7 ms by selection.
 FEW_ENTER = 32
-#: The shares of the pass after which the rows of every query's best so far are read ahead (most of them stay among
-#: the best; on a copy larger than the page cache their reads then overlap the rest of the pass).
-AHEAD_AT = (0.5, 0.8)
 
 
 def integer_candidates(codes: np.ndarray, slabs, prefix_sums, base: int, source: np.ndarray, k: int,
-                       slack: np.ndarray, ahead=None):
+                       slack: np.ndarray):
     """The compiled :func:`.compressed.integer_candidates` over ``slabs`` (``(d0, parts)``: the product rows' scores
     ``base * high + low``) and the rows scored by ``prefix_sums`` (``(dims, weights, starts, parents)`` of each one's
     own dims, parents first), query ``q``'s at row ``source[q]`` (the product rows, then these): per query its ``k``
     best documents and a buffer of candidates within ``slack[q]`` of its k-th best. A buffer still full after
     compaction stops its query's push; it doubles and the push resumes there (the slab's scores are still at hand),
-    until ``MAX_CANDIDATES``: then the query overflows and stops (no results: it runs on its own). ``ahead``, if
-    given, is called with the docids of the queries' best so far once the pass reaches each of ``AHEAD_AT``."""
+    until ``MAX_CANDIDATES``: then the query overflows and stops (no results: it runs on its own)."""
     n_queries = len(source)
     room = np.full(n_queries, max(CANDIDATES_PER_RESULT * k, MIN_CANDIDATES), dtype=np.int64)
     start = np.arange(n_queries, dtype=np.int64) * room  # of each query's buffer in the pool
@@ -106,12 +102,8 @@ def integer_candidates(codes: np.ndarray, slabs, prefix_sums, base: int, source:
     summed = PrefixSums(codes, *prefix_sums)
     by_sums = np.argsort(source)[n_queries - summed.rows:]  # the query of each row scored by prefix sums
     kernel = _runnable(_push_integer_slab)[0]
-    marks = [fraction * codes.shape[1] for fraction in AHEAD_AT] if ahead is not None else []
     for d0, parts in slabs:
         width = parts.shape[1]
-        if marks and d0 >= marks[0]:
-            marks.pop(0)
-            ahead(ID_MAX - (top[top != NO_DOCUMENT] & ID_MAX))
         # the documents of each summed row that reach its floor now (a superset of those the push takes)
         hits = summed.hits(np.where(overflow[by_sums], 2 ** 62, (bars[by_sums] >> 32) - slack[by_sums]), d0, width)
         resume = np.zeros(n_queries, dtype=np.int64)

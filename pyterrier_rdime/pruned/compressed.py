@@ -10,12 +10,12 @@ two steps with :func:`integer_bound`; rows that extend one another (:func:`.dens
 instead (:func:`integer_candidates`).
 """
 import warnings
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from .._config import fork_guard
-from ..store import prefetch_rows, reading_ahead
+from ..store import prefetch_rows
 from .dense import INT8_PRODUCT, Result, best_k, kept_dims, nested_trees, top_k
 from .layout import CODE_MAX, Codes
 
@@ -127,8 +127,7 @@ def _search_one_pass(copy: Codes, dim_major: np.ndarray, query_vecs: np.ndarray,
     roots, *nested = nested_trees(query_vecs)
     steps, weights, bounds, slack = one_pass_weights(copy, query_vecs, roots)
     slack[~query_vecs.any(axis=1)] = -1  # a query without dimensions ties everywhere: its heap only, no candidates
-    with reading_ahead(doc_rows) as ahead:  # the rows of the best so far, read while the pass goes on
-        best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, nested=nested, ahead=ahead)
+    best, candidates, overflow = integer_candidates(copy.codes, weights, slack, k, nested=nested)
     found = {q: (s[0], d[0]) for q in np.flatnonzero(overflow) for s, d in [search_compressed(
         copy, dim_major, query_vecs[q][None], k, use_numba=True, doc_rows=doc_rows)]}  # (scores, docids) by query
     done = np.flatnonzero(~overflow)
@@ -234,13 +233,11 @@ def integer_slabs(codes: np.ndarray, weights: np.ndarray) -> Iterator[Tuple[int,
                 yield d0, np.empty((0, slab.shape[1]), dtype=np.int32)
 
 
-def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, nested=None,
-                       ahead: Optional[Callable[[np.ndarray], None]] = None):
+def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray, k: int, nested=None):
     """``(best, candidates, overflow)`` per query by the compiled kernels: its ``k`` best docids, ``(docids, integer
     scores)`` within ``slack[q]`` of the k-th best, and whether those overflowed the kernel's buffers (then both are
     empty). The rows ``nested`` (``(rows, parents)`` of :func:`.dense.nested_trees`) are scored by prefix sums (each
-    its parent's scores plus its own dims'), the others by :func:`integer_slabs`; ``ahead`` is given the docids of
-    every query's best so far at a few points of the pass."""
+    its parent's scores plus its own dims'), the others by :func:`integer_slabs`."""
     from . import _numba
     rows, parents = nested if nested is not None else (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
     own = weights[rows] * ((parents < 0)[:, None] | (weights[rows[parents]] == 0))  # the dims its parent lacks
@@ -248,4 +245,4 @@ def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray
     prefix_sums = (dims, own_weights.astype(np.int32), starts, parents)  # exact: |weight| < 2^24
     source = np.argsort(np.concatenate([np.delete(np.arange(len(weights)), rows), rows]))  # its row in a slab's scores
     return _numba.integer_candidates(codes, integer_slabs(codes, np.delete(weights, rows, axis=0)), prefix_sums,
-                                     WEIGHT_BASE, source, k, slack, ahead)
+                                     WEIGHT_BASE, source, k, slack)

@@ -6,7 +6,6 @@ block the next build; an inf in a document's vector is named by its docno."""
 import errno
 import logging
 import os
-import threading
 import warnings
 
 import numpy as np
@@ -211,7 +210,7 @@ def test_prefetch_asks_the_kernel_for_each_listed_row_once(tmp_path, monkeypatch
     path = tmp_path / 'vecs.f4'
     path.write_bytes(bytes(16) + np.arange(30, dtype=np.float32).tobytes())
     rows = np.memmap(path, dtype=np.float32, mode='r', offset=16, shape=(10, 3))
-    monkeypatch.setattr(store, 'READ_AHEAD_MEMORY_SHARE', 0)
+    monkeypatch.setattr(store, 'PREFETCH_MEMORY_SHARE', 0)
     store.prefetch_rows(rows, np.array([9, 3]))  # the kernel's own posix_fadvise takes these ranges
     asked = []
     monkeypatch.setattr(os, 'posix_fadvise', lambda fd, offset, length, advice: asked.append((offset, length, advice)))
@@ -220,23 +219,7 @@ def test_prefetch_asks_the_kernel_for_each_listed_row_once(tmp_path, monkeypatch
                      (16 + 84, 12, os.POSIX_FADV_WILLNEED)]
     asked.clear()
     store.prefetch_rows(np.asarray(rows), np.array([1]))
-    monkeypatch.setattr(store, 'READ_AHEAD_MEMORY_SHARE', 0.5)
+    monkeypatch.setattr(store, 'PREFETCH_MEMORY_SHARE', 0.5)
     store.prefetch_rows(rows, np.array([1]))
     assert asked == []
 
-
-def test_rows_read_ahead_in_a_thread_that_ends_with_the_block(tmp_path, monkeypatch):
-    path = tmp_path / 'vecs.f4'
-    path.write_bytes(np.arange(30, dtype=np.float32).tobytes())
-    rows = np.memmap(path, dtype=np.float32, mode='r', shape=(10, 3))
-    asked, threads = [], []
-    monkeypatch.setattr(os, 'posix_fadvise', lambda fd, offset, length, advice: (
-        asked.append(offset), threads.append(threading.current_thread())))
-    monkeypatch.setattr(store, 'READ_AHEAD_MEMORY_SHARE', 0)
-    with store.reading_ahead(rows) as ahead:
-        ahead(np.array([4, 1]))
-        ahead(np.array([9]))
-    assert sorted(asked) == [12, 48, 108] and threading.main_thread() not in threads
-    assert not any(thread.is_alive() for thread in threads)
-    with store.reading_ahead(np.asarray(rows)) as ahead:
-        assert ahead is None
