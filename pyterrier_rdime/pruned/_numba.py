@@ -206,7 +206,6 @@ def scratch_slots(parents: np.ndarray):
     return slots, n
 
 
-
 _jit = numba.njit(cache=True, nogil=True, fastmath={'contract'})
 _parallel_jit = numba.njit(parallel=True, cache=True, nogil=True, fastmath={'contract'})
 _prange = numba.prange
