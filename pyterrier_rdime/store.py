@@ -374,21 +374,15 @@ def random_rows(vecs: np.memmap) -> np.memmap:
 PREFETCH_MEMORY_SHARE = 0.5
 
 
-def _file_rows(rows: np.ndarray) -> bool:
-    """Whether ``rows`` are a memory map whose rows are worth asking the kernel to read first."""
-    if not (isinstance(rows, np.memmap) and getattr(rows, 'filename', None) and hasattr(os, 'posix_fadvise')):
-        return False
-    memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
-    return os.path.getsize(rows.filename) > PREFETCH_MEMORY_SHARE * memory
-
-
 def prefetch_rows(rows: np.ndarray, docids: np.ndarray) -> None:
     """Asks the kernel to read these rows of a float32 memory map (:func:`random_rows`) into the page cache, all at
     once: scattered rows arrive faster with many reads in flight than faulted in one at a time by each thread. Only
     where the file is larger than ``PREFETCH_MEMORY_SHARE`` of the memory."""
-    if not _file_rows(rows):
+    filename = getattr(rows, 'filename', None)
+    if not (isinstance(rows, np.memmap) and filename and hasattr(os, 'posix_fadvise')):
         return
-    filename = rows.filename
+    if os.path.getsize(filename) <= PREFETCH_MEMORY_SHARE * os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'):
+        return
     row_bytes = rows.shape[1] * rows.itemsize
     fd = os.open(filename, os.O_RDONLY)
     try:
