@@ -369,19 +369,25 @@ def random_rows(vecs: np.memmap) -> np.memmap:
     return rows
 
 
-#: Rows are prefetched only from files larger than this share of the machine's memory: a smaller one stays in the page
-#: cache once read, where asking again for each row (~1 us) costs more than it saves.
-PREFETCH_MEMORY_SHARE = 0.5
+#: Bytes beyond this share of the machine's memory are out of core: the page cache cannot keep them beside the work's
+#: own memory, so reading them again means reading the disk. A smaller file stays cached once read, where asking the
+#: kernel again for each row (~1 us) costs more than it saves.
+OUT_OF_CORE_SHARE = 0.5
+
+
+def out_of_core(nbytes: int) -> bool:
+    """Whether ``nbytes`` (a file, a matrix) exceed ``OUT_OF_CORE_SHARE`` of this machine's memory."""
+    return nbytes > OUT_OF_CORE_SHARE * os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 
 def prefetch_rows(rows: np.ndarray, docids: np.ndarray) -> None:
     """Asks the kernel to read these rows of a float32 memory map (:func:`random_rows`) into the page cache, all at
     once: scattered rows arrive faster with many reads in flight than faulted in one at a time by each thread. Only
-    where the file is larger than ``PREFETCH_MEMORY_SHARE`` of the memory."""
+    from a file :func:`out_of_core`."""
     filename = getattr(rows, 'filename', None)
     if not (isinstance(rows, np.memmap) and filename and hasattr(os, 'posix_fadvise')):
         return
-    if os.path.getsize(filename) <= PREFETCH_MEMORY_SHARE * os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'):
+    if not out_of_core(os.path.getsize(filename)):
         return
     row_bytes = rows.shape[1] * rows.itemsize
     fd = os.open(filename, os.O_RDONLY)

@@ -79,13 +79,10 @@ def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFra
     """Per-query measures of ``(dime, fraction) -> run``: ``dime, fraction, system, qid, measure, value``, the
     ``random#<seed>`` rows replaced by their mean over the seeds (dime ``random``). Every query of ``qrels`` is scored
     (0 where a run has none): pass the qrels of the queries run."""
-    evaluator = ir_measures.evaluator(measures, qrels.rename(columns={'qid': 'query_id', 'docno': 'doc_id',
-                                                                      'label': 'relevance'}))
-    names = {measure: str(measure) for measure in measures}
+    evaluator = qrels_evaluator(qrels, measures)
     frames = []
     for (dime, fraction), run in runs.items():
-        rows = [(m.query_id, names[m.measure], m.value) for m in evaluator.iter_calc(run_dict(run))]
-        frame = pd.DataFrame(rows, columns=['qid', 'measure', 'value'])
+        frame = pd.DataFrame(measured(evaluator, run), columns=['qid', 'measure', 'value'])
         frames.append(frame.assign(dime=dime, fraction=fraction, system=f'{dime}/k={fraction}'))
     swept = pd.concat(frames, ignore_index=True)[SWEEP_COLUMNS] if frames else pd.DataFrame(columns=SWEEP_COLUMNS)
     seeded = swept['dime'].str.startswith('random#')
@@ -94,6 +91,18 @@ def evaluate_runs(runs: Dict[Tuple[str, float], pd.DataFrame], qrels: pd.DataFra
     mean = swept[seeded].groupby(['fraction', 'qid', 'measure'], sort=False)['value'].mean().reset_index()
     mean = mean.assign(dime='random', system='random/k=' + mean['fraction'].astype(str))
     return pd.concat([swept[~seeded], mean[swept.columns]], ignore_index=True)
+
+
+def qrels_evaluator(qrels: pd.DataFrame, measures: list):
+    """ir_measures' evaluator of ``measures`` over ``qid, docno, label`` qrels: built once, it scores many runs."""
+    return ir_measures.evaluator(measures, qrels.rename(columns={'qid': 'query_id', 'docno': 'doc_id',
+                                                                 'label': 'relevance'}))
+
+
+def measured(evaluator, run: pd.DataFrame) -> List[Tuple[str, str, float]]:
+    """``(qid, measure, value)`` of a ``qid, docno, score`` run, in the order ir_measures yields them (measures named
+    as ``str`` names them, as pt.Experiment does)."""
+    return [(m.query_id, str(m.measure), m.value) for m in evaluator.iter_calc(run_dict(run))]
 
 
 def run_dict(run: pd.DataFrame) -> Dict[str, Dict[str, float]]:

@@ -1,16 +1,16 @@
-"""The paper's comparison as one call: Baseline, and for each DIME each Top-k and RDIME, through pt.Experiment,
-in the reference implementations' protocol (the one-cell pipeline the CLI and the grid share), and the run's protocol
-options (:class:`Options`), checked when built."""
+"""The paper's comparison as one call: Baseline, and for each DIME each Top-k and RDIME, scored as pt.Experiment
+scores them, in the reference implementations' protocol (the one-cell pipeline the CLI and the grid share), and the
+run's protocol options (:class:`Options`), checked when built."""
 import functools
 import re
 import time
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import ir_measures
 import pandas as pd
-import pyterrier as pt
 
 from .._config import check_bool, check_choice, check_fraction, check_int, default_cache_dir, reject
 from ..llm import LlmGenerator
@@ -302,11 +302,29 @@ def check_rel(rel: Optional[int], qrels: pd.DataFrame) -> None:
 
 def evaluate(frames: Dict[str, pd.DataFrame], topics: pd.DataFrame, qrels: pd.DataFrame,
              measures: list) -> pd.DataFrame:
-    """``system, qid, measure, value``: one per-query ``pt.Experiment`` over the systems' result frames (their
-    ``qid, docno, score`` only, as plain objects: ir_measures reads a frame row by row, every column)."""
-    runs = [frame[['qid', 'docno', 'score']].astype({'qid': object, 'docno': object}) for frame in frames.values()]
-    return pt.Experiment(runs, topics, qrels, measures, names=list(frames), perquery=True,
-                         verbose=False).rename(columns={'name': 'system'})
+    """``system, qid, measure, value``: the per-query frame ``pt.Experiment(..., perquery=True)`` gives for the systems'
+    result frames (the qrels of the topics' queries only; NaN for a topic without qrels; sorted by system and qid),
+    with one ir_measures evaluator for every system and each run handed over as a dict (:func:`.parity.run_dict`):
+    pt.Experiment builds both again per system, most of its time on a grid of many systems."""
+    qids = list(dict.fromkeys(topics['qid']))
+    qrels = qrels[qrels['qid'].isin(set(qids))]
+    if qrels.empty:
+        raise ValueError(f'none of the {len(qids)} queries has qrels: check that the topics and qrels belong together')
+    evaluator = parity.qrels_evaluator(qrels, measures)
+    names, rows, unjudged = [str(m) for m in measures], [], 0
+    for system, frame in frames.items():
+        if frame.empty:
+            raise ValueError(f'{system}: no results for any of the {len(qids)} queries, nothing to evaluate')
+        values = {}  # qid -> measure -> value, as ir_measures yields them
+        for qid, measure, value in parity.measured(evaluator, frame):
+            values.setdefault(qid, {})[measure] = value
+        missing = [qid for qid in qids if qid not in values]
+        unjudged = max(unjudged, len(missing))
+        values.update((qid, dict.fromkeys(names, float('nan'))) for qid in missing)
+        rows += [(system, qid, name, value) for qid, byname in values.items() for name, value in byname.items()]
+    if unjudged:
+        warnings.warn(f'{unjudged} topic(s) not found in qrels: their measures are NaN and left out of the means')
+    return pd.DataFrame(rows, columns=['system', 'qid', 'measure', 'value']).sort_values(['system', 'qid'])
 
 
 def _seeded(perquery: pd.DataFrame, grid: Grid, topics: pd.DataFrame, qrels: pd.DataFrame, measures: list):

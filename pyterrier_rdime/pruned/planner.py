@@ -60,7 +60,8 @@ class Plan:
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """The path of one call as :func:`choose` took it, its estimated cost, bucket and reason: ``'forced'``,
-    ``'model'`` (alone), ``'only'`` (candidate), ``'explore'``, ``'recheck'`` or ``'measured'`` (the fastest timed);
+    ``'model'`` (alone), ``'only'`` (candidate), ``'explore'``, ``'recheck'``, ``'measured'`` (the fastest timed) or
+    ``'out of core'`` (the int8 copy's paths, the float32 matrix beyond the memory: :func:`choose`);
     ``queries``: how many of the call's first queries it scores, where not all (:func:`parts`)."""
     path: str
     estimate: float
@@ -268,11 +269,12 @@ def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled
            timings: Optional[MeasuredChoice] = None, call_bucket: Optional[str] = None) -> Choice:
     """How a call scores these pruned query vectors (n, dims), ``k`` results each: ``'dense'`` as it is;
     ``'pruned'`` / ``'compressed'`` in one pass or query after query, as ``model()`` finds cheaper; ``'auto'`` dense
-    without compiled kernels, queries or a matrix of ``MIN_PRUNED_BYTES``, else the measured choice with ``timings``,
-    the least estimate without (never the float32 pruned paths without ``float32_ready``: it builds no copy); a
-    per-query path explored or re-checked on a larger call takes its first share only (``queries``, with the share's
-    estimate; the rest is chosen in the ``call_bucket`` of the whole call, without exploring: one path explored per
-    call). ``model`` is called only when the choice depends on it; nothing is recorded here."""
+    without compiled kernels, queries or a matrix of ``MIN_PRUNED_BYTES``, the int8 copy's (one pass for a batch) for
+    a float32 matrix :func:`.store.out_of_core`, else the measured choice with ``timings``, the least estimate without
+    (never the float32 pruned paths without ``float32_ready``: it builds no copy); a per-query path explored or
+    re-checked on a larger call takes its first share only (``queries``, with the share's estimate; the rest is chosen
+    in the ``call_bucket`` of the whole call, without exploring: one path explored per call). ``model`` is called
+    only when the choice depends on it; nothing is recorded here."""
     if strategy in ('dense', 'pruned', 'compressed'):
         one_pass = {'pruned': 'one pass', 'compressed': 'compressed one pass'}.get(strategy)
         if one_pass is None or not compiled or len(query_vecs) < 2:
@@ -285,6 +287,11 @@ def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled
         raise ValueError(f"unknown strategy {strategy!r}; expected 'auto', 'pruned', 'dense' or 'compressed'")
     if not compiled or matrix_bytes < MIN_PRUNED_BYTES or not len(query_vecs):
         return Choice('dense', math.nan, '', 'model')
+    if store.out_of_core(matrix_bytes):
+        # the float32 paths read the matrix at the disk's pace, which the model (calibrated in memory) does not see,
+        # and the copy's per-query path re-scores each query's rows apart: at 8.8M x 768 exploring them took 81 s
+        # (dense) and 26.5 s (8 full queries, compressed), where the one pass took 18.5 s for the call's other 35
+        return Choice('compressed one pass' if len(query_vecs) > 1 else 'compressed', math.nan, '', 'out of core')
     costs = model().path_costs(query_vecs, k=k, matrix_bytes=matrix_bytes, one_pass=len(query_vecs) > 1)
     if not float32_ready:
         costs = {path: cost for path, cost in costs.items() if Plan(path).strategy != 'pruned'}

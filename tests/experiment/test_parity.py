@@ -205,3 +205,35 @@ def test_sweep_measures_equal_ir_measures_reading_the_frames_themselves():
     assert len(expected) == 12 and ('q3', 'AP') in expected
     assert {(q, m): v for q, m, v in zip(swept['qid'], swept['measure'], swept['value'])} == expected
     assert parity.run_dict(run)['q1'][rows[12][1]] == 9.0 and list(parity.run_dict(run)) == ['q2', 'q1']
+
+
+def test_runner_evaluation_equals_pt_experiment_per_query():
+    """The runner scores every system with one evaluator and dict runs: the very frame pt.Experiment(perquery=True)
+    gives (rows, order, index), with ties, a repeated docno, a query of the qrels one system did not answer (0), a
+    topic without qrels (NaN, with a warning), a 'string' dtype frame and qrels of a query outside the topics."""
+    import ir_measures
+    import pyterrier as pt
+
+    from pyterrier_rdime.experiment.runner import evaluate
+    rng = np.random.default_rng(5)
+    qrels = pd.DataFrame({'qid': np.repeat(['q1', 'q2', 'q3', 'q9'], 8), 'docno': [f'd{i % 20}' for i in range(32)],
+                          'label': rng.integers(0, 3, 32)})
+    topics = pd.DataFrame({'qid': ['q2', 'q1', 'q3', 'q4'], 'query': 'x'})
+    frames = {}
+    for system, answered in [('b', ('q1', 'q2', 'q3', 'q4')), ('a', ('q2', 'q1')), ('c/k=0.5', ('q3', 'q1', 'q9'))]:
+        rows = [(q, f'd{d}', float(rng.integers(0, 4))) for q in answered for d in rng.permutation(20)[:15]]
+        frames[system] = pd.DataFrame(rows + [(answered[0], rows[3][1], 7.0)], columns=['qid', 'docno', 'score'])
+    frames['a'] = frames['a'].astype({'qid': 'string', 'docno': 'string'})
+    measures = [ir_measures.parse_measure(m) for m in ('nDCG@10', 'AP', 'RR@10', 'R@5')]
+    with pytest.warns(UserWarning, match='1 topic'):
+        ours = evaluate(frames, topics, qrels, measures)
+    with pytest.warns(UserWarning, match='1 topic'):
+        expected = pt.Experiment([f.astype({'qid': object, 'docno': object}) for f in frames.values()], topics,
+                                 qrels, measures, names=list(frames), perquery=True).rename(columns={'name': 'system'})
+    pd.testing.assert_frame_equal(ours, expected)
+    assert ours.loc[(ours['system'] == 'a') & (ours['qid'] == 'q3'), 'value'].eq(0).all()
+    assert ours.loc[ours['qid'] == 'q4', 'value'].isna().all() and 'q9' not in set(ours['qid'])
+    with pytest.raises(ValueError, match='a: no results for any of the 4 queries'):
+        evaluate({'a': frames['a'].iloc[:0]}, topics, qrels, measures)
+    with pytest.raises(ValueError, match='none of the 1 queries has qrels'):
+        evaluate(frames, topics.iloc[3:], qrels, measures)

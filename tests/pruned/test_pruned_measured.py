@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from pruned_data import flex_index, full_topk, make_corpus
 
-from pyterrier_rdime import PrunedRetriever
+from pyterrier_rdime import PrunedRetriever, store
 from pyterrier_rdime.pruned import calibration, kept, planner
 from pyterrier_rdime.pruned.planner import Choice
 
@@ -215,3 +215,30 @@ def test_the_record_is_kept_for_later_processes_and_starts_over_with_a_rewritten
     again.search(query)
     assert again_clock.paths == ['compressed']
     assert planner.measured_choice({'dense': 1.5, 'compressed': 1.0}, bucket, again._measured).reason == 'explore'
+
+
+@COMPILED
+def test_an_index_beyond_the_memory_takes_the_int8_copy_without_exploring(driven, monkeypatch):
+    docs, query_vecs = make_corpus()
+    retriever = PrunedRetriever(index=docs, num_results=10, verbose=False)
+    # the model and the clock both find dense fastest: in memory it is explored and taken
+    speeds = {'dense': 0.1, 'pruned': 1.0, 'one pass': 1.0, 'compressed': 1.0, 'compressed one pass': 1.0}
+    clock = driven(retriever, speeds, Estimates(**{path.replace(' ', '_'): 1.0 for path in speeds}))
+    retriever.search(query_vecs[2:6])
+    assert clock.paths == ['dense']
+    # beyond the memory (here: any matrix), the copy's one pass for a batch and its path for a query, never a timing
+    monkeypatch.setattr(store, 'OUT_OF_CORE_SHARE', 0)
+    for _ in range(3):
+        for batch in (query_vecs[2:6], query_vecs[2:3]):
+            scores, docids = retriever.search(batch)
+            for q, query in enumerate(batch):
+                ref_scores, ref_ids = full_topk(docs, query, 10)
+                assert docids[q].tolist() == ref_ids.tolist()
+                np.testing.assert_allclose(scores[q], ref_scores, rtol=1e-5, atol=1e-5)
+    assert clock.paths[1:] == ['compressed one pass', 'compressed'] * 3
+    assert retriever.choice(query_vecs[2:6]).reason == 'out of core'
+    # nothing timed: dense's one call was cold (not counted), the copy's calls are not measurements
+    assert retriever._measured.bucket_timings(planner.bucket(query_vecs[2:6], 10)) == ({}, 0)
+    # a forced strategy still takes its own path
+    assert planner.choose(query_vecs[2:6], strategy='dense', matrix_bytes=2 ** 30, compiled=True, model=None,
+                          k=10).path == 'dense'

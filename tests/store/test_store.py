@@ -210,7 +210,7 @@ def test_prefetch_asks_the_kernel_for_each_listed_row_once(tmp_path, monkeypatch
     path = tmp_path / 'vecs.f4'
     path.write_bytes(bytes(16) + np.arange(30, dtype=np.float32).tobytes())
     rows = np.memmap(path, dtype=np.float32, mode='r', offset=16, shape=(10, 3))
-    monkeypatch.setattr(store, 'PREFETCH_MEMORY_SHARE', 0)
+    monkeypatch.setattr(store, 'OUT_OF_CORE_SHARE', 0)
     store.prefetch_rows(rows, np.array([9, 3]))  # the kernel's own posix_fadvise takes these ranges
     asked = []
     monkeypatch.setattr(os, 'posix_fadvise', lambda fd, offset, length, advice: asked.append((offset, length, advice)))
@@ -219,7 +219,7 @@ def test_prefetch_asks_the_kernel_for_each_listed_row_once(tmp_path, monkeypatch
                      (16 + 84, 12, os.POSIX_FADV_WILLNEED)]
     asked.clear()
     store.prefetch_rows(np.asarray(rows), np.array([1]))
-    monkeypatch.setattr(store, 'PREFETCH_MEMORY_SHARE', 0.5)
+    monkeypatch.setattr(store, 'OUT_OF_CORE_SHARE', 0.5)
     store.prefetch_rows(rows, np.array([1]))
     assert asked == []
 
