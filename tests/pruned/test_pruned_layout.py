@@ -335,3 +335,14 @@ def test_calibration_shows_its_progress_when_verbose(capfd):
     assert 'PrunedRetriever calibration' in capfd.readouterr().err
     calibration.calibrate(docs=512, rounds=1, save=False)
     assert 'PrunedRetriever calibration' not in capfd.readouterr().err
+
+
+def test_docnos_of_repeated_unsorted_and_no_docids(tmp_path):
+    # each distinct docid is looked up once and put back at every place it takes; none gives an empty array
+    docnos = [f'doc-{i * 7 % 11}-{i}' for i in range(11)]
+    index = flex_index(tmp_path / 'index.flex', np.eye(11, 4, dtype=np.float32), docnos)
+    lookup = layout.Layout(index).lookup_docnos
+    docids = np.array([9, 2, 9, 0, 10, 2, 2])
+    got = lookup(docids)
+    assert got.dtype == object and got.tolist() == [docnos[i] for i in docids]
+    assert lookup(np.empty(0, dtype=np.int64)).tolist() == []
