@@ -375,9 +375,14 @@ def random_rows(vecs: np.memmap) -> np.memmap:
 OUT_OF_CORE_SHARE = 0.5
 
 
-def out_of_core(nbytes: int) -> bool:
-    """Whether ``nbytes`` (a file, a matrix) exceed ``OUT_OF_CORE_SHARE`` of this machine's memory."""
-    return nbytes > OUT_OF_CORE_SHARE * os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+def memory_bytes() -> int:
+    """This machine's physical memory, in bytes."""
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+
+
+def out_of_core(nbytes: int, memory: Optional[int] = None) -> bool:
+    """Whether ``nbytes`` of files exceed ``OUT_OF_CORE_SHARE`` of ``memory`` (default: this machine's)."""
+    return nbytes > OUT_OF_CORE_SHARE * (memory_bytes() if memory is None else memory)
 
 
 def prefetch_rows(rows: np.ndarray, docids: np.ndarray) -> None:

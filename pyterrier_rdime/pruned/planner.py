@@ -266,15 +266,17 @@ def candidates(costs: Dict[str, float]) -> List[str]:
 
 def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled: bool,
            model: Callable[[], CostModel], k: int, float32_ready: bool = True,
-           timings: Optional[MeasuredChoice] = None, call_bucket: Optional[str] = None) -> Choice:
+           timings: Optional[MeasuredChoice] = None, call_bucket: Optional[str] = None,
+           out_of_core: bool = False) -> Choice:
     """How a call scores these pruned query vectors (n, dims), ``k`` results each: ``'dense'`` as it is;
     ``'pruned'`` / ``'compressed'`` in one pass or query after query, as ``model()`` finds cheaper; ``'auto'`` dense
-    without compiled kernels, queries or a matrix of ``MIN_PRUNED_BYTES``, the int8 copy's (one pass for a batch) for
-    a float32 matrix :func:`.store.out_of_core`, else the measured choice with ``timings``, the least estimate without
-    (never the float32 pruned paths without ``float32_ready``: it builds no copy); a per-query path explored or
-    re-checked on a larger call takes its first share only (``queries``, with the share's estimate; the rest is chosen
-    in the ``call_bucket`` of the whole call, without exploring: one path explored per call). ``model`` is called
-    only when the choice depends on it; nothing is recorded here."""
+    without compiled kernels, queries or a matrix of ``MIN_PRUNED_BYTES``, the int8 copy's (one pass for a batch)
+    ``out_of_core`` (the float32 matrix in files the page cache cannot keep: :func:`.store.out_of_core`), else the
+    measured choice with ``timings``, the least estimate without (never the float32 pruned paths without
+    ``float32_ready``: it builds no copy); a per-query path explored or re-checked on a larger call takes its first
+    share only (``queries``, with the share's estimate; the rest is chosen in the ``call_bucket`` of the whole call,
+    without exploring: one path explored per call). ``model`` is called only when the choice depends on it; nothing
+    is recorded here."""
     if strategy in ('dense', 'pruned', 'compressed'):
         one_pass = {'pruned': 'one pass', 'compressed': 'compressed one pass'}.get(strategy)
         if one_pass is None or not compiled or len(query_vecs) < 2:
@@ -287,7 +289,7 @@ def choose(query_vecs: np.ndarray, *, strategy: str, matrix_bytes: int, compiled
         raise ValueError(f"unknown strategy {strategy!r}; expected 'auto', 'pruned', 'dense' or 'compressed'")
     if not compiled or matrix_bytes < MIN_PRUNED_BYTES or not len(query_vecs):
         return Choice('dense', math.nan, '', 'model')
-    if store.out_of_core(matrix_bytes):
+    if out_of_core:
         # the float32 paths read the matrix at the disk's pace, which the model (calibrated in memory) does not see,
         # and the copy's per-query path re-scores each query's rows apart: at 8.8M x 768 exploring them took 81 s
         # (dense) and 26.5 s (8 full queries, compressed), where the one pass took 18.5 s for the call's other 35

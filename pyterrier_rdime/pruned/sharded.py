@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from .. import store
 from .._config import check_int, check_positive
 from . import calibration, kept, planner
 from .dense import best_k
@@ -65,12 +66,15 @@ class ShardServer:
         """``(node ID, IP address)``, asked on the ``'probe'`` thread to tell a slow shard from a lost one."""
         return self.node
 
-    def info(self) -> Tuple[Tuple[str, str], int, np.ndarray, bool, bool]:
-        """``(node, documents, abs max per dimension, compiled kernels here, float32 pruned paths plannable)``."""
+    def info(self) -> Tuple[Tuple[str, str], int, np.ndarray, bool, bool, int, int]:
+        """``(node, documents, abs max per dimension, compiled kernels here, float32 pruned paths plannable, bytes of
+        float32 vectors in files (0: an array), the node's memory)``."""
         self._use_threads()
         retriever = self.retriever
-        return (self.node, retriever.shape[1], retriever._layout.abs_max(), kept.NUMBA_AVAILABLE,
-                retriever.strategy != 'auto' or retriever._layout.has_matrix())
+        dims, docs = retriever.shape
+        return (self.node, docs, retriever._layout.abs_max(), kept.NUMBA_AVAILABLE,
+                retriever.strategy != 'auto' or retriever._layout.has_matrix(),
+                0 if retriever._layout.is_array else 4 * dims * docs, store.memory_bytes())
 
     def cost_model(self) -> CostModel:
         """This node's cost model (calibrated on first use), from which the driver plans."""
@@ -101,8 +105,8 @@ class ShardServer:
 class _Actors:
     """The actors of a retriever and its ``% k`` variants (``handles`` None until started) with the shards they
     serve; once started, :meth:`ShardedPrunedRetriever._start` adds what the plan and the merge need (``docs``,
-    ``offsets``, ``dims``, ``abs_max``, ``compiled``, ``float32_ready``) and ``retrievers`` (each actor's retriever in
-    the object store, for a restart to read)."""
+    ``offsets``, ``dims``, ``abs_max``, ``compiled``, ``float32_ready``, ``out_of_core``) and ``retrievers`` (each
+    actor's retriever in the object store, for a restart to read)."""
 
     def __init__(self, handles: Optional[list] = None, served: Sequence[int] = ()):
         self.lock = threading.Lock()
@@ -110,6 +114,16 @@ class _Actors:
         self.served = list(served)
         self.nodes: List[Tuple[str, str]] = [('', '')] * len(self.served)
         self.model: Optional[CostModel] = None
+
+
+def nodes_out_of_core(nodes: Sequence[Tuple[str, str]], file_bytes: Sequence[int], memory: Sequence[int]) -> bool:
+    """Whether the float32 files of the shards on some node, together, are :func:`.store.out_of_core` of its memory
+    (the planner's ``out_of_core``): each actor reports its shard's bytes and its node's memory."""
+    on_node: Dict[Tuple[str, str], int] = {}
+    for node, nbytes in zip(nodes, file_bytes):
+        on_node[node] = on_node.get(node, 0) + nbytes
+    node_memory = dict(zip(nodes, memory))
+    return any(store.out_of_core(nbytes, node_memory[node]) for node, nbytes in on_node.items())
 
 
 def _queued_requests(ray) -> List[Dict[str, float]]:
@@ -257,7 +271,8 @@ class ShardedPrunedRetriever(ExactRetriever):
             return actors.model
         return planner.choose(query_vecs, strategy=self.strategy, matrix_bytes=total * actors.dims * 4,
                               compiled=actors.compiled, model=model, k=min(self.num_results, total),
-                              float32_ready=actors.float32_ready, timings=self._measured, call_bucket=call_bucket)
+                              float32_ready=actors.float32_ready, timings=self._measured, call_bucket=call_bucket,
+                              out_of_core=actors.out_of_core)
 
     def _search(self, ray, actors: _Actors, query_vecs: np.ndarray, plan: Plan) -> list:
         """Every shard's reply to the search of these queries on ``plan``'s path."""
@@ -308,7 +323,7 @@ class ShardedPrunedRetriever(ExactRetriever):
                 starting = _Actors(handles, served)
                 try:
                     self._wait_placed(ray, starting)
-                    nodes, docs, abs_maxes, compiled, ready = zip(*self._gather(
+                    nodes, docs, abs_maxes, compiled, ready, file_bytes, memory = zip(*self._gather(
                         ray, starting, lambda handle: handle.info.remote(), 'open'))
                     if len({len(a) for a in abs_maxes}) > 1:
                         other = next(i for i, a in zip(served, abs_maxes) if len(a) != len(abs_maxes[0]))
@@ -326,6 +341,7 @@ class ShardedPrunedRetriever(ExactRetriever):
                 actors.abs_max = np.max(abs_maxes, axis=0)
                 actors.compiled = all(compiled)
                 actors.float32_ready = all(ready)
+                actors.out_of_core = nodes_out_of_core(nodes, file_bytes, memory)
                 actors.served, actors.retrievers, actors.nodes = served, retrievers, list(nodes)
                 actors.handles = handles
         return ray, actors

@@ -11,7 +11,7 @@ import pyterrier as pt
 
 from .._config import ConfigTransformer, check_bool, check_int
 from .._frames import empty_frame
-from ..store import portable_index
+from ..store import out_of_core, portable_index
 from . import calibration, dense, kept, planner
 from .compressed import search_compressed
 from .dense import Result
@@ -140,7 +140,8 @@ class PrunedRetriever(ExactRetriever):
         return planner.choose(query_vecs, strategy=self.strategy, matrix_bytes=4 * dims * docs,
                               compiled=kept.NUMBA_AVAILABLE, model=lambda: calibration.model(verbose=self.verbose),
                               k=min(self.num_results, docs), timings=self._measured, call_bucket=call_bucket,
-                              float32_ready=self.strategy != 'auto' or self._layout.has_matrix())
+                              float32_ready=self.strategy != 'auto' or self._layout.has_matrix(),
+                              out_of_core=not self._layout.is_array and out_of_core(4 * dims * docs))
 
     def plan(self, query_vecs: np.ndarray) -> Plan:
         """The plan of :meth:`choice`: decided once per call."""

@@ -218,15 +218,15 @@ def test_the_record_is_kept_for_later_processes_and_starts_over_with_a_rewritten
 
 
 @COMPILED
-def test_an_index_beyond_the_memory_takes_the_int8_copy_without_exploring(driven, monkeypatch):
+def test_an_index_beyond_the_memory_takes_the_int8_copy_without_exploring(driven, monkeypatch, tmp_path):
     docs, query_vecs = make_corpus()
-    retriever = PrunedRetriever(index=docs, num_results=10, verbose=False)
+    retriever = PrunedRetriever(index=flex_index(tmp_path / 'index.flex', docs), num_results=10, verbose=False)
     # in memory the model finds every path equal: dense, the first, is explored (the clock makes it the fastest)
     speeds = {'dense': 0.1, 'pruned': 1.0, 'one pass': 1.0, 'compressed': 1.0, 'compressed one pass': 1.0}
     clock = driven(retriever, speeds, Estimates(**{path.replace(' ', '_'): 1.0 for path in speeds}))
     retriever.search(query_vecs[2:6])
     assert clock.paths == ['dense']
-    # beyond the memory (here: any matrix), the copy's one pass for a batch and its path for a query, never a timing
+    # vecs.f4 beyond the memory (here: any file), the copy's one pass for a batch and its path for a query, untimed
     monkeypatch.setattr(store, 'OUT_OF_CORE_SHARE', 0)
     for _ in range(3):
         for batch in (query_vecs[2:6], query_vecs[2:3]):
@@ -239,6 +239,8 @@ def test_an_index_beyond_the_memory_takes_the_int8_copy_without_exploring(driven
     assert retriever.choice(query_vecs[2:6]).reason == 'out of core'
     # nothing timed: dense's one call was cold (not counted), the copy's calls are not measurements
     assert retriever._measured.bucket_timings(planner.bucket(query_vecs[2:6], 10)) == ({}, 0)
-    # a forced strategy still takes its own path
-    assert planner.choose(query_vecs[2:6], strategy='dense', matrix_bytes=2 ** 30, compiled=True, model=None,
-                          k=10).path == 'dense'
+    # an array index is in memory whatever its size; a forced strategy takes its own path
+    in_memory = PrunedRetriever(index=docs, num_results=10, verbose=False)
+    assert in_memory.choice(query_vecs[2:6]).reason != 'out of core'
+    assert PrunedRetriever(index=retriever.index, num_results=10, strategy='dense').choice(
+        query_vecs[2:6]).path == 'dense'

@@ -101,6 +101,16 @@ def test_split_flex_index(tmp_path):
         split_flex_index(index, tmp_path / 'none', 0)
 
 
+def test_out_of_core_is_judged_per_node_from_every_shard_on_it():
+    # each actor's shard bytes in files (0: an array) against its node's memory; a node's shards add up
+    a, b = ('node-a', '10.0.0.1'), ('node-b', '10.0.0.2')
+    gib = 2 ** 30
+    assert not sharded.nodes_out_of_core([a, b], [6 * gib, 6 * gib], [16 * gib, 16 * gib])
+    assert sharded.nodes_out_of_core([a, a], [6 * gib, 6 * gib], [16 * gib, 16 * gib])  # 12 of 16 GiB on one node
+    assert sharded.nodes_out_of_core([a, b], [1 * gib, 9 * gib], [64 * gib, 16 * gib])  # the small node
+    assert not sharded.nodes_out_of_core([a, a], [0, 0], [gib, gib])  # arrays are in memory
+
+
 @pytest.mark.parametrize('strategy', ['pruned', 'dense'])
 def test_same_as_one_index_for_every_k(request, uneven, corpus, strategy):
     docs, query_vecs = corpus
