@@ -242,7 +242,7 @@ def integer_candidates(codes: np.ndarray, weights: np.ndarray, slack: np.ndarray
     rows, parents = nested if nested is not None else (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
     own = weights[rows] * ((parents < 0)[:, None] | (weights[rows[parents]] == 0))  # the dims its parent lacks
     dims, own_weights, starts = kept_dims(own)
-    prefix_sums = (dims, own_weights.astype(np.int32), starts, parents)  # exact: |weight| < 2^24
+    prefix_sums = (dims, own_weights.astype(np.int32), starts, parents)  # |weight| <= CODE_MAX * WEIGHT_BASE < 2^15
     source = np.argsort(np.concatenate([np.delete(np.arange(len(weights)), rows), rows]))  # its row in a slab's scores
     return _numba.integer_candidates(codes, integer_slabs(codes, np.delete(weights, rows, axis=0)), prefix_sums,
                                      WEIGHT_BASE, source, k, slack)

@@ -190,18 +190,22 @@ def test_integer_candidates_are_the_documents_near_the_kth_best(monkeypatch, lim
 
 
 def summed_rows(scores):
-    """``(codes, prefix_sums)`` of lone rows scored by prefix sums whose int32 scores are ``scores``: balanced
-    base-256 digits times weights 1, 256, 65536, 2^24, 2^24 (the top digit split over two dims)."""
+    """``(codes, prefix_sums)`` of lone rows scored by prefix sums whose int32 scores are ``scores``: two balanced
+    base-128 digits times weights 1 and 128, the rest (at most 2^17) spread over 1,033 codes times 2^14 (the weights
+    are int16)."""
+    spread = 1033
     digits, rest = [], np.asarray(scores, dtype=np.int64)
-    for _ in range(3):
-        digits.append((rest + 128) % 256 - 128)
-        rest = (rest - digits[-1]) // 256
-    digits += [rest // 2, rest - rest // 2]
+    for _ in range(2):
+        digits.append((rest + 64) % 128 - 64)
+        rest = (rest - digits[-1]) // 128
+    share = rest // spread
+    digits += [share + (j < rest - share * spread) for j in range(spread)]
     codes = np.concatenate(digits).astype(np.int8)  # row j * rows + r: digit j of row r
-    rows = len(scores)
-    dims = np.arange(5 * rows).reshape(5, rows).T.ravel()
-    weights = np.tile(np.array([1, 256, 65536, 2 ** 24, 2 ** 24], dtype=np.int32), rows)
-    return codes, (dims, weights, np.arange(0, 5 * rows + 1, 5), np.full(rows, -1))
+    assert (np.concatenate(digits) == codes).all()
+    rows, width = len(scores), spread + 2
+    dims = np.arange(width * rows).reshape(width, rows).T.ravel()
+    weights = np.tile(np.array([1, 128] + [2 ** 14] * spread, dtype=np.int32), rows)
+    return codes, (dims, weights, np.arange(0, width * rows + 1, width), np.full(rows, -1))
 
 
 @NEEDS_NUMBA

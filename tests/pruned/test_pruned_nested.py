@@ -144,6 +144,29 @@ def test_prefix_sums_hit_the_documents_reaching_each_floor_with_their_exact_inte
     assert len(hits(floors)[5][0]) == 0
 
 
+@NEEDS_NUMBA
+@pytest.mark.parametrize('rows', [1, 2, 3, 7, 8, 9, 17])
+def test_code_rows_add_in_groups_of_sixteen_documents_exactly(rows):
+    # eight rows per pass, then pairs, an odd row paired with itself; 0-40 documents from an offset (groups of 16 and
+    # a shorter tail); codes and int16 weights at their extremes: each document's sum equals int64 brute force, found
+    # where _position puts it; a weight beyond an int16 is refused
+    from pyterrier_rdime.pruned import _numba
+    rng = np.random.default_rng(rows)
+    codes = rng.integers(-127, 128, size=(40, 100)).astype(np.int8)
+    codes[:, 5] = -127
+    dims = rng.permutation(40)[:rows].astype(np.int64)
+    weights = rng.integers(-2 ** 15 + 1, 2 ** 15, rows).astype(np.int32)
+    weights[0] = 2 ** 15 - 1
+    for n in range(41):
+        positions = np.array([_numba._position(t, n // 16 * 16) for t in range(n)], dtype=np.int64)
+        acc = (positions * 1000).astype(np.int32)  # added to, as a parent's scores are: document t's is 1000 t
+        expected = np.arange(n) * 1000 + weights.astype(np.int64) @ codes[dims, 3:3 + n].astype(np.int64)
+        _numba._add_code_rows(acc, codes, dims, weights, 0, rows, 3, n)
+        assert acc[positions].tolist() == expected.tolist()
+    with pytest.raises(ValueError, match='int16'):
+        _numba.PrefixSums(codes, dims, weights * 2, np.array([0, rows]), np.array([-1]))
+
+
 @pytest.fixture(scope='module')
 def near_duplicates():
     """1,500 documents: runs of twins (identical rows, exact ties), near-twins an ulp apart and random rows."""
