@@ -207,6 +207,36 @@ def test_sweep_measures_equal_ir_measures_reading_the_frames_themselves():
     assert parity.run_dict(run)['q1'][rows[12][1]] == 9.0 and list(parity.run_dict(run)) == ['q2', 'q1']
 
 
+def test_reciprocal_ranks_with_a_cutoff_read_each_querys_top_only_with_the_same_values():
+    """The evaluator scoring RR@k alone (ir_measures' MS MARCO provider) gets each query's documents scoring at least
+    its k-th best: the very metrics, in order, that ir_measures gives reading the whole frame, with a tie across rank
+    k holding the first relevant document, a repeated docno whose last score is lower, a query shorter than k; RR
+    judged-only (which reads below the cutoff) or beside another measure would read the whole run."""
+    import ir_measures
+    qrels = pd.DataFrame({'qid': ['q1', 'q1', 'q2', 'q2', 'q3'], 'docno': ['d5', 'd9', 'd0', 'd3', 'd1'],
+                          'label': [1, 2, 1, 0, 1]})
+    scores = {'q1': [9, 8, 7, 7, 7, 7, 1, 0, 0, 0], 'q2': [5, 4, 3, 2, 1, 0, 0, 0], 'q3': [2, 1]}
+    rows = [(q, f'd{d}', float(s)) for q, row in scores.items() for d, s in enumerate(row)]
+    run = pd.DataFrame(rows + [('q2', 'd0', -1.0)], columns=['qid', 'docno', 'score'])  # d0 of q2 drops to the end
+    assert parity.top_of({'a': 3.0, 'b': 2.0, 'c': 2.0, 'd': 1.0}, 2) == {'a': 3.0, 'b': 2.0, 'c': 2.0}
+    with_nan = {'a': 3.0, 'b': float('nan'), 'c': 1.0}
+    assert parity.top_of(with_nan, 1) is with_nan  # left whole: how a provider ranks NaN is its own affair
+    values = {}
+    for names in [('nDCG@10', 'AP', 'RR@3', 'RR@6'), ('RR@4',), ('RR@2', 'R@5')]:
+        measures = [ir_measures.parse_measure(m) for m in names]
+        ours = parity.measured(parity.qrels_evaluator(qrels, measures), run)
+        assert ours == [(m.query_id, str(m.measure), m.value) for m in ir_measures.evaluator(measures, qrels.rename(
+            columns={'qid': 'query_id', 'docno': 'doc_id', 'label': 'relevance'})).iter_calc(
+            run.rename(columns={'qid': 'query_id', 'docno': 'doc_id'}))]
+        values.update({(q, m): v for q, m, v in ours})
+    # by hand: q1's relevant d5 sixth (ties by docno), q2's d0 last (its last score), q3's d1 second
+    assert values['q1', 'RR@6'] == pytest.approx(1 / 6) and values['q1', 'RR@3'] == 0
+    assert values['q2', 'RR@4'] == 0 and values['q3', 'RR@2'] == 0.5
+    assert parity._top_depth([ir_measures.parse_measure('RR(judged_only=True)@2')]) is None
+    assert parity._top_depth([ir_measures.parse_measure(m) for m in ('RR@2', 'RR@7')]) == 7
+    assert parity._top_depth([ir_measures.parse_measure(m) for m in ('RR@2', 'AP')]) is None
+
+
 def test_runner_evaluation_equals_pt_experiment_per_query():
     """The runner scores every system with one evaluator and dict runs: the very frame pt.Experiment(perquery=True)
     gives (rows, order, index), with ties, a repeated docno, a query of the qrels one system did not answer (0), a
