@@ -300,8 +300,9 @@ def _pair_products(pairs: int):
     pair's codes (int8, widened to int16) interleaved document by document and multiplied by the pair's two weights
     (int16) as one product of 16-bit pairs summed into 32 bits. Plain LLVM vector code, which LLVM lowers to
     ``vpmaddwd`` on AVX2 (twice the multiply-adds per instruction of ``vpmulld``, numba's choice for the same sum
-    written element by element) and to its equivalent elsewhere. The 16 scores come out in the order :func:`_position`
-    undoes: documents 0-3, 8-11, then 4-7, 12-15."""
+    written element by element) and to plain vector arithmetic elsewhere. The 16 scores come out in the order
+    :func:`_position` undoes: documents 0-3, 8-11, then 4-7, 12-15. Reads 16 codes of each row from ``t`` on: the
+    caller keeps ``t + 16`` within the rows and the scores."""
     i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
     codes16, wide, scores8 = ir.VectorType(i16, 16), ir.VectorType(i32, 16), ir.VectorType(i32, 8)
 
