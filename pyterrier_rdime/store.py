@@ -117,14 +117,27 @@ def snapshot(paths: Sequence[Union[str, os.PathLike]]) -> tuple:
 
 #: Fingerprints taken in this process, by resolved path: a file whose stat is unchanged is not hashed twice.
 _HASHED: Dict[Path, dict] = {}
+#: Files at least this large keep their SHA-256 in a record under ``default_cache_dir()/fingerprints``, trusted by the
+#: next process while the file's stat is the same (as :func:`derived` trusts its sources'): an 8.8M x 768 index's
+#: vectors (25 GiB) took ~56 s to hash, on every run of the grid.
+KEPT_HASH_BYTES = 2 ** 26
 
 
 def fingerprint(source: Path) -> dict:
-    """:func:`stat_fields` and the SHA-256 of a file, hashed once per process while its stat stays the same."""
+    """:func:`stat_fields` and the SHA-256 of a file, hashed once while its stat stays the same: once per process, and
+    once across processes for a file of at least :data:`KEPT_HASH_BYTES`."""
     fields = stat_fields(source)
     key = Path(source).resolve()
     if _HASHED.get(key, {}).items() >= fields.items():
         return dict(_HASHED[key])
+    kept = (default_cache_dir() / 'fingerprints' / f'{hashlib.sha1(str(key).encode()).hexdigest()[:16]}.json'
+            if fields['size'] >= KEPT_HASH_BYTES else None)
+    with contextlib.suppress(ValueError):  # none yet, damaged or not JSON (Damaged is a ValueError): hashed again
+        held = read_json(kept, 'sha256') if kept is not None else {}
+        if (held.get('path') == str(key) and {name: held.get(name) for name in STAT_FIELDS} == fields
+                and isinstance(held.get('sha256'), str)):
+            _HASHED[key] = {**fields, 'sha256': held['sha256']}
+            return dict(_HASHED[key])
     digest = hashlib.sha256()
     buffer = bytearray(HASH_CHUNK)
     with open(source, 'rb') as f:
@@ -133,6 +146,9 @@ def fingerprint(source: Path) -> dict:
             if hasattr(os, 'posix_fadvise'):  # a full read must not evict what the searches read
                 os.posix_fadvise(f.fileno(), f.tell() - read, read, os.POSIX_FADV_DONTNEED)
     _HASHED[key] = {**fields, 'sha256': digest.hexdigest()}
+    if kept is not None:
+        with contextlib.suppress(OSError):  # a read-only cache: the next process hashes again
+            write_json(kept, 'sha256', {'path': str(key), **_HASHED[key]})
     return dict(_HASHED[key])
 
 
@@ -256,6 +272,12 @@ def _current(path: Path, record: Path, kind: str, folder: Path, names: Sequence[
         with contextlib.suppress(OSError):  # a read-only folder: the next use hashes again
             write_json(record, kind, {**held, 'sources': {**sources, **moved}})
     return content, None
+
+
+def derived_file(name: str) -> bool:
+    """Whether a file of an index folder is one this package derives there (made from the index's own files and
+    checked against them on every use: not an input of its own) or a hidden temporary or lock file."""
+    return name.startswith(('.', Path(LAYOUT_NAME).stem))
 
 
 def flex_index_problem(index: Union[object, str, os.PathLike]) -> Optional[str]:

@@ -356,10 +356,13 @@ def _digest(value) -> str:
 
 
 def _file_digest(option: Optional[Union[str, Path]], pattern: str = '*') -> Optional[str]:
-    """The content of the file or folder (its ``pattern`` files) an option names; None if it names no local path."""
+    """The content of the file or folder (its ``pattern`` files, less those derived in it) an option names; None if it
+    names no local path. The derived files are left out: the first search of an index writes its copies beside it,
+    which must not make the next run's cell another one."""
     path = Path(option).expanduser() if option is not None else None
     if path is None or not path.exists():
         return None
-    files = sorted(p for p in ([path] if path.is_file() else path.rglob(pattern)) if p.is_file())
+    files = [path] if path.is_file() else sorted(
+        p for p in path.rglob(pattern) if p.is_file() and not store.derived_file(p.name))
     return _digest([(file.relative_to(path).as_posix(), store.fingerprint(file)['sha256']) for file in files])
 

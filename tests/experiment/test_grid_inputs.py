@@ -221,3 +221,19 @@ def test_the_sweep_plot_draws_skewed_constant_and_single_query_spreads(tmp_path,
                             'high': high, 'value': 0.45}])
     sweep_plot(curves, points, pd.Series({'nDCG@10': 0.44}), {'prf': 'PRF'}, 'test', tmp_path / 'sweep.png')
     assert (tmp_path / 'sweep.png').stat().st_size > 0
+
+
+def test_files_derived_beside_an_index_leave_the_cell_the_same_its_vectors_do_not(computed, tmp_path):
+    index = tmp_path / 'index.flex'
+    index.mkdir()
+    (index / 'vecs.f4').write_bytes(np.arange(8, dtype=np.float32).tobytes())
+    (index / 'pt_meta.json').write_text('{}')
+
+    def key():
+        return plan([str(computed / 'small')], ['minilm'], tmp_path / 'out', index=str(index), **SETTINGS)[0].key
+    first = key()
+    for name in ('rdime.dim_major.i8.npy', 'rdime.dim_major.i8.json', '.rdime.dim_major.npy.lock'):
+        (index / name).write_bytes(b'written by the first search')
+    assert key() == first
+    (index / 'vecs.f4').write_bytes(np.arange(1, 9, dtype=np.float32).tobytes())
+    assert key() != first

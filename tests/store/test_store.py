@@ -4,6 +4,7 @@ a retriever opened before its vectors were edited in place follows the edit on i
 measured-timings record holding strings is ignored and rewritten; a failed write of the layout (disk full) does not
 block the next build; an inf in a document's vector is named by its docno."""
 import errno
+import hashlib
 import logging
 import os
 import warnings
@@ -223,3 +224,27 @@ def test_prefetch_asks_the_kernel_for_each_listed_row_once(tmp_path, monkeypatch
     store.prefetch_rows(rows, np.array([1]))
     assert asked == []
 
+
+
+def test_a_large_files_hash_is_kept_for_the_next_process_while_its_stat_holds(tmp_path, monkeypatch):
+    monkeypatch.setenv('PYTERRIER_RDIME_CACHE', str(tmp_path / 'cache'))
+    monkeypatch.setattr(store, 'KEPT_HASH_BYTES', 8)
+    big, small = tmp_path / 'vecs.f4', tmp_path / 'small'
+    big.write_bytes(b'0123456789')
+    small.write_bytes(b'0123')
+    assert store.fingerprint(big)['sha256'] == hashlib.sha256(b'0123456789').hexdigest()
+    assert store.fingerprint(small)['sha256'] == hashlib.sha256(b'0123').hexdigest()
+    [record] = (tmp_path / 'cache' / 'fingerprints').iterdir()  # the small file's hash is not kept
+    held = store.read_json(record, 'sha256')
+    store.write_json(record, 'sha256', {**held, 'sha256': 'kept'})  # what a later process finds there
+    monkeypatch.setattr(store, '_HASHED', {})  # as in a new process
+    assert store.fingerprint(big)['sha256'] == 'kept'  # read back, not hashed again
+    replaced = tmp_path / 'new'
+    replaced.write_bytes(b'9876543210')  # the same size, another inode
+    os.replace(replaced, big)
+    monkeypatch.setattr(store, '_HASHED', {})
+    assert store.fingerprint(big)['sha256'] == hashlib.sha256(b'9876543210').hexdigest()
+    assert store.read_json(record, 'sha256')['sha256'] == hashlib.sha256(b'9876543210').hexdigest()
+    record.write_bytes(b'rdime-record sha256 2 00\n{}')  # damaged: hashed again, no error
+    monkeypatch.setattr(store, '_HASHED', {})
+    assert store.fingerprint(big)['sha256'] == hashlib.sha256(b'9876543210').hexdigest()
