@@ -83,6 +83,30 @@ def test_a_killed_cell_resumes_at_its_first_unfinished_system(mini, whole, monke
     assert not (_cell(folder / 'resumed') / PROGRESS).exists()
 
 
+def test_a_cell_failing_after_its_searches_resumes_without_searching_again(mini, whole, monkeypatch):
+    folder, whole_calls = whole
+    cache = ['--cache', str(folder / 'cache')]
+    real = runner.evaluate
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt('simulated kill in the evaluation')
+    _counting(monkeypatch, [])
+    monkeypatch.setattr(runner, 'evaluate', killed)
+    assert main([str(mini), *ARGS, *cache, '--out', str(folder / 'late')]) == 130
+    records = sorted(p.name for p in (_cell(folder / 'late') / PROGRESS).rglob('*.pkl'))
+    # the Baseline and each call, not each system searched together
+    assert len(records) == 1 + len(whole_calls) - 1 and records[0].startswith('call-1-of-2')
+
+    monkeypatch.setattr(runner, 'evaluate', real)
+    resumed = []
+    _counting(monkeypatch, resumed)
+    assert main([str(mini), *ARGS, *cache, '--out', str(folder / 'late')]) == 0
+    assert resumed == [0]  # every call read back (the retriever only asked for its columns, with no query)
+    for name in RESULT_FILES:
+        pd.testing.assert_frame_equal(pd.read_csv(_cell(folder / 'late') / name),
+                                      pd.read_csv(_cell(folder / 'out') / name), obj=name)
+
+
 def test_records_of_other_inputs_are_never_read(mini, whole, tmp_path, monkeypatch):
     folder, whole_calls = whole
     cache = ['--cache', str(folder / 'cache')]
