@@ -49,8 +49,8 @@ def test_kept_dims_and_best_k():
     assert scores[0].tolist() == [5, 5] and docids[0].tolist() == [3, 7]
 
 
-@pytest.mark.parametrize('search', FUSED + ['numpy', 'dense', 'dense-gemv'])
-def test_same_topk_as_full_scoring(corpus, small_blocks, search):
+@pytest.mark.parametrize('search', FUSED + ['numpy', 'dense', 'dense-gemv', 'dense-rows-file'])
+def test_same_topk_as_full_scoring(corpus, small_blocks, search, tmp_path):
     docs, query_vecs = corpus
     dim_major = np.ascontiguousarray(docs.T)
     if search in ('one by one', 'one pass'):
@@ -59,6 +59,10 @@ def test_same_topk_as_full_scoring(corpus, small_blocks, search):
         scores, docids = kept.search_pruned(dim_major, query_vecs, K, use_numba=False)
     elif search == 'dense':  # batches of 4 and 2 queries, blocks of 700 documents
         scores, docids = dense.search_dense(dim_major, query_vecs, K, batch_size=4, doc_block=700)
+    elif search == 'dense-rows-file':  # the rows of a vecs.f4 memory map, read block by block from the file
+        docs.astype(np.float32).tofile(tmp_path / 'vecs.f4')
+        rows = np.memmap(tmp_path / 'vecs.f4', dtype=np.float32, mode='r', shape=docs.shape)
+        scores, docids = dense.search_dense(rows, query_vecs, K, batch_size=4, doc_block=700, rows=True)
     else:  # fewer than 4 queries: one gemv each
         query_vecs = query_vecs[:2]
         scores, docids = dense.search_dense(dim_major, query_vecs, K)
