@@ -63,9 +63,10 @@ def merge_heaps(heap_s: np.ndarray, heap_i: np.ndarray, k: int) -> Result:
 def search_dense(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, batch_size: int = 64,
                  doc_block: int = 32768, rows: bool = False) -> Result:
     """Top-``k`` ``(scores, docids)`` of each query over every dimension with BLAS, over blocks of ``doc_block``
-    documents (16k-64k is fastest for OpenBLAS). With ``rows``, ``dim_major`` is the ``(docs, dims)`` rows instead,
-    a memory map of them read block by block without filling the page cache (:func:`.store.row_reader`): a pass over
-    an 8.8M index's ``vecs.f4`` left 1.9 of its int8 copy's 6.3 GiB cached, which the next search read from disk."""
+    documents (16k-64k is fastest for OpenBLAS). With ``rows``, ``dim_major`` is the ``(docs, dims)`` rows instead;
+    a float32 memory map of them is read block by block without filling the page cache (:func:`.store.row_reader`)
+    and its found rows re-scored without read-ahead (:func:`.store.random_rows`): a pass over an 8.8M index's
+    ``vecs.f4`` left the whole file cached and the int8 copy beside it evicted, which the next search read again."""
     query_vecs = np.ascontiguousarray(query_vecs, dtype=np.float32)
     if rows:
         docs = dim_major.shape[0]
@@ -74,7 +75,9 @@ def search_dense(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, batch
             found = _search_blocks(lambda d0: read(d0, min(docs, d0 + doc_block)),
                                    lambda queries, block: (block @ queries.T).T, docs, query_vecs, k, batch_size,
                                    doc_block)[1]
-        return _rescored(lambda docids: dim_major[docids], query_vecs, found, k)
+        mapped = isinstance(dim_major, np.memmap) and dim_major.filename and dim_major.dtype == np.float32
+        scattered = store.random_rows(dim_major) if mapped else dim_major
+        return _rescored(lambda docids: scattered[docids], query_vecs, found, k)
     dims, docs = dim_major.shape
     k = min(k, docs)
     if len(query_vecs) < GEMV_BELOW:
