@@ -364,15 +364,14 @@ def check_finite(rows: np.ndarray, start: int, docnos: Optional[object], stage: 
 def row_reader(vecs: np.ndarray):
     """``read(start, stop) -> (stop - start, dims) float32`` rows of ``vecs``; a memory map is read with plain file
     reads, each block then dropped from the page cache, so a streaming pass does not evict what the searches need."""
-    filename = getattr(vecs, 'filename', None)
-    if isinstance(vecs, np.memmap) and filename and vecs.dtype == np.float32 and vecs.flags.c_contiguous:
+    if whole_map(vecs):
         row_bytes = vecs.shape[1] * 4
-        with open(filename, 'rb') as f:
+        with open(vecs.filename, 'rb') as f:
             def read(start: int, stop: int) -> np.ndarray:
                 rows = np.empty((stop - start, vecs.shape[1]), dtype=np.float32)
                 f.seek(vecs.offset + start * row_bytes)
                 if f.readinto(memoryview(rows).cast('B')) != rows.nbytes:
-                    raise OSError(f'{filename} ended before document {stop}: the index is truncated')
+                    raise OSError(f'{vecs.filename} ended before document {stop}: the index is truncated')
                 if hasattr(os, 'posix_fadvise'):
                     os.posix_fadvise(f.fileno(), vecs.offset + start * row_bytes, rows.nbytes,
                                      os.POSIX_FADV_DONTNEED)
@@ -382,9 +381,19 @@ def row_reader(vecs: np.ndarray):
         yield lambda start, stop: np.asarray(vecs[start:stop], dtype=np.float32)
 
 
-def random_rows(vecs: np.memmap) -> np.memmap:
+def whole_map(vecs: np.ndarray) -> bool:
+    """Whether ``vecs`` is a whole float32 memory map of rows (a FlexIndex's ``vecs.f4``), which :func:`row_reader`
+    and :func:`random_rows` read from its file and offset; a slice of one keeps its parent's offset and is not."""
+    return (isinstance(vecs, np.memmap) and isinstance(vecs.base, mmap.mmap) and bool(vecs.filename)
+            and vecs.dtype == np.float32 and vecs.flags.c_contiguous)
+
+
+def random_rows(vecs: np.ndarray) -> np.ndarray:
     """The rows of a float32 memory map (a FlexIndex's ``vecs.f4``), read by ``rows[docids]``, through a map of their
-    own advised ``MADV_RANDOM``: the kernel's read-ahead around scattered rows would read far more than them."""
+    own advised ``MADV_RANDOM``: the kernel's read-ahead around scattered rows would read far more than them. Other
+    arrays (:func:`whole_map`) as they are."""
+    if not whole_map(vecs):
+        return vecs
     rows = np.memmap(vecs.filename, dtype=np.float32, mode='r', offset=vecs.offset, shape=vecs.shape)
     if hasattr(mmap, 'MADV_RANDOM'):
         rows._mmap.madvise(mmap.MADV_RANDOM)

@@ -75,8 +75,7 @@ def search_dense(dim_major: np.ndarray, query_vecs: np.ndarray, k: int, *, batch
             found = _search_blocks(lambda d0: read(d0, min(docs, d0 + doc_block)),
                                    lambda queries, block: (block @ queries.T).T, docs, query_vecs, k, batch_size,
                                    doc_block)[1]
-        mapped = isinstance(dim_major, np.memmap) and dim_major.filename and dim_major.dtype == np.float32
-        scattered = store.random_rows(dim_major) if mapped else dim_major
+        scattered = store.random_rows(dim_major)
         return _rescored(lambda docids: scattered[docids], query_vecs, found, k)
     dims, docs = dim_major.shape
     k = min(k, docs)

@@ -248,3 +248,15 @@ def test_a_large_files_hash_is_kept_for_the_next_process_while_its_stat_holds(tm
     record.write_bytes(b'rdime-record sha256 2 00\n{}')  # damaged: hashed again, no error
     monkeypatch.setattr(store, '_HASHED', {})
     assert store.fingerprint(big)['sha256'] == hashlib.sha256(b'9876543210').hexdigest()
+
+
+def test_a_slice_of_a_memory_map_reads_its_own_rows(tmp_path):
+    rows = np.arange(40, dtype=np.float32).reshape(10, 4)
+    rows.tofile(tmp_path / 'vecs.f4')
+    mapped = np.memmap(tmp_path / 'vecs.f4', dtype=np.float32, mode='r', shape=(10, 4))
+    part = mapped[3:]  # keeps its parent's file offset: read from the file, it would give rows 0-6
+    assert store.whole_map(mapped) and not store.whole_map(part)
+    for vecs, expected in ((mapped, rows), (part, rows[3:])):
+        with store.row_reader(vecs) as read:
+            np.testing.assert_array_equal(read(1, 4), expected[1:4])
+        np.testing.assert_array_equal(store.random_rows(vecs)[[0, 5]], expected[[0, 5]])
