@@ -5,6 +5,7 @@ takes its path; under ``'auto'`` the paths within ``EXPLORE_MARGIN`` of the leas
 itself, like cuDNN's benchmark mode, the runner-up re-checked every ``RECHECK_EVERY`` calls. On shards the driver
 measures.
 """
+import contextlib
 import dataclasses
 import logging
 import math
@@ -16,7 +17,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from .. import store
-from . import dense
+from . import dense, kept
 from .dense import GEMV_BELOW
 
 #: The ways of scoring a call: BLAS; float32 kept rows per query or in one pass; the int8 copy per query or one pass.
@@ -33,6 +34,7 @@ RESCORED_PER_RESULT = 1.5
 RECENT = 3
 #: A path's first call in a process is timed again when it took less than this (loading its kernel and touching its
 #: data weigh on it); a longer one is kept, so that a slow path is not run twice for minutes to learn it is slow.
+#: Numba compiling its kernels (a first run, or a changed numba) is taken off first: it does not recur.
 COLD_SECONDS = 10.0
 #: A path that scores query after query (its cost is per query) is explored or re-checked on the first ``1 /
 #: EXPLORE_SHARE`` of a larger call's queries (at least ``EXPLORE_QUERIES``): the rest of the call is chosen again.
@@ -196,11 +198,14 @@ class MeasuredChoice:
         return self._buckets.setdefault(name, {'calls': 0, 'seconds_per_unit': {}})
 
     def timed(self, choice: Choice, score: Callable[[], object]) -> object:
-        """Runs ``score`` (the call on ``choice.path``), records its time where measured, and returns its result."""
-        start = self.clock()
-        result = score()
-        seconds = self.clock() - start
+        """Runs ``score`` (the call on ``choice.path``), records its time where measured, less what numba spent
+        compiling in it, and returns its result."""
+        with _compiling() as compiled:
+            start = self.clock()
+            result = score()
+            seconds = self.clock() - start
         if choice.reason in ('explore', 'recheck', 'measured'):
+            seconds = max(0.0, seconds - compiled[0])
             self._record(choice, seconds, seconds / max(choice.estimate, 1e-12))
         return result
 
@@ -230,6 +235,20 @@ class MeasuredChoice:
         with self._lock:
             state = self._state(name)
             return {path: min(times) for path, times in state['seconds_per_unit'].items() if times}, state['calls']
+
+
+@contextlib.contextmanager
+def _compiling() -> Iterator[List[float]]:
+    """Yields a list that holds, once the block has run, the seconds numba spent compiling in it: a first run's first
+    call of a path compiles its kernels, a cost that does not recur (kept, ``'auto'`` would avoid the path for good)."""
+    spent = [0.0]
+    if not kept.NUMBA_AVAILABLE:
+        yield spent
+        return
+    from numba.core import event
+    with event.install_listener('numba:compile', event.TimingListener()) as timer:
+        yield spent
+    spent[0] = timer.duration if timer.done else 0.0
 
 
 def _read_timings(path: Path) -> Dict[str, dict]:

@@ -125,6 +125,37 @@ def test_a_long_first_call_is_timed_once():
 
 
 @COMPILED
+def test_a_first_call_is_timed_without_numba_compiling_its_kernel():
+    # a first run compiles a path's kernels in its first call: that one-off cost is not the path's time. Path a takes
+    # just over COLD_SECONDS a call, and its first call also compiles a kernel: less the compiling, it is a short cold
+    # call, so a is explored again (kept as timed, the slow-looking a would never be taken again)
+    import numba
+    from numba.core import event
+
+    @numba.njit
+    def kernel(x):
+        return x + 1
+
+    now = [0.0]
+    choice_of = planner.MeasuredChoice(None, clock=lambda: now[0])
+    compiling = event.TimingListener()
+
+    def call_a():
+        with event.install_listener('numba:compile', compiling):
+            kernel(1)  # compiled in the first call only
+        now[0] += planner.COLD_SECONDS + 1e-6
+
+    taken = []
+    for _ in range(3):
+        choice = planner.measured_choice({'a': 1.0, 'b': 1.5}, 'bucket', choice_of)
+        taken.append((choice.path, choice.reason))
+        choice_of.timed(choice, call_a if choice.path == 'a' else lambda: now.__setitem__(0, now[0] + 1.0))
+    assert compiling.duration > 1e-6
+    assert taken == [('a', 'explore'), ('a', 'explore'), ('b', 'explore')]
+    assert choice_of.bucket_timings('bucket')[0] == pytest.approx({'a': planner.COLD_SECONDS + 1e-6})
+
+
+@COMPILED
 def test_auto_switches_to_a_path_faster_than_the_model_says(driven):
     docs, query_vecs = make_corpus()
     retriever = PrunedRetriever(index=docs, num_results=10, verbose=False)
