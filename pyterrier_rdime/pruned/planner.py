@@ -200,13 +200,14 @@ class MeasuredChoice:
     def timed(self, choice: Choice, score: Callable[[], object]) -> object:
         """Runs ``score`` (the call on ``choice.path``), records its time where measured, less what numba spent
         compiling in it, and returns its result."""
-        with _compiling() as compiled:
+        if choice.reason not in ('explore', 'recheck', 'measured'):
+            return score()
+        with _compiling(self.clock) as compiled:
             start = self.clock()
             result = score()
             seconds = self.clock() - start
-        if choice.reason in ('explore', 'recheck', 'measured'):
-            seconds = max(0.0, seconds - compiled[0])
-            self._record(choice, seconds, seconds / max(choice.estimate, 1e-12))
+        seconds = max(0.0, seconds - compiled[0])
+        self._record(choice, seconds, seconds / max(choice.estimate, 1e-12))
         return result
 
     def _record(self, choice: Choice, seconds: float, seconds_per_unit: float) -> None:
@@ -238,17 +239,30 @@ class MeasuredChoice:
 
 
 @contextlib.contextmanager
-def _compiling() -> Iterator[List[float]]:
-    """Yields a list that holds, once the block has run, the seconds numba spent compiling in it: a first run's first
-    call of a path compiles its kernels, a cost that does not recur (kept, ``'auto'`` would avoid the path for good)."""
+def _compiling(clock: Callable[[], float]) -> Iterator[List[float]]:
+    """Yields a list that holds, once the block has run, the seconds of ``clock`` numba spent compiling in it: a first
+    run's first call of a path compiles its kernels, a cost that does not recur (kept, ``'auto'`` would avoid the path
+    for good)."""
     spent = [0.0]
     if not kept.NUMBA_AVAILABLE:
         yield spent
         return
     from numba.core import event
-    with event.install_listener('numba:compile', event.TimingListener()) as timer:
+
+    class Compiling(event.Listener):  # the outermost compile events, timed on the call's clock
+        depth, start = 0, 0.0
+
+        def on_start(self, _):
+            if not self.depth:
+                self.start = clock()
+            self.depth += 1
+
+        def on_end(self, _):
+            self.depth -= 1
+            if not self.depth:
+                spent[0] += clock() - self.start
+    with event.install_listener('numba:compile', Compiling()):
         yield spent
-    spent[0] = timer.duration if timer.done else 0.0
 
 
 def _read_timings(path: Path) -> Dict[str, dict]:

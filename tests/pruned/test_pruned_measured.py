@@ -126,9 +126,9 @@ def test_a_long_first_call_is_timed_once():
 
 @COMPILED
 def test_a_first_call_is_timed_without_numba_compiling_its_kernel():
-    # a first run compiles a path's kernels in its first call: that one-off cost is not the path's time. Path a takes
-    # just over COLD_SECONDS a call, and its first call also compiles a kernel: less the compiling, it is a short cold
-    # call, so a is explored again (kept as timed, the slow-looking a would never be taken again)
+    # a first run compiles a path's kernels in its first call: that one-off cost is not the path's time. Path a's first
+    # call compiles a kernel for 5 s (on the fake clock) and scores for just under COLD_SECONDS: less the compiling it
+    # is a short cold call, so a is explored again (kept as timed, the slow-looking a would never be taken again)
     import numba
     from numba.core import event
 
@@ -137,22 +137,32 @@ def test_a_first_call_is_timed_without_numba_compiling_its_kernel():
         return x + 1
 
     now = [0.0]
-    choice_of = planner.MeasuredChoice(None, clock=lambda: now[0])
-    compiling = event.TimingListener()
+
+    class FiveSecondCompiles(event.Listener):
+        depth = 0
+
+        def on_start(self, _):
+            self.depth += 1
+
+        def on_end(self, _):
+            self.depth -= 1
+            now[0] += 5.0 * (self.depth == 0)
 
     def call_a():
-        with event.install_listener('numba:compile', compiling):
-            kernel(1)  # compiled in the first call only
-        now[0] += planner.COLD_SECONDS + 1e-6
+        kernel(1)  # compiled in the first call only
+        now[0] += planner.COLD_SECONDS - 1
 
+    choice_of = planner.MeasuredChoice(None, clock=lambda: now[0])
     taken = []
-    for _ in range(3):
-        choice = planner.measured_choice({'a': 1.0, 'b': 1.5}, 'bucket', choice_of)
-        taken.append((choice.path, choice.reason))
-        choice_of.timed(choice, call_a if choice.path == 'a' else lambda: now.__setitem__(0, now[0] + 1.0))
-    assert compiling.duration > 1e-6
+    # installed before the planner's listener, which so reads the clock after the compile's 5 s
+    with event.install_listener('numba:compile', FiveSecondCompiles()):
+        for _ in range(3):
+            choice = planner.measured_choice({'a': 1.0, 'b': 1.5}, 'bucket', choice_of)
+            taken.append((choice.path, choice.reason))
+            choice_of.timed(choice, call_a if choice.path == 'a' else lambda: now.__setitem__(0, now[0] + 1.0))
+    assert now[0] == 5.0 + 2 * (planner.COLD_SECONDS - 1) + 1.0  # one compile
     assert taken == [('a', 'explore'), ('a', 'explore'), ('b', 'explore')]
-    assert choice_of.bucket_timings('bucket')[0] == pytest.approx({'a': planner.COLD_SECONDS + 1e-6})
+    assert choice_of.bucket_timings('bucket')[0] == {'a': planner.COLD_SECONDS - 1}
 
 
 @COMPILED
