@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from .. import store
-from . import dense, kept
+from . import dense
 from .dense import GEMV_BELOW
 
 #: The ways of scoring a call: BLAS; float32 kept rows per query or in one pass; the int8 copy per query or one pass.
@@ -244,10 +244,11 @@ def _compiling(clock: Callable[[], float]) -> Iterator[List[float]]:
     run's first call of a path compiles its kernels, a cost that does not recur (kept, ``'auto'`` would avoid the path
     for good)."""
     spent = [0.0]
-    if not kept.NUMBA_AVAILABLE:
+    try:
+        from numba.core import event
+    except ImportError:  # no compiled kernels to compile
         yield spent
         return
-    from numba.core import event
 
     class Compiling(event.Listener):  # the outermost compile events, timed on the call's clock
         depth, start = 0, 0.0
