@@ -206,14 +206,15 @@ def check_exact(index, samples: List[tuple], k: int) -> dict:
     in one pass, its candidates and the returned documents re-scored in float64; a result is exact when its scores,
     rank by rank, are the exact top-k scores (documents within ``TIE`` of each other may come in either order)."""
     from pyterrier_rdime.pruned.dense import search_dense
+    from pyterrier_rdime.store import random_rows
     if not samples:  # --retriever sharded: the calls ran in the actors
         return {'checked': 0, 'wrong': 0, 'worst_gap': 0.0}
     samples = samples[:CHECKED_MAX] if len(samples) <= CHECKED_MAX else \
         [samples[i] for i in np.linspace(0, len(samples) - 1, CHECKED_MAX).astype(int)]
-    from pyterrier_rdime.store import random_rows
     queries = np.stack([q for q, _, _ in samples]).astype(np.float32)
-    _, brute = search_dense(vecs_of(index), queries, k + BRUTE_MARGIN, rows=True, batch_size=64)
-    rows = random_rows(vecs_of(index))  # scattered rows without read-ahead: the next run's int8 copy stays cached
+    vecs = vecs_of(index)
+    _, brute = search_dense(vecs, queries, k + BRUTE_MARGIN, rows=True, batch_size=64)
+    rows = random_rows(vecs)  # scattered rows without read-ahead: the next run's int8 copy stays cached
     wrong = []
     for (query, docids, _), candidates in zip(samples, brute):
         pool = np.union1d(candidates, docids)
