@@ -280,16 +280,43 @@ class ShardedPrunedRetriever(ExactRetriever):
         return self._gather(ray, actors, lambda handle: handle.search.remote(batch, self.num_results, plan), 'search')
 
     def close(self) -> None:
-        """Release the actors of this retriever and its ``% k`` variants; a later call starts new ones."""
+        """Release the actors of this retriever and its ``% k`` variants, returning once Ray says they are gone (a
+        warning after ``timeout``); a later call starts new ones."""
         actors = self._actors
         with actors.lock:
             if actors.handles is not None:
                 import ray
                 for handle in actors.handles:
                     ray.kill(handle, no_restart=True)
+                self._wait_until_gone(ray, actors.handles)
                 actors.handles = None
                 actors.retrievers = []
                 actors.model = None
+
+    def _wait_until_gone(self, ray, handles: list) -> None:
+        """Ask each killed actor where it is until Ray answers that it is gone: ``ray.kill`` returns before the
+        actor's process ends, and a call sent meanwhile may still be answered (and its CPUs still held)."""
+        deadline = time.monotonic() + self.timeout
+        alive = list(handles)
+        while alive and time.monotonic() < deadline:
+            pings = [handle.where.options(concurrency_group='probe').remote() for handle in alive]
+            done, _ = ray.wait(pings, num_returns=len(pings), timeout=max(0.0, deadline - time.monotonic()))
+            answered = []
+            for handle, ping in zip(alive, pings):
+                if ping not in done:
+                    answered.append(handle)  # neither answered nor failed yet: asked again until the deadline
+                    continue
+                try:
+                    ray.get(ping)
+                    answered.append(handle)
+                except ray.exceptions.RayActorError:
+                    pass
+            alive = answered
+            if alive:
+                time.sleep(0.05)
+        if alive:
+            logger.warning('%s: %d actor(s) still answered timeout=%s s after close() killed them; Ray frees their '
+                           'CPUs when their processes end', type(self).__name__, len(alive), self.timeout)
 
     def __enter__(self) -> 'ShardedPrunedRetriever':
         return self
