@@ -301,17 +301,17 @@ class ShardedPrunedRetriever(ExactRetriever):
         while alive and time.monotonic() < deadline:
             pings = [handle.where.options(concurrency_group='probe').remote() for handle in alive]
             done, _ = ray.wait(pings, num_returns=len(pings), timeout=max(0.0, deadline - time.monotonic()))
-            answered = []
+            still_alive = []
             for handle, ping in zip(alive, pings):
                 if ping not in done:
-                    answered.append(handle)  # neither answered nor failed yet: asked again until the deadline
+                    still_alive.append(handle)  # neither answered nor failed yet: asked again until the deadline
                     continue
                 try:
                     ray.get(ping)
-                    answered.append(handle)
+                    still_alive.append(handle)
                 except ray.exceptions.RayActorError:
                     pass
-            alive = answered
+            alive = still_alive
             if alive:
                 time.sleep(0.05)
         if alive:
