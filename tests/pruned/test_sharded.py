@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import socket
+import sys
 import time
 from types import SimpleNamespace
 
@@ -340,6 +341,53 @@ def test_close_releases_the_actors_and_their_cpus(cluster, corpus):
     second.close()
     pd.testing.assert_frame_equal(second(queries), expected)  # a call after close() starts new actors
     second.close()
+
+
+class KilledActor:
+    """A fake actor handle that, as a real one may (``ray.kill`` is asynchronous), still answers ``answers`` calls
+    after it was killed, then fails as a dead actor does."""
+    class Gone(Exception):
+        pass
+
+    def __init__(self, answers: float):
+        self.answers, self.killed, self.asked = answers, False, 0
+        self.where = SimpleNamespace(options=lambda **_: SimpleNamespace(remote=self._ask))
+
+    def _ask(self):
+        self.asked += 1
+        alive = not self.killed or self.answers > 0
+        self.answers -= self.killed
+
+        def reply():
+            if not alive:
+                raise KilledActor.Gone('the actor is dead')
+            return 'node', '127.0.0.1'
+        return reply
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    """Ray as ``close()`` sees it, for :class:`KilledActor` handles."""
+    ray = SimpleNamespace(kill=lambda handle, no_restart: setattr(handle, 'killed', no_restart),
+                          wait=lambda refs, num_returns, timeout: (refs, []), get=lambda ref: ref(),
+                          exceptions=SimpleNamespace(RayActorError=KilledActor.Gone))
+    monkeypatch.setitem(sys.modules, 'ray', ray)
+
+
+def test_close_returns_once_each_killed_actor_is_gone(fake_ray, corpus, caplog):
+    retriever = ShardedPrunedRetriever(shards=[corpus[0][:10], corpus[0][10:]], timeout=30)
+    handles = retriever._actors.handles = [KilledActor(answers=0), KilledActor(answers=3)]
+    retriever.close()
+    assert [h.asked for h in handles] == [1, 4]  # the second answered 3 times after the kill, then was gone
+    assert retriever._actors.handles is None and 'still answered' not in caplog.text
+    # one that never goes: close() returns after its timeout, and says so
+    retriever.timeout = 0.3
+    retriever._actors.handles = [KilledActor(answers=float('inf'))]
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        retriever.close()
+    assert time.monotonic() - started < 0.3 + 5
+    assert 'ShardedPrunedRetriever: 1 actor(s) still answered timeout=0.3 s after close() killed them' in caplog.text
 
 
 def test_pickle_repr_equality_and_empty_input(cluster, corpus, tmp_path):
