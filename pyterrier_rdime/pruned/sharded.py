@@ -303,11 +303,9 @@ class ShardedPrunedRetriever(ExactRetriever):
             done, _ = ray.wait(pings, num_returns=len(pings), timeout=max(0.0, deadline - time.monotonic()))
             still_alive = []
             for handle, ping in zip(alive, pings):
-                if ping not in done:
-                    still_alive.append(handle)  # neither answered nor failed yet: asked again until the deadline
-                    continue
                 try:
-                    ray.get(ping)
+                    if ping in done:  # one not done by the deadline is alive as far as anyone can tell
+                        ray.get(ping)
                     still_alive.append(handle)
                 except ray.exceptions.RayActorError:
                     pass
